@@ -1,0 +1,117 @@
+"""Fault-codec benchmark: ns per rank for the C and Python implementations and for the
+per-item protobuf baseline the existing MindCluster client uses, all measured in one run.
+
+    python bench/bench_faults.py [--quick]
+
+Targets at 10 000 ranks: wire encoding >= 50x faster than the baseline; every C
+operation >= 10x faster than its Python twin and under 50 ns/rank. Exit status 1 when a
+target is missed, so the figures can gate a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from typing import Callable
+
+from bridge import _faults_py as py_codec
+from bridge._proto import recover_pb2 as pb
+
+try:
+    from bridge import _faults_c as c_codec
+except ImportError:  # pragma: no cover
+    sys.exit("the C extension is not built: pip install -e . with a compiler available")
+
+SIZES = (16, 1_000, 10_000, 100_000)
+TARGET_SIZE = 10_000
+
+
+def fault_map(n: int, seed: int = 7) -> dict[int, int]:
+    """n distinct ranks from a job ten times larger, in the random order a controller sees."""
+    rng = random.Random(seed)
+    ranks = rng.sample(range(n * 10), n)
+    return {rank: rng.choice((0, 1, 1, 2)) for rank in ranks}
+
+
+def baseline_encode(job_id: str, faults: dict[int, int]) -> bytes:
+    """How the existing client builds a fault report: one message object per rank."""
+    request = pb.ProcessFaultRequest(jobId=job_id)
+    for rank, fault_type in faults.items():
+        request.faultRanks.append(pb.FaultRank(rankId=str(rank), faultType=str(fault_type)))
+    return request.SerializeToString()
+
+
+def ns_per_rank(call: Callable[[], object], n: int, budget: float) -> float:
+    """Best of several repeats, each long enough to swamp timer resolution."""
+    loops = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(loops):
+            call()
+        elapsed = time.perf_counter() - start
+        if elapsed > 0.02 or loops >= 1 << 20:
+            break
+        loops *= 2
+    best = elapsed
+    deadline = time.perf_counter() + budget
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for _ in range(loops):
+            call()
+        best = min(best, time.perf_counter() - start)
+    return best / loops / n * 1e9
+
+
+def operations(codec, faults: dict[int, int]) -> dict[str, Callable[[], object]]:
+    text = py_codec.format_faults(faults)
+    items = list(faults.items())
+    half_a, half_b = dict(items[::2]), dict(items[1::2])
+    signal = pb.ProcessManageSignal(
+        uuid="u", signalType="globalFault",
+        faultRanks=[pb.FaultRank(rankId=str(r), faultType=str(t)) for r, t in items],
+    ).SerializeToString()
+    return {
+        "format": lambda: codec.format_faults(faults),
+        "parse": lambda: codec.parse_faults(text),
+        "merge": lambda: codec.merge_faults(half_a, half_b),
+        "encode": lambda: codec.encode_process_fault_request("job", faults),
+        "decode": lambda: codec.decode_signal_faults(signal),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter measurements")
+    args = parser.parse_args()
+    budget = 0.1 if args.quick else 0.4
+    misses: list[str] = []
+    print(f"{'ranks':>7} {'op':<7} {'C ns/rank':>10} {'Py ns/rank':>11} {'Py/C':>7} {'base ns/rank':>13} {'base/C':>7}")
+    for n in SIZES:
+        faults = fault_map(n)
+        assert c_codec.encode_process_fault_request("job", faults) == baseline_encode("job", faults)
+        c_ops, py_ops = operations(c_codec, faults), operations(py_codec, faults)
+        base = ns_per_rank(lambda: baseline_encode("job", faults), n, budget)
+        for op in c_ops:
+            c_ns = ns_per_rank(c_ops[op], n, budget)
+            py_ns = ns_per_rank(py_ops[op], n, budget)
+            base_cell, base_ratio = (f"{base:13.1f}", f"{base / c_ns:6.1f}x") if op == "encode" else ("", "")
+            print(f"{n:>7} {op:<7} {c_ns:10.1f} {py_ns:11.1f} {py_ns / c_ns:6.1f}x {base_cell:>13} {base_ratio:>7}")
+            if n == TARGET_SIZE:
+                if py_ns / c_ns < 10:
+                    misses.append(f"{op}: C only {py_ns / c_ns:.1f}x faster than Python (target 10x)")
+                if c_ns >= 50:
+                    misses.append(f"{op}: C {c_ns:.1f} ns/rank (target < 50)")
+                if op == "encode" and base / c_ns < 50:
+                    misses.append(f"encode: only {base / c_ns:.1f}x faster than the baseline (target 50x)")
+    print()
+    if misses:
+        print("targets at 10 000 ranks MISSED:\n  " + "\n  ".join(misses))
+        return 1
+    print("targets at 10 000 ranks met: encode >= 50x baseline; every C op >= 10x Python and < 50 ns/rank")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

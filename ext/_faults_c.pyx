@@ -1,0 +1,528 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""C twin of ``bridge._faults_py``: same functions, same results, same exceptions.
+
+Only the per-rank loops live here (validation, formatting, strict parsing, merging,
+FaultRank encoding and decoding). Whenever an input is not on the fast path (a non-dict
+mapping, an int subclass, anything invalid) the work or the error message is handed to
+the reference module, so both implementations accept exactly the same inputs and say
+exactly the same thing about bad ones.
+"""
+
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.ref cimport PyObject
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeASCII
+
+from collections.abc import Mapping
+
+from bridge import _faults_py as _py
+
+cdef extern from *:
+    """
+    /* A dict sized for its final entry count skips every intermediate resize. */
+    #if PY_VERSION_HEX < 0x030D0000
+    #define bridge_new_dict(n) _PyDict_NewPresized(n)
+    #else
+    #define bridge_new_dict(n) PyDict_New()
+    #endif
+
+    /* Reads an exact int without a call when CPython stores it in at most two digits
+       (every valid rank); returns 0 for anything else, which takes the general path. */
+    static inline int bridge_read_small_int(PyObject* o, long long* out) {
+        if (!PyLong_CheckExact(o)) return 0;
+    #if PY_VERSION_HEX >= 0x030C0000
+        if (!PyUnstable_Long_IsCompact((PyLongObject*)o)) return 0;
+        *out = (long long)PyUnstable_Long_CompactValue((PyLongObject*)o);
+        return 1;
+    #else
+        {
+            const digit* d = ((PyLongObject*)o)->ob_digit;
+            switch (Py_SIZE(o)) {
+                case 0: *out = 0; return 1;
+                case 1: *out = (long long)d[0]; return 1;
+                case 2: *out = (long long)d[0] | ((long long)d[1] << PyLong_SHIFT); return 1;
+                default: return 0;
+            }
+        }
+    #endif
+    }
+    """
+    dict _new_dict "bridge_new_dict"(Py_ssize_t)
+    bint _read_small_int "bridge_read_small_int"(PyObject*, long long*)
+
+cdef extern from "Python.h":
+    bint _int_exact "PyLong_CheckExact"(PyObject*)
+    int _dict_next "PyDict_Next"(object, Py_ssize_t*, PyObject**, PyObject**)
+    PyObject* _set_default "PyDict_SetDefault"(object, PyObject*, PyObject*) except NULL
+    int _dict_set "PyDict_SetItem"(object, PyObject*, PyObject*) except -1
+    int PyUnicode_IS_ASCII(object)
+    PyObject* _new_bytes "PyBytes_FromStringAndSize"(const char*, Py_ssize_t)
+    char* _bytes_data "PyBytes_AS_STRING"(PyObject*)
+    int _bytes_resize "_PyBytes_Resize"(PyObject**, Py_ssize_t)
+    void _decref "Py_DECREF"(PyObject*)
+
+cdef enum:
+    MAX_RANK = 2147483647
+
+cdef object _TYPES = (0, 1, 2)
+# Borrowed pointers to CPython's cached 0, 1 and 2 (kept alive by _TYPES): merged values
+# are always these objects, so "stored type is 1" is a pointer comparison.
+cdef PyObject* _TYPE_OBJ[3]
+_TYPE_OBJ[0] = <PyObject*>_TYPES[0]
+_TYPE_OBJ[1] = <PyObject*>_TYPES[1]
+_TYPE_OBJ[2] = <PyObject*>_TYPES[2]
+
+
+# --------------------------------------------------------------------------- entries
+
+cdef inline bint _fast(PyObject* key, PyObject* value, long long* rank, int* ftype):
+    """True when both are exact ints in range (the only case handled without Python)."""
+    cdef long long r
+    if value == _TYPE_OBJ[0]:
+        ftype[0] = 0
+    elif value == _TYPE_OBJ[1]:
+        ftype[0] = 1
+    elif value == _TYPE_OBJ[2]:
+        ftype[0] = 2
+    else:
+        return False
+    if not _read_small_int(key, &r) or r < 0 or r > MAX_RANK:
+        return False
+    rank[0] = r
+    return True
+
+
+cdef inline int _entry(PyObject* key, PyObject* value, long long* rank, int* ftype) except -1:
+    """Validate one entry, delegating int-likes and errors to the reference check."""
+    if _fast(key, value, rank, ftype):
+        return 0
+    return _slow_entry(key, value, rank, ftype)
+
+
+cdef int _slow_entry(PyObject* key, PyObject* value, long long* rank, int* ftype) except -1:
+    r, t = _py._checked(<object>key, <object>value)
+    rank[0] = r
+    ftype[0] = t
+    return 0
+
+
+cdef dict _as_dict(object faults):
+    if isinstance(faults, dict):
+        return <dict>faults
+    if isinstance(faults, Mapping):
+        return dict(faults)
+    raise _py.not_a_map_error(faults)
+
+
+cdef inline int _merge_one(dict merged, object rank_obj, int ftype) except -1:
+    """ClusterD's rule: a stored 1 is sticky, otherwise the later type wins."""
+    cdef PyObject* value = _TYPE_OBJ[ftype]
+    cdef PyObject* stored = _set_default(merged, <PyObject*>rank_obj, value)
+    if stored != value and stored != _TYPE_OBJ[1]:
+        _dict_set(merged, <PyObject*>rank_obj, value)
+    return 0
+
+
+cdef inline object _rank_object(PyObject* key, long long rank):
+    return <object>key if _int_exact(key) else rank
+
+
+# --------------------------------------------------------------------------- sorting
+
+cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n):
+    """Stable sort of ``rank << 2 | type`` words by rank: insertion sort for short maps,
+    three 11-bit LSD radix passes otherwise (ranks fit 31 bits)."""
+    cdef Py_ssize_t i, j
+    cdef uint64_t item
+    cdef Py_ssize_t counts[2048]
+    cdef int shift
+    cdef uint64_t* src = items
+    cdef uint64_t* dst = scratch
+    cdef uint64_t* tmp
+    cdef Py_ssize_t total, c
+    if n < 64:
+        for i in range(1, n):
+            item = items[i]
+            j = i - 1
+            while j >= 0 and (items[j] >> 2) > (item >> 2):
+                items[j + 1] = items[j]
+                j -= 1
+            items[j + 1] = item
+        return
+    for shift in range(2, 35, 11):
+        memset(counts, 0, sizeof(counts))
+        for i in range(n):
+            counts[(src[i] >> shift) & 2047] += 1
+        total = 0
+        for i in range(2048):
+            c = counts[i]
+            counts[i] = total
+            total += c
+        for i in range(n):
+            j = (src[i] >> shift) & 2047
+            dst[counts[j]] = src[i]
+            counts[j] += 1
+        tmp = src
+        src = dst
+        dst = tmp
+    if src != items:
+        memcpy(items, src, n * sizeof(uint64_t))
+
+
+cdef inline Py_ssize_t _decimal_len(uint32_t value):
+    if value < 100000:
+        if value < 100:
+            return 1 if value < 10 else 2
+        return 3 if value < 1000 else (4 if value < 10000 else 5)
+    if value < 10000000:
+        return 6 if value < 1000000 else 7
+    if value < 1000000000:
+        return 8 if value < 100000000 else 9
+    return 10
+
+
+cdef const char* _PAIRS = (
+    b"00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    b"40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    b"8081828384858687888990919293949596979899"
+)
+
+
+cdef inline void _write_digits(char* out, uint32_t value, Py_ssize_t n):
+    """Write the ``n`` decimal digits of ``value`` two at a time, from the right."""
+    cdef uint32_t pair
+    while value >= 100:
+        pair = (value % 100) * 2
+        value //= 100
+        n -= 2
+        out[n] = _PAIRS[pair]
+        out[n + 1] = _PAIRS[pair + 1]
+    if value >= 10:
+        out[n - 2] = _PAIRS[value * 2]
+        out[n - 1] = _PAIRS[value * 2 + 1]
+    else:
+        out[n - 1] = <char>(48 + value)
+
+
+cdef inline Py_ssize_t _write_decimal(char* out, uint32_t value):
+    cdef Py_ssize_t n = _decimal_len(value)
+    _write_digits(out, value, n)
+    return n
+
+
+# --------------------------------------------------------------------------- strings
+
+def format_faults(faults):
+    cdef dict source = _as_dict(faults)
+    cdef Py_ssize_t n = len(source), pos = 0, count = 0, i, length = 0
+    cdef PyObject* key
+    cdef PyObject* value
+    cdef long long rank
+    cdef int ftype
+    cdef bint sorted_already = True
+    cdef uint64_t* items
+    cdef char* out
+    if n == 0:
+        return ""
+    items = <uint64_t*>malloc(2 * n * sizeof(uint64_t))
+    out = <char*>malloc(n * 13)
+    if items == NULL or out == NULL:
+        free(items)
+        free(out)
+        raise MemoryError()
+    try:
+        while _dict_next(source, &pos, &key, &value):
+            _entry(key, value, &rank, &ftype)
+            items[count] = (<uint64_t>rank) << 2 | <uint64_t>ftype
+            if count and (items[count - 1] >> 2) > <uint64_t>rank:
+                sorted_already = False
+            count += 1
+        if not sorted_already:
+            _sort_by_rank(items, items + n, count)
+        i = 0
+        while i < count:
+            rank = <long long>(items[i] >> 2)
+            ftype = <int>(items[i] & 3)
+            i += 1
+            while i < count and <long long>(items[i] >> 2) == rank:  # int-likes collided
+                if ftype != 1:
+                    ftype = <int>(items[i] & 3)
+                i += 1
+            if length:
+                out[length] = 44  # ','
+                length += 1
+            length += _write_decimal(out + length, <uint32_t>rank)
+            out[length] = 58  # ':'
+            out[length + 1] = <char>(48 + ftype)
+            length += 2
+        return PyUnicode_DecodeASCII(out, length, NULL)
+    finally:
+        free(items)
+        free(out)
+
+
+def parse_faults(text, *, strict=True):
+    cdef Py_ssize_t size = 0, i = 0
+    cdef const char* data
+    cdef long long rank
+    cdef int digits
+    cdef unsigned char ch
+    cdef dict faults
+    if not isinstance(text, str):
+        raise _py.not_a_string_error(text)
+    if not strict:
+        return _py.clusterd_parse(text)
+    if not PyUnicode_IS_ASCII(text):
+        raise _py.strict_error(text)
+    data = PyUnicode_AsUTF8AndSize(text, &size)
+    faults = _new_dict((size + 1) // 4)  # "r:t," is the shortest element
+    if size == 0:
+        return faults
+    while True:
+        rank = 0
+        digits = 0
+        while i < size and 48 <= <unsigned char>data[i] <= 57:
+            if rank <= MAX_RANK:
+                rank = rank * 10 + (data[i] - 48)
+            digits += 1
+            i += 1
+        if (digits == 0 or rank > MAX_RANK or i + 1 >= size or data[i] != 58
+                or not 48 <= <unsigned char>data[i + 1] <= 50):
+            raise _py.strict_error(text)
+        _merge_one(faults, rank, data[i + 1] - 48)
+        i += 2
+        if i == size:
+            return faults
+        if data[i] != 44 or i + 1 == size:
+            raise _py.strict_error(text)
+        i += 1
+
+
+cdef bint _all_fast(dict source):
+    """True when every entry is an exact in-range int pair (it can then be copied as is)."""
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* key
+    cdef PyObject* value
+    cdef long long rank
+    cdef int ftype
+    while _dict_next(source, &pos, &key, &value):
+        if not _fast(key, value, &rank, &ftype):
+            return False
+    return True
+
+
+def merge_faults(*maps):
+    cdef dict merged
+    cdef dict source
+    cdef Py_ssize_t pos, first = 0
+    cdef PyObject* key
+    cdef PyObject* value
+    cdef long long rank
+    cdef int ftype
+    if maps and type(maps[0]) is dict and _all_fast(<dict>maps[0]):
+        merged = (<dict>maps[0]).copy()  # a dict copy is far cheaper than re-inserting
+        first = 1
+    else:
+        merged = _new_dict(sum([len(m) for m in maps if isinstance(m, dict)]))
+    for faults in maps[first:]:
+        source = _as_dict(faults)
+        pos = 0
+        while _dict_next(source, &pos, &key, &value):
+            _entry(key, value, &rank, &ftype)
+            _merge_one(merged, _rank_object(key, rank), ftype)
+    return merged
+
+
+# --------------------------------------------------------------------------- protobuf wire
+
+cdef inline Py_ssize_t _write_varint(char* out, uint64_t value):
+    cdef Py_ssize_t n = 0
+    while value > 0x7F:
+        out[n] = <char>((value & 0x7F) | 0x80)
+        value >>= 7
+        n += 1
+    out[n] = <char>value
+    return n + 1
+
+
+cdef bytes _framed(bytes prefix, object faults, int field_number, bytes suffix):
+    """``prefix`` + the repeated FaultRank field + ``suffix`` as one bytes object.
+
+    One pass over the map writes straight into a bytes object sized for the longest
+    possible encoding, which is then shrunk in place: each rank is read once and the
+    encoded ranks are never copied.
+    """
+    cdef dict source = _as_dict(faults)
+    cdef Py_ssize_t n = len(source), pos = 0, digits, at
+    cdef Py_ssize_t head = len(prefix), tail = len(suffix)
+    cdef PyObject* key
+    cdef PyObject* value
+    cdef long long rank
+    cdef int ftype
+    cdef char tag[5]
+    cdef Py_ssize_t tag_len = _write_varint(tag, (<uint64_t>field_number) << 3 | 2)
+    cdef PyObject* raw = _new_bytes(NULL, head + n * (tag_len + 16) + tail)
+    cdef char* out
+    if raw == NULL:
+        raise MemoryError()
+    try:
+        out = _bytes_data(raw)
+        memcpy(out, <char*>prefix, head)
+        at = head
+        while _dict_next(source, &pos, &key, &value):
+            _entry(key, value, &rank, &ftype)
+            memcpy(out + at, tag, tag_len)
+            at += tag_len
+            digits = _decimal_len(<uint32_t>rank)
+            out[at] = <char>(digits + 5)  # FaultRank body: 0x0A len digits 0x12 0x01 type
+            out[at + 1] = 0x0A
+            out[at + 2] = <char>digits
+            _write_digits(out + at + 3, <uint32_t>rank, digits)
+            at += 3 + digits
+            out[at] = 0x12
+            out[at + 1] = 1
+            out[at + 2] = <char>(48 + ftype)
+            at += 3
+        memcpy(out + at, <char*>suffix, tail)
+    except BaseException:
+        _decref(raw)
+        raise
+    if _bytes_resize(&raw, at + tail) < 0:  # frees ``raw`` on failure
+        raise MemoryError()
+    result = <bytes>raw  # takes a new reference ...
+    _decref(raw)  # ... so drop the one _new_bytes gave us
+    return result
+
+
+def encode_fault_ranks(faults, field_number):
+    if type(field_number) is not int or not 1 <= field_number < 2 ** 29:
+        return _py.encode_fault_ranks(faults, field_number)  # raises the reference error
+    return _framed(b"", faults, field_number, b"")
+
+
+def encode_process_fault_request(job_id, faults):
+    return _framed(_py._string_field(1, _py._require_str(job_id)), faults, 2, b"")
+
+
+def encode_stop_complete_request(job_id, code, info, faults):
+    head = _py._string_field(1, _py._require_str(job_id)) + _py._status_field(code, info)
+    return _framed(head, faults, 3, b"")
+
+
+def encode_recover_strategy_request(job_id, faults, strategies):
+    head = _py._string_field(1, _py._require_str(job_id))
+    return _framed(head, faults, 2, _py._strings(3, strategies))
+
+
+def encode_recover_status_request(job_id, code, info, strategy, isolate_rank_ids=()):
+    # Carries no fault map, so there is no per-rank loop to accelerate.
+    return _py.encode_recover_status_request(job_id, code, info, strategy, isolate_rank_ids)
+
+
+# --------------------------------------------------------------------------- decoding
+
+cdef inline bint _varint_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* pos,
+                            uint64_t* value):
+    cdef uint64_t result = 0
+    cdef int shift = 0
+    cdef unsigned char byte
+    while True:
+        if pos[0] >= size or shift > 63:
+            return False
+        byte = data[pos[0]]
+        pos[0] += 1
+        result |= (<uint64_t>(byte & 0x7F)) << shift
+        if not byte & 0x80:
+            value[0] = result
+            return True
+        shift += 7
+
+
+cdef inline bint _skip_field(const unsigned char* data, Py_ssize_t size, Py_ssize_t* pos,
+                             int wire_type, Py_ssize_t* start):
+    """Advance past one field's payload; ``start`` receives where the payload begins."""
+    cdef uint64_t length
+    if wire_type == 0:
+        start[0] = pos[0]
+        return _varint_at(data, size, pos, &length)
+    if wire_type == 2:
+        if not _varint_at(data, size, pos, &length) or length > <uint64_t>(size - pos[0]):
+            return False
+        start[0] = pos[0]
+        pos[0] += <Py_ssize_t>length
+        return True
+    start[0] = pos[0]
+    if wire_type == 1:
+        pos[0] += 8
+    elif wire_type == 5:
+        pos[0] += 4
+    else:
+        return False
+    return pos[0] <= size
+
+
+cdef inline bint _fault_rank_at(const unsigned char* data, Py_ssize_t start, Py_ssize_t end,
+                                long long* rank, int* ftype):
+    """Decode one FaultRank body; False when malformed or not a valid rank/type."""
+    cdef Py_ssize_t pos = start, payload, i
+    cdef uint64_t key
+    cdef Py_ssize_t rank_start = -1, rank_end = -1, type_start = -1, type_end = -1
+    cdef long long value = 0
+    if end - start >= 8 and data[start] == 0x0A:  # the layout every encoder writes
+        payload = data[start + 1]
+        if (1 <= payload <= 10 and start + 5 + payload == end and data[start + 2 + payload] == 0x12
+                and data[start + 3 + payload] == 1):
+            rank_start, rank_end = start + 2, start + 2 + payload
+            type_start, type_end = rank_end + 2, end
+            pos = end
+    while pos < end:
+        if not _varint_at(data, end, &pos, &key) or (key >> 3) == 0:
+            return False
+        if not _skip_field(data, end, &pos, <int>(key & 7), &payload):
+            return False
+        if (key & 7) == 2 and (key >> 3) == 1:
+            rank_start, rank_end = payload, pos
+        elif (key & 7) == 2 and (key >> 3) == 2:
+            type_start, type_end = payload, pos
+    if rank_start < 0 or rank_end - rank_start < 1 or rank_end - rank_start > 10:
+        return False
+    if type_end - type_start != 1 or not 48 <= data[type_start] <= 50:
+        return False
+    for i in range(rank_start, rank_end):
+        if not 48 <= data[i] <= 57:
+            return False
+        value = value * 10 + (data[i] - 48)
+    if value > MAX_RANK:
+        return False
+    rank[0] = value
+    ftype[0] = data[type_start] - 48
+    return True
+
+
+def decode_signal_faults(data):
+    cdef bytes raw = bytes(data)
+    cdef const unsigned char* buf = raw
+    cdef Py_ssize_t size = len(raw), pos = 0, payload
+    cdef uint64_t key
+    cdef long long rank
+    cdef int ftype
+    cdef dict faults = _new_dict(size // 8)  # a FaultRank entry takes at least 8 bytes
+    while pos < size:
+        if buf[pos] == 0x2A and pos + 1 < size and buf[pos + 1] < 0x80:  # short faultRanks entry
+            payload = pos + 2
+            pos = payload + buf[pos + 1]
+            if pos > size:
+                return _py.decode_signal_faults(raw)  # raises the reference error
+        else:
+            if not _varint_at(buf, size, &pos, &key) or (key >> 3) == 0:
+                return _py.decode_signal_faults(raw)
+            if not _skip_field(buf, size, &pos, <int>(key & 7), &payload):
+                return _py.decode_signal_faults(raw)
+            if (key >> 3) != 5 or (key & 7) != 2:
+                continue
+        if not _fault_rank_at(buf, payload, pos, &rank, &ftype):
+            return _py.decode_signal_faults(raw)
+        _merge_one(faults, rank, ftype)
+    return faults

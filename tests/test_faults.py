@@ -1,0 +1,342 @@
+"""The fault codec's contract, run against both implementations (``codec`` fixture)."""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from types import ModuleType
+
+import pytest
+
+from bridge._proto import recover_pb2 as pb
+
+CANONICAL = re.compile(r"^\d+:[012](,\d+:[012])*$")
+
+
+class IntLike:
+    """An int-like object (``__index__``), as numpy integers are."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+    def __hash__(self) -> int:
+        return hash(("IntLike", self.value))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, IntLike) and other.value == self.value
+
+    def __repr__(self) -> str:
+        return f"IntLike({self.value})"
+
+
+def ranks_msg(faults: dict[int, int]) -> list[pb.FaultRank]:
+    return [pb.FaultRank(rankId=str(r), faultType=str(t)) for r, t in faults.items()]
+
+
+# --------------------------------------------------------------------------- format
+
+
+def test_format_sorts_ranks_and_has_no_spaces(codec: ModuleType) -> None:
+    text = codec.format_faults({40: 1, 12: 0, 7: 2})
+    assert text == "7:2,12:0,40:1"
+    assert CANONICAL.match(text)
+
+
+def test_format_empty_map_is_empty_string(codec: ModuleType) -> None:
+    assert codec.format_faults({}) == ""
+
+
+def test_format_large_unsorted_map_uses_radix_path(codec: ModuleType) -> None:
+    faults = {r: r % 3 for r in range(5000, 0, -7)}
+    text = codec.format_faults(faults)
+    assert text == ",".join(f"{r}:{r % 3}" for r in sorted(faults))
+
+
+def test_format_accepts_int_likes_and_other_mappings(codec: ModuleType) -> None:
+    assert codec.format_faults(OrderedDict([(IntLike(3), IntLike(1)), (1, 0)])) == "1:0,3:1"
+
+
+def test_format_int_likes_colliding_on_one_rank_follow_merge_rule(codec: ModuleType) -> None:
+    assert codec.format_faults({IntLike(3): 1, 3: 0}) == "3:1"
+    assert codec.format_faults({IntLike(3): 0, 3: 2}) == "3:2"
+
+
+def test_format_extreme_ranks(codec: ModuleType) -> None:
+    assert codec.format_faults({2**31 - 1: 1, 0: 0}) == "0:0,2147483647:1"
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    ("faults", "error", "fragment"),
+    [
+        ({True: 1}, TypeError, "fault map key True: rank must be an int, not bool"),
+        ({"3": 1}, TypeError, "fault map key '3': rank must be an int, not str"),
+        ({1.0: 1}, TypeError, "not float"),
+        ({-1: 1}, ValueError, "fault map key -1: rank must be in 0..2147483647"),
+        ({2**31: 1}, ValueError, "fault map key 2147483648: rank must be in"),
+        ({2**70: 1}, ValueError, "rank must be in"),
+        ({3: False}, TypeError, "fault map key 3: fault type False must be an int, not bool"),
+        ({3: "1"}, TypeError, "fault type '1' must be an int, not str"),
+        ({3: 3}, ValueError, "fault map key 3: fault type 3 must be 0, 1 or 2"),
+        ({3: -1}, ValueError, "fault type -1 must be 0, 1 or 2"),
+        ({3: 2**65}, ValueError, "must be 0, 1 or 2"),
+    ],
+)
+@pytest.mark.parametrize("operation", ["format", "merge", "encode"])
+def test_bad_entries_name_the_key(codec: ModuleType, faults: dict, error: type, fragment: str, operation: str) -> None:
+    call = {
+        "format": lambda: codec.format_faults(faults),
+        "merge": lambda: codec.merge_faults({0: 1}, faults),
+        "encode": lambda: codec.encode_fault_ranks(faults, 2),
+    }[operation]
+    with pytest.raises(error, match=re.escape(fragment)):
+        call()
+
+
+@pytest.mark.parametrize("not_a_map", [[(1, 1)], "1:1", None, 5])
+def test_non_mappings_are_rejected(codec: ModuleType, not_a_map: object) -> None:
+    with pytest.raises(TypeError, match="a fault map must be a mapping of rank to fault type"):
+        codec.format_faults(not_a_map)
+    with pytest.raises(TypeError, match="a fault map must be a mapping"):
+        codec.merge_faults({}, not_a_map)
+
+
+def test_bad_entry_leaves_inputs_untouched(codec: ModuleType) -> None:
+    first = {1: 0}
+    second = {2: 1, 3: 9}
+    with pytest.raises(ValueError):
+        codec.merge_faults(first, second)
+    assert first == {1: 0} and second == {2: 1, 3: 9}
+
+
+# --------------------------------------------------------------------------- strict parse
+
+
+def test_parse_round_trips_canonical_strings(codec: ModuleType) -> None:
+    assert codec.parse_faults("7:2,12:0,40:1") == {7: 2, 12: 0, 40: 1}
+    assert codec.parse_faults("") == {}
+    assert codec.parse_faults("0:0") == {0: 0}
+    assert codec.parse_faults("2147483647:1") == {2147483647: 1}
+    assert codec.parse_faults("007:1") == {7: 1}
+
+
+def test_parse_duplicates_follow_clusterd_merge_rule(codec: ModuleType) -> None:
+    assert codec.parse_faults("1:1,1:0") == {1: 1}
+    assert codec.parse_faults("1:0,1:2") == {1: 2}
+    assert codec.parse_faults("1:2,1:0,1:1,1:0") == {1: 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1:1,", "element 1 '' at offset 4: empty element"),
+        (",1:1", "element 0 '' at offset 0: empty element"),
+        ("1:1,,2:1", "element 1 '' at offset 4: empty element"),
+        ("4:1, 2:1", "element 1 ' 2:1' at offset 4: rank must be ASCII decimal digits"),
+        (" 4:1", "element 0 ' 4:1' at offset 0: rank must be ASCII decimal digits"),
+        ("4:1 ", "element 0 '4:1 ' at offset 0: fault type must be 0, 1 or 2"),
+        ("+4:1", "rank must be ASCII decimal digits"),
+        ("-4:1", "rank must be ASCII decimal digits"),
+        ("\u0661\u0662:0", "element 0 '\u0661\u0662:0' at offset 0: rank must be ASCII decimal digits"),
+        ("1:\u0661", "fault type must be 0, 1 or 2"),
+        ("12:0,40:3", "element 1 '40:3' at offset 5: fault type must be 0, 1 or 2"),
+        ("7", "element 0 '7' at offset 0: missing ':' between rank and fault type"),
+        ("bad", "missing ':'"),
+        ("1:1:1", "element 0 '1:1:1' at offset 0: fault type must be 0, 1 or 2"),
+        (":1", "rank must be ASCII decimal digits"),
+        ("1:", "fault type must be 0, 1 or 2"),
+        ("2147483648:1", "element 0 '2147483648:1' at offset 0: rank exceeds 2147483647"),
+        ("99999999999999999999:1", "rank exceeds 2147483647"),
+        ("1:01", "fault type must be 0, 1 or 2"),
+        (",", "empty element"),
+    ],
+)
+def test_strict_parse_names_the_offending_element(codec: ModuleType, text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        codec.parse_faults(text)
+
+
+def test_parse_rejects_non_strings(codec: ModuleType) -> None:
+    with pytest.raises(TypeError, match="a fault string must be str, not bytes"):
+        codec.parse_faults(b"1:1")
+    with pytest.raises(TypeError, match="not NoneType"):
+        codec.parse_faults(None, strict=False)
+
+
+# --------------------------------------------------------------------------- lenient parse
+
+
+def test_lenient_parse_reproduces_clusterd_verified_merge(codec: ModuleType) -> None:
+    # Observed on the real server: confirm "1:1" + result "4:1,1:0,4:0,bad,7" -> 1:1,4:1.
+    result = codec.parse_faults("4:1,1:0,4:0,bad,7", strict=False)
+    confirm = codec.parse_faults("1:1", strict=False)
+    assert result.dropped == ("bad", "7")
+    assert not result.poisoned
+    assert codec.merge_faults(result.faults, confirm.faults) == {4: 1, 1: 1}
+
+
+def test_lenient_parse_one_space_poisons_everything(codec: ModuleType) -> None:
+    parsed = codec.parse_faults("4:1, 2:1", strict=False)
+    assert parsed.poisoned
+    assert parsed.faults == {}
+
+
+def test_lenient_parse_trims_only_the_whole_string(codec: ModuleType) -> None:
+    parsed = codec.parse_faults("  ,,1:1,2:0,, \n", strict=False)
+    assert parsed.faults == {1: 1, 2: 0}
+    assert parsed.dropped == ()
+    inner = codec.parse_faults("1:1,,2:1", strict=False)
+    assert inner.faults == {1: 1, 2: 1}
+    assert inner.dropped == ("",)
+
+
+def test_lenient_parse_keeps_first_sticky_type_and_rejects_unknown_types(codec: ModuleType) -> None:
+    parsed = codec.parse_faults("3:x,3:1,5:0,5:2,6:7", strict=False)
+    # "x" is stored first and, not being "0"/"2", is sticky on ClusterD: rank 3 is unusable.
+    assert parsed.faults == {5: 2}
+    assert parsed.rejected == ("3:x", "6:7")
+
+
+def test_lenient_parse_go_atoi_signs_and_range(codec: ModuleType) -> None:
+    parsed = codec.parse_faults("+5:1,-1:1", strict=False)
+    assert parsed.faults == {5: 1}
+    assert parsed.rejected == ("-1:1",)
+    assert codec.parse_faults("99999999999999999999:1", strict=False).poisoned
+
+
+def test_lenient_parse_of_empty_and_blank(codec: ModuleType) -> None:
+    for text in ("", "   ", ",,,"):
+        parsed = codec.parse_faults(text, strict=False)
+        assert parsed.faults == {} and parsed.dropped == () and not parsed.poisoned
+
+
+# --------------------------------------------------------------------------- merge
+
+
+def test_merge_rule(codec: ModuleType) -> None:
+    assert codec.merge_faults({1: 0, 4: 1}, {1: 1}) == {1: 1, 4: 1}
+    assert codec.merge_faults({1: 1}, {1: 0}) == {1: 1}
+    assert codec.merge_faults({1: 0}, {1: 2}) == {1: 2}
+    assert codec.merge_faults({1: 2}, {1: 0}) == {1: 0}
+    assert codec.merge_faults() == {}
+    assert codec.merge_faults({}, {}) == {}
+
+
+def test_merge_normalises_int_likes(codec: ModuleType) -> None:
+    merged = codec.merge_faults({IntLike(5): IntLike(2)})
+    assert merged == {5: 2}
+    assert all(type(k) is int and type(v) is int for k, v in merged.items())
+
+
+def test_merge_returns_a_new_dict(codec: ModuleType) -> None:
+    source = {1: 0}
+    merged = codec.merge_faults(source)
+    merged[2] = 1
+    assert source == {1: 0}
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+@pytest.mark.parametrize("faults", [{}, {0: 0}, {7: 1, 3: 2, 2**31 - 1: 0}, {r: r % 3 for r in range(300)}])
+def test_encoders_match_generated_classes(codec: ModuleType, faults: dict[int, int]) -> None:
+    assert codec.encode_fault_ranks(faults, 5) == b"".join(
+        pb.ProcessManageSignal(faultRanks=[fr]).SerializeToString() for fr in ranks_msg(faults)
+    )
+    assert codec.encode_process_fault_request("job-1", faults) == pb.ProcessFaultRequest(
+        jobId="job-1", faultRanks=ranks_msg(faults)
+    ).SerializeToString()
+    assert codec.encode_stop_complete_request("j", 404, "stop ok", faults) == pb.StopCompleteRequest(
+        jobId="j", status=pb.Status(code=404, info="stop ok"), faultRanks=ranks_msg(faults)
+    ).SerializeToString()
+    assert codec.encode_recover_strategy_request(
+        "j", faults, ["exit", "dump", "retry", "recover"]
+    ) == pb.RecoverStrategyRequest(
+        jobId="j", faultRanks=ranks_msg(faults), strategies=["exit", "dump", "retry", "recover"]
+    ).SerializeToString()
+
+
+def test_status_is_always_set_even_when_default(codec: ModuleType) -> None:
+    for raw, cls in [
+        (codec.encode_stop_complete_request("", 0, "", {}), pb.StopCompleteRequest),
+        (codec.encode_recover_status_request("", 0, "", ""), pb.RecoverStatusRequest),
+    ]:
+        message = cls.FromString(raw)
+        assert message.HasField("status")
+
+
+def test_recover_status_request(codec: ModuleType) -> None:
+    raw = codec.encode_recover_status_request("j", 201, "isolate", "downgrade", ["3", "4"])
+    assert raw == pb.RecoverStatusRequest(
+        jobId="j", status=pb.Status(code=201, info="isolate"), strategy="downgrade", isolateRankIds=["3", "4"]
+    ).SerializeToString()
+    negative = codec.encode_recover_status_request("j", -5, "", "retry")
+    assert pb.RecoverStatusRequest.FromString(negative).status.code == -5
+
+
+def test_encoder_argument_errors(codec: ModuleType) -> None:
+    with pytest.raises(ValueError, match="field number 0"):
+        codec.encode_fault_ranks({1: 1}, 0)
+    with pytest.raises(ValueError, match="does not fit int32"):
+        codec.encode_stop_complete_request("j", 2**31, "", {})
+    with pytest.raises(TypeError, match="expected str"):
+        codec.encode_process_fault_request(7, {})
+    with pytest.raises(TypeError, match="single str"):
+        codec.encode_recover_strategy_request("j", {}, "retry")
+
+
+def test_non_ascii_job_id_and_info_round_trip(codec: ModuleType) -> None:
+    raw = codec.encode_stop_complete_request("作业", 0, "停止", {1: 1})
+    message = pb.StopCompleteRequest.FromString(raw)
+    assert (message.jobId, message.status.info) == ("作业", "停止")
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def test_decode_signal_faults(codec: ModuleType) -> None:
+    signal = pb.ProcessManageSignal(
+        uuid="18A-abc", jobId="j", signalType="globalFault", actions=["on_global_rank", "fault_nodes_exit"],
+        faultRanks=ranks_msg({0: 1, 1: 1, 9: 0}), timeout=33, nodeRankIds=["0"], extraParams="x",
+    )
+    assert codec.decode_signal_faults(signal.SerializeToString()) == {0: 1, 1: 1, 9: 0}
+    assert codec.decode_signal_faults(b"") == {}
+    assert codec.decode_signal_faults(bytearray(signal.SerializeToString())) == {0: 1, 1: 1, 9: 0}
+
+
+def test_decode_duplicates_merge(codec: ModuleType) -> None:
+    signal = pb.ProcessManageSignal(faultRanks=[
+        pb.FaultRank(rankId="3", faultType="1"), pb.FaultRank(rankId="3", faultType="0"),
+        pb.FaultRank(rankId="4", faultType="0"), pb.FaultRank(rankId="4", faultType="2"),
+    ])
+    assert codec.decode_signal_faults(signal.SerializeToString()) == {3: 1, 4: 2}
+
+
+@pytest.mark.parametrize(
+    ("rank_id", "fault_type"),
+    [("x", "1"), (" 2", "1"), ("", "1"), ("3", "5"), ("3", ""), ("2147483648", "1"), ("-1", "0"), ("3", "10")],
+)
+def test_decode_rejects_malformed_entries_by_index(codec: ModuleType, rank_id: str, fault_type: str) -> None:
+    signal = pb.ProcessManageSignal(faultRanks=[
+        pb.FaultRank(rankId="1", faultType="1"), pb.FaultRank(rankId=rank_id, faultType=fault_type),
+    ])
+    with pytest.raises(ValueError, match=re.escape(f"signal fault entry 1 (rankId={rank_id!r}, faultType={fault_type!r})")):
+        codec.decode_signal_faults(signal.SerializeToString())
+
+
+@pytest.mark.parametrize("raw", [b"\x2a", b"\x2a\x05\x0a", b"\xff", b"\x00\x00", b"\x0b", b"\x09\x01"])
+def test_decode_rejects_truncated_protobuf(codec: ModuleType, raw: bytes) -> None:
+    with pytest.raises(ValueError, match="malformed protobuf"):
+        codec.decode_signal_faults(raw)
+
+
+def test_decode_skips_unknown_fields_of_every_wire_type(codec: ModuleType) -> None:
+    inner = pb.FaultRank(rankId="12", faultType="2").SerializeToString()
+    extra = b"\x18\x96\x01" + b"\x21" + b"\x00" * 8 + b"\x2d" + b"\x00" * 4  # fields 3, 4, 5 (varint, 64, 32 bit)
+    raw = b"\x38\x21" + b"\x2a" + bytes([len(inner) + len(extra)]) + inner + extra
+    assert codec.decode_signal_faults(raw) == {12: 2}
