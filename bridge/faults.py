@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import TYPE_CHECKING
 
 from ._faults_py import FAULT_TYPES, MAX_RANK, LenientParse
@@ -23,6 +24,13 @@ else:
         from . import _faults_c as _impl  # type: ignore[attr-defined, no-redef]
     except ImportError:  # pragma: no cover - installs without a compiler
         from . import _faults_py as _impl
+
+        warnings.warn(
+            "tft-bridge: the compiled fault codec is not installed (no compiler at install "
+            "time?); using the pure-Python implementation",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 IMPLEMENTATION: str = "c" if _impl.__name__.endswith("_c") else "python"
 
