@@ -1,27 +1,183 @@
-"""The ``tft-bridge`` command line."""
+"""``tft-bridge``: run the daemon, check a config, run the demo, work with fault strings.
+
+Exit codes: 0 ok; 1 start-up failed; 2 bad configuration or bad input; 75 ClusterD sent
+killMaster (the job is being rescheduled; the systemd unit restarts the bridge for it).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
 import sys
+from collections.abc import Sequence
 
 from . import __version__
+from . import faults as codec
+from .config import ConfigError, load_config
 
+log = logging.getLogger("tft_bridge")
+
+
+def setup_logging(level: str) -> None:
+    """Plain lines under journald (it stamps them itself), timestamps otherwise."""
+    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else \
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)
+
+
+# --------------------------------------------------------------------------- run / check-config
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    setup_logging(args.log_level or config.log_level)
+    from .daemon import Bridge
+
+    async def main() -> int:
+        bridge = Bridge(config)
+        loop = asyncio.get_running_loop()
+        stops = 0
+
+        def on_signal(signum: int) -> None:
+            nonlocal stops
+            stops += 1
+            if stops > 1:  # a second signal: the operator insists
+                log.warning("second %s: exiting now", signal.Signals(signum).name)
+                os._exit(128 + signum)
+            log.info("%s: stopping gracefully", signal.Signals(signum).name)
+            bridge.request_stop()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal, signum)
+        try:
+            return await bridge.run()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+
+    return asyncio.run(main())
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    print(json.dumps(config.as_dict(), indent=2, sort_keys=False))
+    return 0
+
+
+# --------------------------------------------------------------------------- faults
+
+def cmd_faults(args: argparse.Namespace) -> int:
+    try:
+        if args.faults_command == "merge":
+            merged = codec.merge_faults(*(codec.parse_faults(text) for text in args.texts))
+            print(codec.format_faults(merged))
+        elif args.faults_command == "format":
+            data = json.loads(args.json)
+            if not isinstance(data, dict):
+                raise ValueError("expected a JSON object of rank to fault type")
+            print(codec.format_faults({_json_int(k, "rank"): _json_int(v, "type") for k, v in data.items()}))
+        elif args.lenient:
+            parsed = codec.parse_faults(args.text, strict=False)
+            print(codec.format_faults(parsed.faults))
+            for element in parsed.dropped:
+                print(f"dropped by ClusterD (bad format): {element!r}", file=sys.stderr)
+            for element in parsed.rejected:
+                print(f"kept by ClusterD but not a valid fault: {element!r}", file=sys.stderr)
+            if parsed.poisoned:
+                print("POISONED: a rank is not an integer; ClusterD would run the cycle with no ranks at all",
+                      file=sys.stderr)
+                return 1
+        else:
+            print(codec.format_faults(codec.parse_faults(args.text)))
+    except (ValueError, TypeError) as error:
+        print(f"tft-bridge faults: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _json_int(value: object, what: str) -> int:
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"{what} {value!r} is not a decimal integer")
+
+
+# --------------------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tft-bridge", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tft-bridge", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"tft-bridge {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("demo", help="run a simulated recovery end to end")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run the bridge for one job (the systemd unit's command)")
+    run.add_argument("--config", required=True, help="the job's TOML configuration file")
+    run.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides log_level")
+    run.set_defaults(func=cmd_run)
+
+    check = commands.add_parser("check-config", help="validate a config file and print the effective configuration")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_check_config)
+
+    demo = commands.add_parser("demo", help="a simulated ClusterD, the stub controller and the bridge: one real recovery")
+    demo.add_argument("--scenario", default="retry", choices=["retry", "recover", "dump", "exit", "retry-fails"])
+    demo.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
+                      help="keep running this long after the scenario so the metrics can be scraped")
+    demo.add_argument("--metrics-port", type=int, default=0, help="metrics port (default: any free port)")
+    demo.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    demo.set_defaults(func=_lazy("demo", "cmd_demo"))
+
+    sim = commands.add_parser("sim-clusterd", help="run the simulated ClusterD on its own, logging every RPC and signal")
+    sim.add_argument("--listen", default="127.0.0.1:8899")
+    sim.add_argument("--job", required=True, help="job id (the Recover jobId)")
+    sim.add_argument("--world-size", type=int, default=8)
+    sim.add_argument("--devices-per-pod", type=int, default=8)
+    sim.add_argument("--strategies", default="retry,recover,dump,exit")
+    sim.add_argument("--phase-delay", type=float, default=11.0, help="seconds before globalFault (the real server: ~11)")
+    sim.add_argument("--keepalive", type=float, default=5.0)
+    sim.add_argument("--process-recover", choices=["on", "off"], default="on")
+    sim.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sim.set_defaults(func=_lazy("sim.cli", "cmd_sim_clusterd"))
+
+    faults = commands.add_parser("faults", help="format, parse and merge \"rank:type\" fault strings")
+    fsub = faults.add_subparsers(dest="faults_command", required=True, metavar="ACTION")
+    parse = fsub.add_parser("parse", help="check a fault string; print its canonical form")
+    parse.add_argument("text")
+    parse.add_argument("--lenient", action="store_true", help="show what ClusterD's own parser makes of it")
+    merge = fsub.add_parser("merge", help="merge fault strings with ClusterD's rule (type 1 sticky)")
+    merge.add_argument("texts", nargs="+")
+    fmt = fsub.add_parser("format", help='canonical string of a JSON map, e.g. \'{"4": 1, "1": 0}\'')
+    fmt.add_argument("json")
+    faults.set_defaults(func=cmd_faults)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _lazy(module: str, name: str):  # type: ignore[no-untyped-def]
+    """Import heavy subcommands (the simulations) only when they run."""
+
+    def call(args: argparse.Namespace) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(f"bridge.{module}"), name)(args)
+
+    return call
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "demo":
-        print("tft-bridge demo: not yet available (lands with the daemon)")
-        return 0
-    return 2
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,358 @@
+"""The ClusterD side: one channel, deadline-bound unary calls, and the signal session.
+
+Requests go out as bytes already encoded by the fast codec (``bridge.faults``), so the
+generated message classes are used only for the small ``ClientInfo`` and ``Status``.
+Every unary call has a deadline; a call that failed is classified by whether it
+provably did not reach ClusterD (``qps exceeded``, no connection) or its outcome is
+unknown, because ClusterD's one-slot report buffers make a blind resend dangerous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from ._proto import recover_pb2 as pb
+from .codes import Code
+from .config import ClusterDConfig
+from .metrics import BridgeMetrics
+
+log = logging.getLogger(__name__)
+
+SUBSCRIBE = "/Recover/SubscribeProcessManageSignal"
+
+
+class Delivery(enum.Enum):
+    NOT_DELIVERED = "not_delivered"  # provably never reached ClusterD: safe to resend
+    UNKNOWN = "unknown"  # may have reached ClusterD: never resend a cycle-bound report
+
+
+class RpcFailure(Exception):
+    def __init__(self, method: str, status: str, detail: str, delivery: Delivery) -> None:
+        super().__init__(f"{method}: {status}: {detail}")
+        self.method, self.status, self.detail, self.delivery = method, status, detail, delivery
+
+
+def channel_options(config: ClusterDConfig) -> list[tuple[str, Any]]:
+    """Keepalive no faster than ClusterD tolerates (it sends GOAWAY below 3 s)."""
+    return [
+        ("grpc.keepalive_time_ms", int(config.grpc_keepalive * 1000)),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+        ("grpc.max_send_message_length", 4 * 1024 * 1024),
+        ("grpc.enable_retries", 0),  # retries are decided here, per report kind
+    ]
+
+
+def channel_credentials(config: ClusterDConfig) -> grpc.ChannelCredentials:
+    """TLS for deployments with a TLS-terminating proxy in front of ClusterD. A named file
+    that cannot be read is an error, never a silent fall back to plaintext."""
+
+    def read(path: str) -> bytes | None:
+        if not path:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as error:
+            raise ValueError(f"cannot read TLS file {path!r}: {error.strerror or error}") from error
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(config.ca_file),
+        private_key=read(config.key_file),
+        certificate_chain=read(config.cert_file),
+    )
+
+
+def client_info(job_id: str, role: str) -> bytes:
+    return pb.ClientInfo(jobId=job_id, role=role).SerializeToString()
+
+
+class ClusterDClient:
+    """The channel and the calls. Create and use it inside the running event loop."""
+
+    def __init__(self, config: ClusterDConfig, metrics: BridgeMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.channel: grpc.aio.Channel | None = None
+        self._callables: dict[str, Any] = {}
+
+    async def open(self) -> None:
+        options = channel_options(self.config)
+        if self.config.tls:
+            self.channel = grpc.aio.secure_channel(self.config.address, channel_credentials(self.config), options)
+        else:
+            self.channel = grpc.aio.insecure_channel(self.config.address, options)
+        self._callables = {}
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await self.channel.close(grace=None)
+            self.channel = None
+
+    def _unary(self, method: str) -> Any:
+        if method not in self._callables:
+            assert self.channel is not None
+            self._callables[method] = self.channel.unary_unary(
+                method, request_serializer=None, response_deserializer=pb.Status.FromString
+            )
+        return self._callables[method]
+
+    def connected(self) -> bool:
+        return self.channel is not None and self.channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY
+
+    async def call(self, method: str, payload: bytes, timeout: float | None = None) -> int:
+        """Send one pre-encoded request; the Status code, or RpcFailure."""
+        name = method.rsplit("/", 1)[-1]
+        was_ready = self.connected()
+        started = time.monotonic()
+        try:
+            status = await self._unary(method)(payload, timeout=timeout or self.config.rpc_timeout)
+        except grpc.aio.AioRpcError as error:
+            self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
+            detail = error.details() or ""
+            code = error.code()
+            if code is grpc.StatusCode.UNKNOWN and "qps exceeded" in detail:
+                self.metrics.rpcs.labels(name, "QPS_EXCEEDED").inc()
+                raise RpcFailure(name, "QPS_EXCEEDED", detail, Delivery.NOT_DELIVERED) from None
+            self.metrics.rpcs.labels(name, code.name).inc()
+            delivery = Delivery.NOT_DELIVERED if code is grpc.StatusCode.UNAVAILABLE and not was_ready else Delivery.UNKNOWN
+            raise RpcFailure(name, code.name, detail, delivery) from None
+        self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
+        self.metrics.rpcs.labels(name, str(status.code)).inc()
+        return status.code
+
+    def subscribe(self, job_id: str, role: str) -> Any:
+        """The signal stream; each message arrives as (ProcessManageSignal, raw bytes)."""
+        assert self.channel is not None
+        stream = self.channel.unary_stream(
+            SUBSCRIBE, request_serializer=None, response_deserializer=lambda raw: (pb.ProcessManageSignal.FromString(raw), raw)
+        )
+        return stream(client_info(job_id, role), timeout=None)
+
+
+class SessionState(enum.Enum):
+    CONNECTING = "connecting"
+    RECOVERY_OFF = "process recovery off (403)"
+    SUBSCRIBED = "subscribed"
+    BACKOFF = "reconnecting"
+    STOPPED = "stopped"
+
+
+@dataclass
+class Backoff:
+    """Capped exponential backoff with full jitter."""
+
+    initial: float
+    cap: float
+    attempt: int = 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.initial * (2 ** self.attempt))
+        self.attempt += 1
+        return random.uniform(delay / 2, delay)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+SignalHandler = Callable[[pb.ProcessManageSignal, bytes], None]
+
+
+class Session:
+    """Init -> Register -> Subscribe, forever: the job's only ClusterD subscriber.
+
+    ClusterD ends the stream with OK after every recovery cycle (and on any reset), so a
+    stream end is routine: re-subscribe after a short jittered pause. Silence longer than
+    ``watchdog_intervals`` keep-alive intervals means a dead stream. 403 means process
+    recovery is off for the job: nothing to subscribe to, re-checked slowly.
+    """
+
+    def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, on_signal: SignalHandler,
+                 on_state: Callable[[SessionState], None] = lambda state: None) -> None:
+        self.job_id = job_id
+        self.client = client
+        self.config = client.config
+        self.metrics = metrics
+        self.on_signal = on_signal
+        self.on_state = on_state
+        self.state = SessionState.CONNECTING
+        self.live = asyncio.Event()  # set while a subscription is live
+        self.init_answered = asyncio.Event()
+        self.process_recover: bool | None = None  # None until Init answered
+        self.current_uuid: str | None = None  # the running cycle as the stream shows it
+        self.last_message_at: float | None = None
+        self.cycle_listeners: list[Callable[[str], None]] = []  # told when a cycle is over or aborted
+        self._stopping = asyncio.Event()
+        self._resubscribe = asyncio.Event()
+        self._call: Any = None
+        self._end_reason = "start"
+
+    def _set_state(self, state: SessionState) -> None:
+        if state is not self.state:
+            log.info("ClusterD session: %s -> %s", self.state.value, state.value)
+        self.state = state
+        self.on_state(state)
+
+    def cycle_alive(self, uuid: str | None) -> bool:
+        return bool(uuid) and self.live.is_set() and uuid == self.current_uuid
+
+    def request_resubscribe(self, reason: str) -> None:
+        """Re-run Init/Register/Subscribe (after ClusterD answered 400: it lost our job)."""
+        self._end_reason = reason
+        self._resubscribe.set()
+        if self._call is not None:
+            self._call.cancel()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._call is not None:
+            self._call.cancel()
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep unless stopped first; True when stopping."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def _unary_with_retry(self, method: str, payload: bytes, backoff: Backoff) -> int | None:
+        """Init/Register: retried on any transport failure; None when stopping."""
+        while not self._stopping.is_set():
+            try:
+                return await self.client.call(method, payload)
+            except RpcFailure as failure:
+                log.warning("ClusterD %s failed: %s %s", failure.method, failure.status, failure.detail)
+                if await self._sleep(backoff.next()):
+                    return None
+        return None
+
+    async def run(self) -> None:
+        backoff = Backoff(self.config.reconnect_initial, self.config.reconnect_max)
+        info = client_info(self.job_id, self.config.role)
+        while not self._stopping.is_set():
+            self._resubscribe.clear()
+            self._set_state(SessionState.CONNECTING)
+            code = await self._unary_with_retry("/Recover/Init", info, backoff)
+            if code is None:
+                break
+            self.process_recover = code != Code.ProcessRescheduleOff
+            self.metrics.process_recover_enabled.set(1 if self.process_recover else 0)
+            self.init_answered.set()
+            if code == Code.ProcessRescheduleOff:
+                self._set_state(SessionState.RECOVERY_OFF)
+                log.warning("ClusterD: process-level recovery is off for job %s (Init 403); re-checking every %.0f s",
+                            self.job_id, self.config.recheck_disabled)
+                if await self._sleep(self.config.recheck_disabled):
+                    break
+                continue
+            if code != Code.OK:
+                log.warning("ClusterD Init answered %s", Code.describe(code))
+                if await self._sleep(backoff.next()):
+                    break
+                continue
+            code = await self._unary_with_retry("/Recover/Register", info, backoff)
+            if code is None:
+                break
+            if code != Code.OK:
+                log.warning("ClusterD Register answered %s", Code.describe(code))
+                if await self._sleep(backoff.next()):
+                    break
+                continue
+            reason = await self._subscribe_once()
+            self._end_reason = reason if not self._resubscribe.is_set() else self._end_reason
+            if self._stopping.is_set():
+                break
+            if reason == "cycle_end":
+                backoff.reset()  # routine: ClusterD closes the stream after every cycle
+            self._set_state(SessionState.BACKOFF)
+            if await self._sleep(backoff.next()):
+                break
+        self._set_state(SessionState.STOPPED)
+
+    async def _subscribe_once(self) -> str:
+        """One stream, until it ends; the reason it ended."""
+        self.metrics.reconnects.labels(self._end_reason).inc()
+        call = self.client.subscribe(self.job_id, self.config.role)
+        self._call = call
+        silence = self.config.keepalive_interval * self.config.watchdog_intervals
+        reason = "cycle_end"
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(call.read(), silence)
+                except asyncio.TimeoutError:
+                    log.warning("ClusterD signal stream silent for %.0f s (no keep-alive): treating it as dead", silence)
+                    reason = "keepalive_timeout"
+                    break
+                if item is grpc.aio.EOF:
+                    reason = "cycle_end"
+                    break
+                if not self.live.is_set():
+                    self.live.set()
+                    self.metrics.subscription_up.set(1)
+                    self._set_state(SessionState.SUBSCRIBED)
+                self.last_message_at = time.monotonic()
+                signal, raw = item
+                self._track_cycle(signal)
+                self.on_signal(signal, raw)
+        except asyncio.CancelledError:
+            if self._stopping.is_set() or self._resubscribe.is_set():
+                reason = "stopped" if self._stopping.is_set() else self._end_reason
+            else:
+                raise
+        except grpc.aio.AioRpcError as error:
+            reason = f"stream_{error.code().name.lower()}"
+            log.warning("ClusterD signal stream ended: %s %s", error.code().name, error.details())
+        finally:
+            call.cancel()
+            self._call = None
+            self._end_cycle()
+            self.live.clear()
+            self.metrics.subscription_up.set(0)
+        if reason == "cycle_end":
+            log.info("ClusterD ended the signal stream (end of a recovery cycle or a server-side reset)")
+        return reason
+
+    def _track_cycle(self, signal: pb.ProcessManageSignal) -> None:
+        uuid = signal.uuid
+        if signal.jobId and signal.jobId != self.job_id:
+            return
+        if signal.signalType == "keep-alive":
+            if self.current_uuid and uuid != self.current_uuid:
+                log.warning("keep-alive shows cycle %r, not %r: ClusterD abandoned the cycle", uuid, self.current_uuid)
+                self._end_cycle()
+            if uuid and not self.current_uuid:
+                self.current_uuid = uuid
+            return
+        if uuid and uuid != self.current_uuid:
+            self._end_cycle()
+            self.current_uuid = uuid
+
+    def _end_cycle(self) -> None:
+        ended, self.current_uuid = self.current_uuid, None
+        if ended:
+            for listener in self.cycle_listeners:
+                listener(ended)
+
+
+async def run_logged(name: str, coroutine: Awaitable[Any]) -> Any:
+    """Await a background task's body and make any failure visible in the log."""
+    try:
+        return await coroutine
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("background task %s failed", name)
+        raise

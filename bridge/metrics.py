@@ -1,0 +1,154 @@
+"""Prometheus metrics: one registry per bridge, every series named ``tft_bridge_*``.
+
+Counters end in ``_total``, durations are in seconds, and labels stay low-cardinality:
+never a rank, a uuid or a job id (one bridge serves one job; the scrape target says
+which). State owned elsewhere (keep-alive age, the controller's HA switch, the outbox
+depth) is read at scrape time through callbacks, so it is never stale.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+from . import __version__
+from .faults import IMPLEMENTATION
+
+#: Recovery takes seconds to many minutes (ClusterD alone waits ~11 s before globalFault).
+RECOVERY_BUCKETS = (0.5, 1, 2.5, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800)
+#: Unary RPCs on loopback or a LAN: sub-millisecond to the deadline.
+RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+FAULT_TYPE_NAMES = {0: "uce", 1: "other", 2: "hccl"}
+
+
+class BridgeMetrics:
+    """All metrics of one bridge, registered in ``self.registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.build_info = Info("tft_bridge_build", "Version and active fault-codec implementation", registry=r)
+        self.build_info.info({"version": __version__, "codec": IMPLEMENTATION})
+
+        self.faults_reported = Counter(
+            "tft_bridge_faults_reported", "Fault ranks the controller reported, by fault type",
+            ["fault_type"], registry=r)
+        self.faulty_ranks = Gauge(
+            "tft_bridge_faulty_ranks", "Ranks currently known faulty in the running recovery cycle", registry=r)
+        self.recovery_cycles = Counter(
+            "tft_bridge_recovery_cycles", "Recovery cycles that ended, by final strategy and outcome",
+            ["strategy", "outcome"], registry=r)
+        self.recovery_phase_seconds = Histogram(
+            "tft_bridge_recovery_phase_duration_seconds",
+            "Duration of each recovery phase (fault_to_stop, stop_to_strategy, strategy_to_result)",
+            ["phase"], buckets=RECOVERY_BUCKETS, registry=r)
+        self.recovery_seconds = Histogram(
+            "tft_bridge_recovery_duration_seconds", "Fault report to final result, by strategy",
+            ["strategy"], buckets=RECOVERY_BUCKETS, registry=r)
+        self.rpcs = Counter(
+            "tft_bridge_clusterd_rpcs", "ClusterD RPCs by method and result (Status code or gRPC status)",
+            ["method", "code"], registry=r)
+        self.rpc_seconds = Histogram(
+            "tft_bridge_clusterd_rpc_duration_seconds", "ClusterD unary RPC latency by method",
+            ["method"], buckets=RPC_BUCKETS, registry=r)
+        self.reports_dropped = Counter(
+            "tft_bridge_reports_dropped", "Reports not delivered to ClusterD, by kind and reason",
+            ["kind", "reason"], registry=r)
+        self.reports_merged = Counter(
+            "tft_bridge_fault_reports_merged", "Fault reports merged into another request", registry=r)
+        self.reports_sent = Counter(
+            "tft_bridge_reports_sent", "Reports ClusterD accepted (code 0), by kind", ["kind"], registry=r)
+        self.signals_received = Counter(
+            "tft_bridge_signals_received", "Signals received from ClusterD, by signal type",
+            ["signal_type"], registry=r)
+        self.signals_refused = Counter(
+            "tft_bridge_signals_refused", "Signals or actions not forwarded to the controller, by reason",
+            ["reason"], registry=r)
+        self.notifies = Counter(
+            "tft_bridge_controller_notifies", "Notify calls into the controller, by action and result",
+            ["action", "result"], registry=r)
+        self.callbacks = Counter(
+            "tft_bridge_controller_callbacks", "Callbacks from the controller, by callback",
+            ["callback"], registry=r)
+        self.callback_errors = Counter(
+            "tft_bridge_controller_callback_errors",
+            "Unexpected errors caught in a controller callback (never re-raised into the controller)", registry=r)
+        self.subscription_up = Gauge(
+            "tft_bridge_subscription_up", "1 while the ClusterD signal stream is live", registry=r)
+        self.reconnects = Counter(
+            "tft_bridge_subscription_reconnects", "Signal stream (re)subscriptions, by reason the previous ended",
+            ["reason"], registry=r)
+        self.process_recover_enabled = Gauge(
+            "tft_bridge_process_recover_enabled",
+            "0 when ClusterD answered Init with 403 (process-level recovery off for the job)", registry=r)
+        self.keepalive_age = Gauge(
+            "tft_bridge_keepalive_age_seconds", "Seconds since the last message on the signal stream", registry=r)
+        self.controller_connected = Gauge(
+            "tft_bridge_controller_ranks_connected",
+            "1 while at least one training rank is connected to the controller (the HA switch)", registry=r)
+        self.outbox_depth = Gauge(
+            "tft_bridge_outbox_depth", "Reports waiting to be delivered to ClusterD", registry=r)
+        self.bad_inputs = Counter(
+            "tft_bridge_bad_inputs", "Malformed inputs rejected, by kind", ["kind"], registry=r)
+        self.hook_runs = Counter(
+            "tft_bridge_hook_runs", "Operator hook commands run, by hook and result", ["hook", "result"], registry=r)
+        self.ranktable_updates = Counter(
+            "tft_bridge_ranktable_updates", "Rank tables received, by result (written, unchanged, rejected)",
+            ["result"], registry=r)
+        self.keepalive_age.set_function(lambda: 0.0)
+        self.controller_connected.set_function(lambda: 0.0)
+
+    def bind_keepalive_clock(self, last_message_at: Callable[[], float | None]) -> None:
+        """Read the keep-alive age from the session at scrape time (-1 before any message)."""
+
+        def age() -> float:
+            last = last_message_at()
+            return -1.0 if last is None else max(0.0, time.monotonic() - last)
+
+        self.keepalive_age.set_function(age)
+
+    def bind_controller_switch(self, query: Callable[[], bool]) -> None:
+        def connected() -> float:
+            try:
+                return 1.0 if query() else 0.0
+            except Exception:  # a scrape must not fail because the controller is gone
+                return 0.0
+
+        self.controller_connected.set_function(connected)
+
+    def count_faults(self, faults: dict[int, int]) -> None:
+        counts = [0, 0, 0]
+        for fault_type in faults.values():
+            counts[fault_type] += 1
+        for fault_type, count in enumerate(counts):
+            if count:
+                self.faults_reported.labels(FAULT_TYPE_NAMES[fault_type]).inc(count)
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """A sample's value, 0.0 when absent; for tests, the demo and status lines."""
+        value = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if value is None else value
+
+
+class MetricsServer:
+    """The HTTP(S) endpoint, on a daemon thread of prometheus_client's own."""
+
+    def __init__(self, metrics: BridgeMetrics, address: str, port: int, **tls: Any) -> None:
+        self._server, self._thread = start_http_server(
+            port, addr=address, registry=metrics.registry, **{k: v for k, v in tls.items() if v}
+        )
+        self.port: int = self._server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+

@@ -1,0 +1,212 @@
+"""The ordered outbox from the controller's callbacks to ClusterD's Report* RPCs.
+
+Delivery rules, each from a way the real ClusterD punishes a careless client:
+
+* Reports go out in callback order, by one task.
+* Fault reports wait for a live subscription (ClusterD loses faults reported while no
+  stream is open), survive reconnects, and consecutive ones are merged into one request
+  with ClusterD's own rule. Resending a fault report is harmless: ClusterD merges faults.
+* Stop-complete, strategy and result reports answer one cycle (uuid). ClusterD queues
+  them in one-slot buffers whatever its state, so a report that outlives its cycle
+  would be consumed by the next one: it is dropped, counted and logged instead.
+* A report that got code 0 is never resent. A cycle-bound report is retried only when
+  it provably did not reach ClusterD; an unknown outcome is final.
+* Memory is bounded: queued fault reports merge with their neighbour, so the fault
+  entries never outnumber the cycle-bound ones by more than one; past ``limit`` the
+  oldest cycle-bound report is dropped. No fault rank is ever dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from . import faults as codec
+from .clusterd import Backoff, ClusterDClient, Delivery, RpcFailure, Session
+from .codes import Code
+from .metrics import BridgeMetrics
+
+log = logging.getLogger(__name__)
+
+METHODS = {
+    "fault": "/Recover/ReportProcessFault",
+    "stop_complete": "/Recover/ReportStopComplete",
+    "strategy": "/Recover/ReportRecoverStrategy",
+    "result": "/Recover/ReportRecoverStatus",
+}
+
+
+@dataclass
+class Pending:
+    kind: str  # a key of METHODS
+    cycle: str | None = None  # the uuid a cycle-bound report answers
+    payload: bytes = b""  # encoded request (cycle-bound reports)
+    faults: dict[int, int] = field(default_factory=dict)  # fault reports, merged until sent
+    merged: int = 1  # callback reports this entry carries
+    sending: bool = False  # on the wire now: nothing may merge into it any more
+    at: float = field(default_factory=time.monotonic)
+
+
+class Relay:
+    def __init__(self, job_id: str, client: ClusterDClient, session: Session, metrics: BridgeMetrics,
+                 limit: int = 10_000) -> None:
+        self.job_id = job_id
+        self.client = client
+        self.session = session
+        self.metrics = metrics
+        self.limit = limit
+        self._queue: deque[Pending] = deque()
+        self._wakeup = asyncio.Event()
+        self._stopping = False
+        self.delivered: list[tuple[str, float]] = []  # (kind, monotonic time) of code-0 deliveries, bounded
+        metrics.outbox_depth.set_function(lambda: len(self._queue))
+        session.cycle_listeners.append(self._cycle_over)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    # ------------------------------------------------------------------ submission (event loop)
+    def submit_faults(self, faults: dict[int, int]) -> None:
+        """Queue a fault report; merged into the queued one before it when possible."""
+        if not faults:
+            return
+        tail = self._queue[-1] if self._queue else None
+        if tail is not None and tail.kind == "fault" and not tail.sending:
+            tail.faults = codec.merge_faults(tail.faults, faults)
+            tail.merged += 1
+            self.metrics.reports_merged.inc()
+        else:
+            self._queue.append(Pending("fault", faults=faults))
+        self._wakeup.set()
+
+    def submit_cycle_report(self, kind: str, cycle: str | None, payload: bytes) -> None:
+        if not self.session.cycle_alive(cycle):
+            self._drop(Pending(kind, cycle), "no_live_cycle")
+            return
+        self._queue.append(Pending(kind, cycle, payload))
+        self._enforce_limit()
+        self._wakeup.set()
+
+    def _enforce_limit(self) -> None:
+        while len(self._queue) > self.limit:
+            victim = next((p for p in self._queue if p.kind != "fault"), None)
+            if victim is None:  # only fault reports: merge the two oldest (nothing is lost)
+                first, second = self._queue.popleft(), self._queue.popleft()
+                second.faults = codec.merge_faults(first.faults, second.faults)
+                self._queue.appendleft(second)
+                continue
+            self._queue.remove(victim)
+            self._drop(victim, "outbox_full")
+
+    def _drop(self, pending: Pending, reason: str) -> None:
+        self.metrics.reports_dropped.labels(pending.kind, reason).inc()
+        log.warning("dropped %s report for cycle %s: %s", pending.kind, pending.cycle, reason)
+
+    def _cycle_over(self, uuid: str) -> None:
+        """The cycle ended or was aborted: its undelivered reports must never reach the next."""
+        for pending in [p for p in self._queue if p.cycle == uuid and not p.sending]:
+            self._queue.remove(pending)
+            self._drop(pending, "cycle_ended")
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+
+    # ------------------------------------------------------------------ delivery
+    async def run(self) -> None:
+        backoff = Backoff(self.client.config.reconnect_initial, self.client.config.reconnect_max)
+        while not self._stopping:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            head = self._queue[0]
+            if head.kind == "fault":
+                done = await self._deliver_faults(head, backoff)
+            else:
+                done = await self._deliver_cycle_report(head, backoff)
+            if done and self._queue and self._queue[0] is head:
+                self._queue.popleft()
+
+    async def _wait_live(self) -> bool:
+        """Wait for a live subscription or a wake-up; True when live."""
+        if self.session.live.is_set():
+            return True
+        live = asyncio.ensure_future(self.session.live.wait())
+        woken = asyncio.ensure_future(self._wakeup.wait())
+        try:
+            await asyncio.wait({live, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            live.cancel()
+            woken.cancel()
+        self._wakeup.clear()
+        return self.session.live.is_set()
+
+    async def _deliver_faults(self, head: Pending, backoff: Backoff) -> bool:
+        if not await self._wait_live():
+            return False
+        head.sending = True  # later reports queue behind it
+        try:
+            payload = codec.encode_process_fault_request(self.job_id, head.faults)
+            code = await self.client.call(METHODS["fault"], payload)
+        except RpcFailure as failure:
+            log.warning("fault report not delivered (%s), will retry: %s", failure.status, failure.detail)
+            head.sending = False
+            await asyncio.sleep(backoff.next())
+            return False
+        if code == Code.UnRegistry:
+            # ClusterD lost the job (restarted?): re-Init/Register/Subscribe, then resend.
+            head.sending = False
+            self.session.request_resubscribe("clusterd_lost_job")
+            await asyncio.sleep(backoff.next())
+            return False
+        head.sending = False
+        backoff.reset()
+        if code != Code.OK:
+            log.error("ClusterD refused a fault report: %s", Code.describe(code))
+            self.metrics.reports_dropped.labels("fault", f"code_{code}").inc()
+            return True
+        self._delivered("fault")
+        return True
+
+    async def _deliver_cycle_report(self, head: Pending, backoff: Backoff) -> bool:
+        while True:
+            if not self.session.cycle_alive(head.cycle):
+                self._drop(head, "cycle_ended")
+                return True
+            try:
+                code = await self.client.call(METHODS[head.kind], head.payload)
+            except RpcFailure as failure:
+                if failure.delivery is Delivery.NOT_DELIVERED:
+                    log.warning("%s report did not reach ClusterD (%s); retrying", head.kind, failure.status)
+                    await asyncio.sleep(backoff.next())
+                    continue
+                # Deadline or broken connection mid-call: ClusterD may hold it in a slot.
+                self._drop(head, f"outcome_unknown_{failure.status.lower()}")
+                return True
+            backoff.reset()
+            if code == Code.OK:
+                self._delivered(head.kind)
+            elif code in (Code.UnRegistry, Code.ServerInnerError):
+                self._drop(head, f"code_{code}")
+                if code == Code.UnRegistry:
+                    self.session.request_resubscribe("clusterd_lost_job")
+            else:
+                self._drop(head, f"code_{code}")
+            return True
+
+    def _delivered(self, kind: str) -> None:
+        self.metrics.reports_sent.labels(kind).inc()
+        self.delivered.append((kind, time.monotonic()))
+        if len(self.delivered) > 1000:
+            del self.delivered[:500]
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until the outbox is empty (shutdown); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self._queue and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return not self._queue
