@@ -138,7 +138,6 @@ class Bridge:
     # ------------------------------------------------------------------ start-up
     async def _start(self) -> None:
         c = self.config
-        loop = asyncio.get_running_loop()
         if c.metrics.enabled:
             try:
                 self.metrics_server = MetricsServer(
@@ -171,20 +170,27 @@ class Bridge:
                         "training can run (reports are queued until ClusterD answers)",
                         c.clusterd.address, c.clusterd.startup_wait)
         if self.session.process_recover is False:
+            # Not started for recovery; _serve keeps ticking (and pinging the watchdog) and
+            # starts the controller once a slow re-check finds recovery switched on.
+            log.warning("not starting the controller: process-level recovery is off for job %s", c.job_id)
             self.notifier.ready("process-level recovery is off for this job (ClusterD Init 403); controller not started")
             self.ready.set()
-            log.warning("not starting the controller: process-level recovery is off for job %s", c.job_id)
-            while self.session.process_recover is False and not self._stop.is_set():
-                await asyncio.sleep(1)
-            if self._stop.is_set():
-                return
-        sink = self._make_sink(loop)
+            return
+        await self._start_controller()
+
+    async def _start_controller(self) -> None:
+        c = self.config
+        assert self.controller is not None
+        sink = self._make_sink(asyncio.get_running_loop())
         await asyncio.to_thread(self.controller.start, sink, self.metrics.callback_errors.inc)
         self.observer(f"controller listening for training ranks on {c.controller.bind_ip}:{c.controller.port}")
         log.info("controller listening on %s:%d (world size %d)", c.controller.bind_ip, c.controller.port,
                  c.controller.world_size)
-        self.notifier.ready(self._status_line())
-        self.ready.set()
+        if self.ready.is_set():
+            self.notifier.status(self._status_line())
+        else:
+            self.notifier.ready(self._status_line())
+            self.ready.set()
 
     def _make_sink(self, loop: asyncio.AbstractEventLoop) -> Callable[[ControllerReport], None]:
         """O(1) hand-off from the controller's thread to the loop."""
@@ -209,6 +215,17 @@ class Bridge:
             except asyncio.TimeoutError:
                 pass
             self._tick()
+            if self._controller_waits_for_recovery():
+                try:
+                    await self._start_controller()
+                except StartupError as error:
+                    log.error("start-up failed: %s", error)
+                    self.request_stop(EXIT_STARTUP_FAILED)
+
+    def _controller_waits_for_recovery(self) -> bool:
+        """Started with recovery off (403) and a re-check now finds it on."""
+        return (self.controller is not None and not self.controller.started and self.session is not None
+                and self.session.process_recover is True and not self._stop.is_set())
 
     def _tick(self) -> None:
         if self.flow.expire():

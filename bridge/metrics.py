@@ -84,7 +84,9 @@ class BridgeMetrics:
             ["reason"], registry=r)
         self.process_recover_enabled = Gauge(
             "tft_bridge_process_recover_enabled",
-            "0 when ClusterD answered Init with 403 (process-level recovery off for the job)", registry=r)
+            "1 recovery on, 0 ClusterD answered Init with 403 (process-level recovery off), -1 no Init answer yet",
+            registry=r)
+        self.process_recover_enabled.set(-1)
         self.keepalive_age = Gauge(
             "tft_bridge_keepalive_age_seconds", "Seconds since the last message on the signal stream", registry=r)
         self.controller_connected = Gauge(
