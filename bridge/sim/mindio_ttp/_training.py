@@ -1,0 +1,285 @@
+"""The test-facing side of the stub: the training job (ranks, faults, steps), the knobs
+that make the controller fail on purpose, and everything the stub observed.
+
+There is one ``Training`` per process, like the real controller singleton; tests call
+``training.reset()`` in a fixture so no test leaks state into the next.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from . import _log
+from ._constants import FAULT_TYPES, MAX_ERROR_CODE_LEN, State
+from ._registry import CallbackRegistry
+
+if TYPE_CHECKING:
+    from ._controller import Controller
+    from ._engine import MindXEngine
+
+ReplicaInfo = Literal["complete", "partial", "missing"]
+
+#: fail_next_repair accepts a stage name or the code the stage typically produces.
+_FAILURE_STAGES = {
+    "device_stop": "device_stop", 499: "device_stop",
+    "device_clean": "device_clean", 405: "device_clean",
+    "repair": "repair", 406: "repair",
+}
+
+_STEPPING_STATES = frozenset({State.UNINIT, State.INIT, State.NORMAL, State.DOWNGRADE})
+
+
+@dataclass
+class Rank:
+    """One training process, as its heartbeats describe it."""
+
+    connected: bool = True
+    fault: int | None = None  # 0 UCE, 1 process, 2 HCCL
+    code: str = ""  # the error code string passed to report_status (<= 15 chars)
+    disconnected_at: float | None = None
+
+
+class Training:
+    """Drive the simulated training job and observe the stub controller."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.registry = CallbackRegistry()
+        self.controller: Controller | None = None
+        self.generation = 0
+        self.events: list[_log.Record] = []
+        self.violations: list[str] = []
+        self.callback_durations: list[tuple[str, float]] = []
+        self._defaults()
+
+    def _defaults(self) -> None:
+        """Knobs and observations as after a fresh import."""
+        # knobs
+        self.wait_time: float | None = None  # overrides MINDIO_WAIT_MINDX_TIME (seconds)
+        self.auto_step: bool = False  # training steps on its own while NORMAL/DOWNGRADE
+        self.step_interval: float = 0.05  # seconds per auto step
+        self.replica_info: ReplicaInfo = "complete"  # processors' DP-group (replica) reports
+        self.legacy_fault_report: bool = False  # report_fault_ranks with one dict (pre-2026 builds)
+        self.destroy_delay: float = 0.2  # how long destroy blocks (real: ~5 s)
+        self.destroy_join_timeout: float | None = None  # None: block until the thread ends (real)
+        self.bind_retry_time: float = 0.5  # port-in-use retries before SystemExit(2) (real: ~5 s)
+        self.fault_detect_delay: float = 0.0  # NORMAL re-checks a bad status after this (real: 2 s)
+        self.heartbeat_loss_time: float = 8.0  # a silent rank is a process fault after this (real: ~8 s)
+        self.arf_wait_time: float = 600.0  # recover waits this long for restarted ranks (real: ~10 min)
+        self.auto_restart: bool = True  # MindCluster restarts the ranks of a recover at once
+        self.poll_interval: float = 0.02  # the NORMAL loop's timed wait (real: 2 s, cut short by events)
+        # the job
+        self.ranks: dict[int, Rank] = {}
+        self.step_count: int = 10  # a job that has been running (step 0: pre-lock fails)
+        self._last_auto_step = time.monotonic()
+        self._failures: list[str] = []
+        # observations
+        self.state: State = State.UNINIT
+        self.job_killed: bool = False
+        self.exit_reason: str = ""
+        self.processors_exited: bool = False
+        self.aborted: bool = False
+        self.hung: bool = False
+
+    # ------------------------------------------------------------------ knobs with a shape
+
+    @property
+    def replica_info_complete(self) -> bool:
+        return self.replica_info == "complete"
+
+    @replica_info_complete.setter
+    def replica_info_complete(self, value: bool) -> None:
+        """False: no processor reported replica info, so report_stop_complete gets 404."""
+        self.replica_info = "complete" if value else "missing"
+
+    def fail_next_repair(self, stage: int | str) -> None:
+        """Make the next repair fail at one stage. The code the controller then reports
+        follows the real rules, not the argument:
+
+        * ``"device_stop"`` (or 499): report_result(499, "controller:N notify device stop
+          failed"), then only exit (a dump gets a second 499 and exit).
+        * ``"device_clean"`` (or 405): with ARF on, the ranks become process faults and
+          the controller reports 405; if the strategy was retry it waits for
+          on_global_rank again and re-offers strategies. Without ARF it reports 499.
+        * ``"repair"`` (or 406): report_result(406 for recover/upgrade, 499 for retry,
+          "do repair failed, ret: 1"), then waits for dump or exit.
+        """
+        try:
+            name = _FAILURE_STAGES[stage]
+        except KeyError:
+            known = sorted(map(str, _FAILURE_STAGES))
+            raise ValueError(f"unknown repair failure {stage!r}; use one of {known}") from None
+        with self.cond:
+            self._failures.append(name)
+
+    def fail_next_dump(self) -> None:
+        """The next dump fails: report_result(499, "DumpCallback: save ckpt failed, ret: 1")."""
+        with self.cond:
+            self._failures.append("dump")
+
+    def take_failure(self, stages: Iterable[str]) -> str | None:
+        """The controller consumes an armed failure for one of ``stages``."""
+        with self.cond:
+            for name in stages:
+                if name in self._failures:
+                    self._failures.remove(name)
+                    return name
+        return None
+
+    # ------------------------------------------------------------------ the training job
+
+    def connect_ranks(self, ranks: Iterable[int]) -> None:
+        """These processes start (or restart) and register with the controller."""
+        with self.cond:
+            for rank in ranks:
+                info = self.ranks.setdefault(rank, Rank())
+                info.connected, info.disconnected_at, info.fault, info.code = True, None, None, ""
+                self.record(_log.TRAINING, "connect", (rank,))
+                if self.controller is not None:
+                    self.controller.on_rank_connected(rank)
+
+    def disconnect_ranks(self, ranks: Iterable[int]) -> None:
+        """These processes' links drop. Their heartbeats stop too, so a registered rank
+        becomes a process fault after ``heartbeat_loss_time`` (NORMAL notices it)."""
+        now = time.monotonic()
+        with self.cond:
+            for rank in ranks:
+                info = self.ranks.get(rank)
+                if info is None or not info.connected:
+                    continue
+                info.connected, info.disconnected_at = False, now
+                self.record(_log.TRAINING, "disconnect", (rank,))
+
+    def inject_fault(self, faults: Mapping[int, int], codes: Mapping[int, str] | None = None) -> None:
+        """Training ranks report a fault through their heartbeat (0 UCE, 1 process,
+        2 HCCL), with optional error-code strings; the controller starts a fault flow."""
+        codes = dict(codes or {})
+        with self.cond:
+            for rank, kind in faults.items():
+                if kind not in FAULT_TYPES:
+                    raise ValueError(f"fault type {kind!r} for rank {rank}: use 0, 1 or 2")
+                info = self.ranks.get(rank)
+                if info is None or not info.connected:
+                    raise ValueError(f"rank {rank} is not connected; connect_ranks() first")
+                code = codes.get(rank, "")
+                if len(code) > MAX_ERROR_CODE_LEN:
+                    raise ValueError(f"error code {code!r} is longer than {MAX_ERROR_CODE_LEN} characters")
+                info.fault, info.code = kind, code
+            self.record(_log.TRAINING, "fault", (dict(faults), codes))
+            if self.controller is not None:
+                self.controller.poke()
+
+    def step(self) -> bool:
+        """Training finishes one step. False (and nothing happens) while the controller
+        holds training stopped (any state but NORMAL/DOWNGRADE)."""
+        with self.cond:
+            if self.state not in _STEPPING_STATES:
+                self.record(_log.TRAINING, "step refused", (str(self.state),))
+                return False
+            self.step_count += 1
+            self.record(_log.TRAINING, "step", (self.step_count,))
+            if self.controller is not None:
+                self.controller.poke()
+            return True
+
+    def auto_advance(self) -> None:
+        """Called by the controller's status check: one auto step per ``step_interval``."""
+        if not self.auto_step or self.state not in _STEPPING_STATES:
+            return
+        now = time.monotonic()
+        if now - self._last_auto_step >= self.step_interval:
+            self._last_auto_step = now
+            self.step_count += 1  # not logged: a long demo would fill the log with steps
+
+    # ------------------------------------------------------------------ observations
+
+    def record(self, kind: str, name: str, args: tuple[Any, ...] = (), result: Any = None) -> None:
+        with self.cond:
+            self.events.append(_log.make_record(kind, name, args, result))
+            self.cond.notify_all()
+
+    def add_duration(self, action: str, seconds: float) -> None:
+        with self.cond:
+            self.callback_durations.append((action, seconds))
+
+    def violation(self, source: MindXEngine | None, message: str) -> None:
+        """Something the real controller punishes with a hang or an abort."""
+        with self.cond:
+            if source is not None and source.generation != self.generation:
+                return
+            self.violations.append(message)
+            self.record(_log.VIOLATION, message)
+
+    def abort(self, source: MindXEngine, message: str) -> None:
+        with self.cond:
+            source.halted = True
+            if source.generation != self.generation:
+                return
+            self.aborted = True
+            self.job_killed = True
+            self.state = State.ABORTED
+            self.violation(source, message)
+
+    def callbacks(self, action: str | None = None) -> list[_log.Record]:
+        """Callback invocations so far (optionally of one action), in order."""
+        with self.cond:
+            return [e for e in self.events if e.kind == _log.CALLBACK and (action is None or e.name == action)]
+
+    def notifies(self, name: str | None = None) -> list[_log.Record]:
+        """Notify calls so far; ``name`` without the ``tft_notify_controller_`` prefix."""
+        with self.cond:
+            return [e for e in self.events if e.kind == _log.NOTIFY and (name is None or e.name == name)]
+
+    def states(self) -> list[str]:
+        """Every state entered so far, in order."""
+        with self.cond:
+            return [e.name for e in self.events if e.kind == _log.STATE]
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+        """Wait until ``predicate()`` is true (re-checked on every observation); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.cond.wait(min(remaining, 0.05))
+            return True
+
+    def wait_state(self, state: str, timeout: float = 5.0) -> bool:
+        """Wait until the controller is in ``state`` (a State or its name)."""
+        return self.wait_for(lambda: self.state == state, timeout)
+
+    def wait_callback(self, action: str, count: int = 1, timeout: float = 5.0) -> _log.Record | None:
+        """Wait for the ``count``-th invocation of ``action``; that record, or None."""
+        if not self.wait_for(lambda: len(self.callbacks(action)) >= count, timeout):
+            return None
+        return self.callbacks(action)[count - 1]
+
+    # ------------------------------------------------------------------ reset
+
+    def reset(self) -> None:
+        """Tear the controller down at once (no destroy delay), forget the registered
+        callbacks, the ranks and every observation, and restore the default knobs."""
+        with self.cond:
+            controller, self.controller = self.controller, None
+            self.generation += 1
+        if controller is not None:
+            controller.halt(join_timeout=2.0)
+        with self.cond:
+            # A new registry, not clear(): a callback stuck on the old thread holds its lock.
+            self.registry = CallbackRegistry()
+            self.events.clear()
+            self.violations.clear()
+            self.callback_durations.clear()
+            self._defaults()
+            self.cond.notify_all()
+
+
+#: The one training job of this process (the controller is a process-wide singleton).
+training = Training()

@@ -1,0 +1,786 @@
+"""The MindIO TFT controller stub must be as unforgiving as the real controller.
+
+Each test pins one behaviour of the real controller (shared/spec/mindio-tft-controller.md,
+shared/spec/deep/tft-research.md) and fails if the stub is made kinder: a duplicated or
+stale notify must kill the flow, a raising callback must kill it, a SystemExit must
+"abort the process", destroy from a callback must be caught, report_result must wait
+for a training step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from bridge.sim import mindio_ttp
+from bridge.sim.mindio_ttp import Training, training
+
+pytestmark = pytest.mark.timeout(20)
+
+ACTIONS = ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result")
+WAIT = 0.3  # MINDIO_WAIT_MINDX_TIME for these tests
+
+
+@pytest.fixture(autouse=True)
+def sim() -> Iterator[Training]:
+    mindio_ttp.install()
+    training.reset()
+    training.wait_time = WAIT
+    yield training
+    training.reset()
+
+
+@pytest.fixture
+def m() -> Any:
+    return importlib.import_module("mindio_ttp.controller_ttp")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert 1024 <= port <= 65535
+    return port
+
+
+class Bridge:
+    """Callbacks that record (args, thread) and can be told to misbehave."""
+
+    def __init__(self, m: Any) -> None:
+        self.m = m
+        self.calls: list[tuple[str, tuple[Any, ...], threading.Thread]] = []
+        self.behaviour: dict[tuple[str, int], Callable[..., Any]] = {}
+
+    def on(self, action: str, nth: int, behaviour: Callable[..., Any]) -> None:
+        """Run ``behaviour(*args)`` on the nth (1-based) call of ``action``."""
+        self.behaviour[(action, nth)] = behaviour
+
+    def callback(self, action: str) -> Callable[..., int]:
+        def relay(*args: Any) -> int:
+            self.calls.append((action, args, threading.current_thread()))
+            nth = sum(1 for name, _, _ in self.calls if name == action)
+            behaviour = self.behaviour.get((action, nth))
+            if behaviour is not None:
+                behaviour(*args)
+            return 0
+
+        return relay
+
+    def register(self, actions: tuple[str, ...] = ACTIONS) -> None:
+        for action in actions:
+            assert self.m.tft_register_mindx_callback(action, self.callback(action)) == 0
+
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.calls]
+
+
+def start(m: Any, *, world_size: int = 4, arf: bool = False, zit: bool = False,
+          actions: tuple[str, ...] = ACTIONS, ranks: range | None = None) -> Bridge:
+    """Register, init, connect the ranks, start: the order the bridge uses."""
+    bridge = Bridge(m)
+    bridge.register(actions)
+    m.tft_init_controller(-1, world_size, False, arf, zit)
+    training.connect_ranks(range(world_size) if ranks is None else ranks)
+    m.tft_start_controller("127.0.0.1", free_port(), False)
+    assert training.state == "NORMAL"
+    return bridge
+
+
+def to_strategies(m: Any, faults: dict[int, int], hccl_time: int = 1) -> list[str]:
+    """Inject a fault and answer like ClusterD up to report_strategies; the offered list."""
+    training.inject_fault(faults)
+    assert training.wait_callback("report_fault_ranks")
+    assert m.tft_notify_controller_stop_train(dict(faults)) == 0
+    assert training.wait_callback("report_stop_complete")
+    assert m.tft_notify_controller_on_global_rank(dict(faults), hccl_time) == 0
+    record = training.wait_callback("report_strategies")
+    assert record is not None, training.events
+    return record.args[1]
+
+
+def result_calls() -> list[tuple[Any, ...]]:
+    return [r.args for r in training.callbacks("report_result")]
+
+
+def stays_quiet(seconds: float = 0.2) -> int:
+    """Callbacks seen after waiting ``seconds``."""
+    time.sleep(seconds)
+    return len(training.callbacks())
+
+
+# ---------------------------------------------------------------------------- import and API
+
+
+def test_install_makes_the_stub_importable_under_the_real_name() -> None:
+    module = importlib.import_module("mindio_ttp.controller_ttp")
+    assert module is mindio_ttp.controller_ttp
+    import mindio_ttp.controller_ttp as again
+
+    assert again is module
+    mindio_ttp.install()  # idempotent
+
+
+def test_signatures_and_defaults_match_the_real_controller(m: Any) -> None:
+    def sig(name: str) -> str:
+        return str(inspect.signature(getattr(m, name))).split(" ->")[0]
+
+    params = {name: list(inspect.signature(getattr(m, name)).parameters.values())
+              for name in dir(m) if name.startswith("tft_")}
+    assert [p.name for p in params["tft_init_controller"]] == [
+        "rank", "world_size", "enable_local_copy", "enable_arf", "enable_zit"]
+    assert [p.default for p in params["tft_init_controller"][3:]] == [False, False]
+    assert [(p.name, p.default) for p in params["tft_start_controller"][2:]] == [("enable_tls", True), ("tls_info", "")]
+    assert [(p.name, p.default) for p in params["tft_notify_controller_stop_train"][1:]] == [
+        ("stop_type", "stop"), ("timeout", None)]
+    assert [(p.name, p.default) for p in params["tft_notify_controller_on_global_rank"][1:]] == [("time", 1)]
+    assert [(p.name, p.default) for p in params["tft_notify_controller_change_strategy"][1:]] == [("params", "")]
+    assert [(p.name, p.default) for p in params["tft_notify_controller_prepare_action"][1:]] == [("fault_ranks", None)]
+    assert sig("tft_notify_controller_dump") == "()"
+    assert "tft_init_controller" not in m.__all__ and "tft_register_mindx_callback" in m.__all__
+
+
+def test_register_refuses_unknown_actions_and_non_callables(m: Any) -> None:
+    assert m.tft_register_mindx_callback("report_bogus", lambda *a: 0) == 1
+    assert m.tft_register_mindx_callback("report_result", None) == 1
+    assert m.tft_register_mindx_callback("report_result", "not callable") == 1
+    assert m.tft_register_mindx_callback("report_result", lambda *a: 0) == 0
+    assert m.tft_register_mindx_callback("report_result", lambda *a: 1) == 0  # replaces
+
+
+@pytest.mark.parametrize("args", [(-2, 4), (4, 4), (0, 0), (-1, 100_001)])
+def test_init_rejects_bad_arguments_with_exception(m: Any, args: tuple[int, int]) -> None:
+    with pytest.raises(Exception, match="init controller failed"):
+        m.tft_init_controller(*args, False)
+
+
+def test_second_init_without_destroy_raises(m: Any) -> None:
+    m.tft_init_controller(-1, 4, False)
+    with pytest.raises(Exception, match="failed to set register callback"):
+        m.tft_init_controller(-1, 4, False)
+    m.tft_destroy_controller()
+    m.tft_init_controller(-1, 4, False)
+
+
+def test_wait_time_comes_from_the_environment(m: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    training.wait_time = None
+    monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", "7")
+    m.tft_init_controller(-1, 4, False)
+    assert training.controller is not None and training.controller.wait_mindx() == 7.0
+    m.tft_destroy_controller()
+    monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", "0")  # out of range: the default
+    m.tft_init_controller(-1, 4, False)
+    assert training.controller is not None and training.controller.wait_mindx() == 30.0
+
+
+# ---------------------------------------------------------------------------- start / destroy
+
+
+def test_start_before_init_is_systemexit_2(m: Any) -> None:
+    with pytest.raises(SystemExit) as info:
+        m.tft_start_controller("127.0.0.1", free_port(), False)
+    assert info.value.code == 2
+
+
+@pytest.mark.parametrize(("ip", "port"), [("0.0.0.0", None), ("::", None), ("127.0.0.1", 80), ("127.0.0.1", 70000)])
+def test_start_rejects_bad_address_with_systemexit_2(m: Any, ip: str, port: int | None) -> None:
+    m.tft_init_controller(-1, 4, False)
+    with pytest.raises(SystemExit) as info:
+        m.tft_start_controller(ip, port or free_port(), False)
+    assert info.value.code == 2
+
+
+def test_start_on_a_port_in_use_is_systemexit_2(m: Any) -> None:
+    training.bind_retry_time = 0.1
+    m.tft_init_controller(-1, 4, False)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(SystemExit) as info:
+            m.tft_start_controller("127.0.0.1", busy.getsockname()[1], False)
+    assert info.value.code == 2
+
+
+def test_start_with_tls_default_and_no_tls_info_fails(m: Any) -> None:
+    m.tft_init_controller(-1, 4, False)
+    with pytest.raises(SystemExit):
+        m.tft_start_controller("127.0.0.1", free_port())  # enable_tls defaults to True
+
+
+def test_controller_listens_and_ha_switch_follows_connected_ranks(m: Any) -> None:
+    assert m.tft_query_high_availability_switch() is False
+    Bridge(m).register()
+    m.tft_init_controller(-1, 4, False)
+    port = free_port()
+    m.tft_start_controller("127.0.0.1", port, False)
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass
+    assert m.tft_query_high_availability_switch() is False
+    training.connect_ranks([2])
+    assert m.tft_query_high_availability_switch() is True
+    training.disconnect_ranks([2])
+    assert m.tft_query_high_availability_switch() is False
+    training.connect_ranks([9])  # outside world_size: the controller rejects it
+    assert m.tft_query_high_availability_switch() is False
+
+
+def test_destroy_blocks_frees_the_port_and_keeps_the_registry(m: Any) -> None:
+    m.tft_destroy_controller()  # not initialised: fine
+    bridge = Bridge(m)
+    bridge.register()
+    m.tft_init_controller(-1, 4, False)
+    training.connect_ranks(range(4))
+    port = free_port()
+    m.tft_start_controller("127.0.0.1", port, False)
+    began = time.monotonic()
+    m.tft_destroy_controller()
+    assert time.monotonic() - began >= training.destroy_delay
+    m.tft_destroy_controller()  # idempotent
+    assert training.state == "UNINIT"
+    assert m.tft_notify_controller_dump() == 1
+    # same port again, no re-registration: the callbacks still fire
+    m.tft_init_controller(-1, 4, False)
+    m.tft_start_controller("127.0.0.1", port, False)
+    training.inject_fault({1: 0})
+    assert training.wait_callback("report_fault_ranks")
+    assert bridge.names() == ["report_fault_ranks"]
+
+
+def test_start_again_after_the_controller_exited_needs_destroy(m: Any) -> None:
+    start(m)
+    training.inject_fault({0: 0})
+    assert training.wait_state("FINAL", 3)  # no stop_train: EXIT, then it destroys itself
+    with pytest.raises(SystemExit):
+        m.tft_start_controller("127.0.0.1", free_port(), False)
+    with pytest.raises(Exception, match="register callback"):
+        m.tft_init_controller(-1, 4, False)
+
+
+# ---------------------------------------------------------------------------- notify validation
+
+
+def test_every_notify_returns_1_before_start(m: Any) -> None:
+    for phase in ("uninitialised", "initialised"):
+        assert m.tft_notify_controller_stop_train({0: 0}) == 1, phase
+        assert m.tft_notify_controller_stop_train({}, "pause", 5) == 1, phase
+        assert m.tft_notify_controller_on_global_rank({0: 0}, 1) == 1, phase
+        assert m.tft_notify_controller_change_strategy("retry") == 1, phase
+        assert m.tft_notify_controller_prepare_action("hot switch", {0: 0}) == 1, phase
+        assert m.tft_notify_controller_dump() == 1, phase
+        if phase == "uninitialised":
+            m.tft_init_controller(-1, 4, False)
+
+
+def test_notify_validation_returns_1_and_nothing_happens(m: Any) -> None:
+    start(m, ranks=range(3))  # rank 3 never connected
+    assert m.tft_notify_controller_stop_train({4: 0}) == 1  # outside world_size
+    assert m.tft_notify_controller_stop_train({3: 0}) == 1  # not registered
+    assert m.tft_notify_controller_stop_train({0: 3}) == 1  # no such fault type
+    assert m.tft_notify_controller_stop_train({0: 0}, "halt") == 1
+    assert m.tft_notify_controller_on_global_rank({0: 0}, 0) == 1
+    assert m.tft_notify_controller_on_global_rank({0: 0}, 3601) == 1
+    assert m.tft_notify_controller_change_strategy("bogus") == 1
+    assert m.tft_notify_controller_change_strategy("downgrade", "") == 1
+    assert m.tft_notify_controller_change_strategy("upgrade", "x" * 1024) == 1
+    assert m.tft_notify_controller_prepare_action("migrate") == 1
+    with pytest.raises(TypeError):
+        m.tft_notify_controller_stop_train({}, "pause")  # timeout=None
+    with pytest.raises(TypeError):
+        m.tft_notify_controller_stop_train({"0": 0})
+    assert stays_quiet() == 0
+    assert training.state == "NORMAL"
+    assert [r.result for r in training.notifies("stop_train")][:4] == [1, 1, 1, 1]
+
+
+def test_refused_stop_train_still_merges_the_entries_before_the_bad_one(m: Any) -> None:
+    start(m)
+    assert m.tft_notify_controller_stop_train({0: 0, 7: 0}) == 1  # rank 7 is out of range
+    assert stays_quiet(0.1) == 0
+    training.inject_fault({1: 2})
+    record = training.wait_callback("report_fault_ranks")
+    assert record is not None and record.args == ({0: 0, 1: 2}, {1: ""})
+
+
+# ---------------------------------------------------------------------------- the fault flow
+
+
+def test_retry_flow_order_thread_and_deferred_result(m: Any) -> None:
+    bridge = start(m, arf=True)
+    training.inject_fault({0: 0}, {0: "UCE-0x1"})
+    assert training.wait_callback("report_fault_ranks")
+    assert m.tft_notify_controller_stop_train({0: 0}) == 0
+    assert training.wait_callback("report_stop_complete")
+    assert m.tft_notify_controller_on_global_rank({0: 0}, 1) == 0
+    assert training.wait_callback("report_strategies")
+    assert m.tft_notify_controller_change_strategy("retry") == 0
+    assert training.wait_state("NORMAL")
+    assert stays_quiet() == 4 and result_calls() == []  # no result before a step
+    assert training.step()
+    assert training.wait_callback("report_result")
+    assert [(name, args) for name, args, _ in bridge.calls] == [
+        ("report_fault_ranks", ({0: 0}, {0: "UCE-0x1"})),
+        ("report_stop_complete", (0, "stop ok", {0: 0})),
+        ("report_fault_ranks", ({0: 0}, {0: "UCE-0x1"})),  # again: same cycle, not a new fault
+        ("report_strategies", ({0: 0}, ["exit", "dump", "retry", "recover"])),
+        ("report_result", (0, "Mindio do repair operation ok", {}, "retry")),
+    ]
+    threads = {thread for _, _, thread in bridge.calls}
+    assert len(threads) == 1 and threading.main_thread() not in threads
+    assert training.states() == ["INIT", "NORMAL", "ABNORMAL", "ENV_CLEAR", "REPAIR", "NORMAL"]
+    assert not training.job_killed and not training.violations
+    assert [name for name, _ in training.callback_durations] == bridge.names()
+
+
+def test_auto_step_sends_the_result_without_step_calls(m: Any) -> None:
+    start(m)
+    training.auto_step = True
+    to_strategies(m, {0: 0})
+    assert m.tft_notify_controller_change_strategy("retry") == 0
+    record = training.wait_callback("report_result")
+    assert record is not None and record.args == (0, "Mindio do repair operation ok", {}, "retry")
+
+
+def test_step_is_refused_while_training_is_stopped(m: Any) -> None:
+    start(m)
+    training.inject_fault({0: 0})
+    assert training.wait_callback("report_fault_ranks")
+    assert training.step() is False
+
+
+def test_notifies_sent_from_inside_callbacks_are_safe(m: Any) -> None:
+    bridge = start(m)
+    bridge.on("report_fault_ranks", 1, lambda faults, codes: m.tft_notify_controller_stop_train(faults))
+    bridge.on("report_stop_complete", 1, lambda code, msg, faults: m.tft_notify_controller_on_global_rank(faults, 1))
+    bridge.on("report_strategies", 1, lambda faults, offered: m.tft_notify_controller_change_strategy("retry"))
+    training.auto_step = True
+    training.inject_fault({2: 0})
+    assert training.wait_callback("report_result")
+    assert result_calls() == [(0, "Mindio do repair operation ok", {}, "retry")]
+
+
+def test_clusterd_first_stop_train_still_reports_fault_ranks_then_stops_at_once(m: Any) -> None:
+    bridge = start(m)
+    assert m.tft_notify_controller_stop_train({1: 0}) == 0
+    assert training.wait_callback("report_stop_complete")
+    assert [(name, args) for name, args, _ in bridge.calls] == [
+        ("report_fault_ranks", ({1: 0}, {})),
+        ("report_stop_complete", (0, "stop ok", {1: 0})),
+    ]
+    assert len(training.notifies("stop_train")) == 1
+
+
+def test_heartbeat_loss_is_a_process_fault(m: Any) -> None:
+    start(m)
+    training.heartbeat_loss_time = 0.1
+    training.disconnect_ranks([3])
+    record = training.wait_callback("report_fault_ranks")
+    assert record is not None and record.args == ({3: 1}, {3: ""})
+
+
+@pytest.mark.parametrize(
+    ("faults", "arf", "zit", "expected"),
+    [
+        ({0: 0}, False, False, ["exit", "dump", "retry"]),
+        ({0: 2}, True, False, ["exit", "dump", "retry", "recover"]),
+        ({0: 1}, False, False, ["exit", "dump"]),
+        ({0: 1}, True, False, ["exit", "dump", "recover"]),
+        ({0: 1, 1: 0}, True, True, ["exit", "dump", "recover", "downgrade", "upgrade"]),
+        ({1: 1}, False, True, ["exit", "dump", "downgrade", "upgrade"]),
+    ],
+)
+def test_strategy_lists(m: Any, faults: dict[int, int], arf: bool, zit: bool, expected: list[str]) -> None:
+    start(m, arf=arf, zit=zit)
+    assert to_strategies(m, faults) == expected
+
+
+def test_incomplete_dp_groups_or_no_step_offer_only_exit(m: Any) -> None:
+    start(m, arf=True)
+    training.replica_info = "partial"
+    assert to_strategies(m, {0: 0}) == ["exit"]
+    training.reset()
+    training.wait_time = WAIT
+    start(m, arf=True)
+    training.step_count = 0  # no step finished: the pre-lock fails
+    assert to_strategies(m, {0: 0}) == ["exit"]
+
+
+def test_missing_replica_info_reports_404_then_exits(m: Any) -> None:
+    start(m)
+    training.replica_info_complete = False
+    training.inject_fault({0: 0})
+    assert training.wait_callback("report_fault_ranks")
+    assert m.tft_notify_controller_stop_train({0: 0}) == 0
+    record = training.wait_callback("report_stop_complete")
+    assert record is not None and record.args == (404, "stop ok", {0: 0})
+    assert training.wait_state("EXIT") or training.job_killed
+    assert training.job_killed
+
+
+# ---------------------------------------------------------------------------- unsolicited notifies
+
+
+def test_duplicated_stop_train_kills_the_flow(m: Any) -> None:
+    start(m)
+    training.inject_fault({0: 0})
+    assert training.wait_callback("report_fault_ranks")
+    assert m.tft_notify_controller_stop_train({0: 0}) == 0
+    assert training.wait_callback("report_stop_complete")
+    assert m.tft_notify_controller_stop_train({0: 0}) == 0  # ClusterD's signal, delivered twice
+    assert training.wait_for(lambda: training.job_killed, WAIT / 2)
+    assert m.tft_notify_controller_on_global_rank({0: 0}, 1) == 0  # too late
+    assert stays_quiet() == 2  # never reached report_strategies
+    assert "stop_train while waiting for on_global_rank" in training.exit_reason
+
+
+@pytest.mark.parametrize(
+    "stale",
+    [
+        lambda m: m.tft_notify_controller_change_strategy("retry"),
+        lambda m: m.tft_notify_controller_on_global_rank({}, 1),
+        lambda m: m.tft_notify_controller_prepare_action("stop switch"),
+    ],
+    ids=["change_strategy", "on_global_rank", "stop_switch"],
+)
+def test_a_stale_notify_in_normal_kills_the_next_fault_flow(m: Any, stale: Callable[[Any], int]) -> None:
+    start(m)
+    assert stale(m) == 0  # accepted, nothing visible happens...
+    assert stays_quiet(0.1) == 0 and training.state == "NORMAL"
+    training.inject_fault({0: 0})  # ...until the next fault: its first wait consumes it
+    assert training.wait_for(lambda: training.job_killed, WAIT / 2)  # at once, not after a timeout
+    assert "while waiting for stop_train" in training.exit_reason
+    assert [r.name for r in training.callbacks()] == ["report_fault_ranks"]
+
+
+def test_pause_racing_a_fault_kills_the_flow(m: Any) -> None:
+    bridge = start(m)
+    bridge.on("report_fault_ranks", 1, lambda *a: m.tft_notify_controller_stop_train({}, "pause", 5))
+    training.inject_fault({0: 0})
+    assert training.wait_for(lambda: training.job_killed, WAIT / 2)
+    assert training.exit_reason.endswith("got pause_train while waiting for stop_train")
+    assert m.tft_notify_controller_stop_train({0: 0}) == 0
+    assert stays_quiet() == 1
+
+
+def test_an_invalid_strategy_returns_0_then_499_and_exit(m: Any) -> None:
+    start(m)
+    assert to_strategies(m, {0: 0}) == ["exit", "dump", "retry"]
+    assert m.tft_notify_controller_change_strategy("recover") == 0  # a real name, not offered
+    assert training.wait_callback("report_result")
+    assert result_calls() == [(499, "invalid strategy", {0: 0}, "")]
+    assert training.wait_for(lambda: training.job_killed)
+
+
+def test_a_clusterd_only_name_is_invalid_once_a_list_was_offered(m: Any) -> None:
+    start(m)
+    to_strategies(m, {0: 0})
+    assert m.tft_notify_controller_change_strategy("elastic-training") == 0
+    assert training.wait_callback("report_result")
+    assert result_calls() == [(499, "invalid strategy", {0: 0}, "")]
+
+
+# ---------------------------------------------------------------------------- raising callbacks
+
+
+@pytest.mark.parametrize("action", ["report_fault_ranks", "report_stop_complete", "report_strategies"])
+def test_an_exception_in_a_flow_callback_kills_the_flow(m: Any, action: str) -> None:
+    bridge = start(m)
+
+    def boom(*args: Any) -> None:
+        raise ValueError("bridge bug")
+
+    bridge.on(action, 1, boom)
+    training.inject_fault({0: 0})
+    assert training.wait_callback("report_fault_ranks")
+    if action != "report_fault_ranks":
+        assert m.tft_notify_controller_stop_train({0: 0}) == 0
+        assert training.wait_callback("report_stop_complete")
+    if action == "report_strategies":
+        assert m.tft_notify_controller_on_global_rank({0: 0}, 1) == 0
+        assert training.wait_callback("report_strategies")
+    assert training.wait_for(lambda: training.job_killed)
+    assert bridge.names()[-1] == action
+    assert f"{action} failed" in training.exit_reason
+    assert training.wait_state("FINAL", 3) and training.processors_exited
+
+
+def test_an_exception_in_the_second_report_fault_ranks_is_only_logged(m: Any) -> None:
+    bridge = start(m)
+    bridge.on("report_fault_ranks", 2, lambda *a: 1 / 0)
+    assert to_strategies(m, {0: 0})
+    assert not training.job_killed
+
+
+def test_an_exception_in_report_result_is_only_logged(m: Any) -> None:
+    bridge = start(m)
+    bridge.on("report_result", 1, lambda *a: [][0])
+    training.auto_step = True
+    to_strategies(m, {0: 0})
+    m.tft_notify_controller_change_strategy("retry")
+    assert training.wait_callback("report_result")
+    assert stays_quiet(0.1) and training.state == "NORMAL" and not training.job_killed
+
+
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
+def test_a_base_exception_from_a_callback_aborts_the_process(m: Any, exc: type[BaseException]) -> None:
+    bridge = start(m)
+
+    def leave(*args: Any) -> None:
+        raise exc()
+
+    bridge.on("report_fault_ranks", 1, leave)
+    training.inject_fault({0: 0})
+    assert training.wait_for(lambda: training.aborted)
+    assert training.state == "ABORTED" and training.violations
+    assert m.tft_notify_controller_stop_train({0: 0}) == 0
+    assert stays_quiet() == 1
+
+
+def test_a_one_argument_callback_gets_two_dicts_and_fails(m: Any) -> None:
+    m.tft_register_mindx_callback("report_fault_ranks", lambda faults: None)
+    Bridge(m).register(ACTIONS[1:])
+    m.tft_init_controller(-1, 4, False)
+    training.connect_ranks(range(4))
+    m.tft_start_controller("127.0.0.1", free_port(), False)
+    training.inject_fault({0: 0})
+    assert training.wait_for(lambda: training.job_killed)
+    assert any(r.kind == "callback_error" and "TypeError" in r.result for r in training.events)
+
+
+def test_legacy_builds_pass_one_dict(m: Any) -> None:
+    training.legacy_fault_report = True
+    start(m)
+    training.inject_fault({0: 0})
+    record = training.wait_callback("report_fault_ranks")
+    assert record is not None and record.args == ({0: 0},)
+
+
+def test_three_of_four_callbacks_means_no_callback_ever(m: Any) -> None:
+    bridge = start(m, actions=ACTIONS[:3])
+    assert m.tft_register_mindx_callback("report_result", bridge.callback("report_result")) == 0  # too late
+    training.inject_fault({0: 0})
+    assert training.wait_for(lambda: "ABNORMAL" in training.states())
+    assert training.wait_state("NORMAL")  # it repaired on its own
+    assert m.tft_notify_controller_stop_train({1: 0}) == 0
+    assert stays_quiet() == 0 and bridge.calls == []
+
+
+def test_a_wait_timeout_exits_then_the_controller_tells_the_ranks_to_exit(m: Any) -> None:
+    m_ = start(m)
+    training.inject_fault({0: 0})
+    assert training.wait_callback("report_fault_ranks")
+    assert training.wait_state("EXIT", 2)
+    assert training.exit_reason == "timed out waiting for stop_train"
+    assert training.wait_state("FINAL", 2)
+    assert training.processors_exited and m.tft_query_high_availability_switch() is False
+    assert m_.names() == ["report_fault_ranks"]
+
+
+def test_wait_timeouts_start_after_the_callback_returns(m: Any) -> None:
+    bridge = start(m)
+    bridge.on("report_fault_ranks", 1, lambda *a: time.sleep(0.4))
+    training.inject_fault({0: 0})
+    called = training.wait_callback("report_fault_ranks")
+    assert called is not None and training.wait_state("EXIT", 3)
+    exited = next(r for r in training.events if r.kind == "state" and r.name == "EXIT")
+    assert exited.t - called.t >= 0.4 + WAIT - 0.05
+    assert training.callback_durations[0][0] == "report_fault_ranks"
+    assert training.callback_durations[0][1] >= 0.4
+
+
+def test_the_strategy_wait_is_max_of_time_and_wait(m: Any) -> None:
+    start(m)
+    to_strategies(m, {0: 0}, hccl_time=1)
+    offered = training.callbacks("report_strategies")[0]
+    assert training.wait_state("EXIT", 3)
+    exited = next(r for r in training.events if r.kind == "state" and r.name == "EXIT")
+    assert exited.t - offered.t >= 0.95
+
+
+def test_a_notify_during_exit_ends_it_without_telling_the_ranks(m: Any) -> None:
+    training.wait_time = 1.0
+    start(m)
+    to_strategies(m, {0: 0})
+    assert m.tft_notify_controller_change_strategy("exit") == 0
+    assert training.wait_state("EXIT")
+    assert m.tft_notify_controller_dump() == 0
+    assert training.wait_state("FINAL", 0.5)
+    assert not training.processors_exited
+
+
+# ---------------------------------------------------------------------------- outcomes
+
+
+def test_exit_gives_no_report_result(m: Any) -> None:
+    start(m)
+    to_strategies(m, {0: 0})
+    assert m.tft_notify_controller_change_strategy("exit") == 0
+    assert training.wait_state("FINAL", 3)
+    assert result_calls() == [] and training.job_killed
+
+
+def test_dump_strategy_reports_then_exits(m: Any) -> None:
+    start(m)
+    to_strategies(m, {0: 1})
+    assert m.tft_notify_controller_change_strategy("dump") == 0
+    assert training.wait_callback("report_result")
+    assert result_calls() == [(0, "do dump success", {0: 1}, "dump")]
+    assert training.wait_for(lambda: training.job_killed)
+
+
+def test_a_failed_dump_reports_499(m: Any) -> None:
+    start(m)
+    training.fail_next_dump()
+    to_strategies(m, {0: 1})
+    m.tft_notify_controller_change_strategy("dump")
+    assert training.wait_callback("report_result")
+    assert result_calls() == [(499, "DumpCallback: save ckpt failed, ret: 1", {0: 1}, "dump")]
+
+
+def test_save_and_exit_dumps_without_any_other_callback(m: Any) -> None:
+    bridge = start(m)
+    assert m.tft_notify_controller_dump() == 0
+    assert training.wait_callback("report_result")
+    assert training.wait_state("FINAL", 3)
+    assert [(name, args) for name, args, _ in bridge.calls] == [("report_result", (0, "do dump success", {}, "dump"))]
+
+
+def test_pause_then_continue(m: Any) -> None:
+    bridge = start(m)
+    assert m.tft_notify_controller_stop_train({}, "pause", 5) == 0
+    assert training.wait_callback("report_stop_complete")
+    assert training.state == "PAUSE" and training.step() is False
+    assert m.tft_notify_controller_change_strategy("continue") == 0
+    assert training.wait_callback("report_result")
+    assert training.wait_state("NORMAL")
+    assert [(name, args) for name, args, _ in bridge.calls] == [
+        ("report_stop_complete", (0, "Controller pause train success!", {})),
+        ("report_result", (0, "Controller continue training success.", {}, "continue")),
+    ]
+
+
+def test_a_stop_during_pause_runs_the_fault_flow_without_a_second_stop(m: Any) -> None:
+    start(m)
+    assert m.tft_notify_controller_stop_train({}, "pause", 5) == 0
+    assert training.wait_callback("report_stop_complete")
+    assert m.tft_notify_controller_stop_train({2: 0}) == 0
+    record = training.wait_callback("report_stop_complete", 2)
+    assert record is not None and record.args == (0, "stop ok", {2: 0})
+    assert [r.name for r in training.callbacks()] == ["report_stop_complete", "report_fault_ranks", "report_stop_complete"]
+
+
+def test_a_pause_timeout_reports_406_then_runs_the_fault_flow(m: Any) -> None:
+    start(m)
+    assert m.tft_notify_controller_stop_train({}, "pause", 1) == 0
+    assert training.wait_callback("report_result", timeout=3)
+    assert result_calls() == [(406, "Controller do pause wait failed.", {}, "")]
+    assert training.wait_callback("report_fault_ranks")
+
+
+def test_405_waits_for_on_global_rank_again_and_reoffers(m: Any) -> None:
+    start(m, arf=True)
+    assert to_strategies(m, {0: 0}) == ["exit", "dump", "retry", "recover"]
+    training.fail_next_repair(405)
+    assert m.tft_notify_controller_change_strategy("retry") == 0
+    assert training.wait_callback("report_result")
+    assert result_calls() == [(405, "controller:-1 notify device clean failed", {0: 1}, "retry")]
+    assert m.tft_notify_controller_on_global_rank({0: 1}, 1) == 0
+    record = training.wait_callback("report_strategies", 2)
+    assert record is not None and record.args == ({0: 1}, ["exit", "dump", "recover"])
+    assert m.tft_notify_controller_change_strategy("recover") == 0
+    assert training.wait_state("NORMAL") and training.step()
+    assert training.wait_callback("report_result", 2)
+    assert result_calls()[-1] == (0, "Mindio do repair operation ok", {}, "recover")
+
+
+def test_406_allows_dump(m: Any) -> None:
+    start(m, arf=True)
+    to_strategies(m, {1: 1})
+    training.fail_next_repair(406)
+    m.tft_notify_controller_change_strategy("recover")
+    assert training.wait_callback("report_result")
+    m.tft_notify_controller_change_strategy("dump")
+    assert training.wait_callback("report_result", 2)
+    assert result_calls() == [(406, "do repair failed, ret: 1", {1: 1}, "recover"),
+                              (0, "do dump success", {1: 1}, "dump")]
+
+
+def test_a_failed_retry_repair_reports_499_and_a_device_stop_failure_refuses_dump(m: Any) -> None:
+    start(m)
+    to_strategies(m, {0: 0})
+    training.fail_next_repair("device_stop")
+    m.tft_notify_controller_change_strategy("retry")
+    assert training.wait_callback("report_result")
+    m.tft_notify_controller_change_strategy("dump")
+    assert training.wait_callback("report_result", 2)
+    assert result_calls() == [(499, "controller:-1 notify device stop failed", {0: 0}, "retry"),
+                              (499, "stop & clean failed! not allowed to dump!", {0: 0}, "dump")]
+    assert training.wait_for(lambda: training.job_killed)
+
+
+def test_a_new_fault_before_the_step_fails_the_last_repair(m: Any) -> None:
+    start(m)
+    to_strategies(m, {0: 0})
+    m.tft_notify_controller_change_strategy("retry")
+    assert training.wait_state("NORMAL")
+    training.inject_fault({1: 0})
+    assert training.wait_callback("report_result")
+    assert result_calls() == [(406, "do last repair failed!", {1: 0}, "retry")]
+    assert len(training.callbacks("report_fault_ranks")) == 2  # none for the new fault
+
+
+def test_downgrade_isolates_ranks_with_201(m: Any) -> None:
+    start(m, zit=True)
+    assert to_strategies(m, {1: 1}) == ["exit", "dump", "downgrade", "upgrade"]
+    assert m.tft_notify_controller_change_strategy("downgrade", '{"scale-in-strategy": "DP"}') == 0
+    assert training.wait_callback("report_result")
+    assert result_calls() == [(201, "controller notify isolate ranks.", {1: 1}, "downgrade")]
+    assert training.wait_state("DOWNGRADE")
+
+
+def test_hot_switch_offers_migration(m: Any) -> None:
+    start(m)
+    assert m.tft_notify_controller_prepare_action("hot switch", {2: 1}) == 0
+    assert stays_quiet(0.1) == 0  # waits for the replacement rank to register
+    training.connect_ranks([2])
+    record = training.wait_callback("report_strategies")
+    assert record is not None and record.args == ({}, ["migration"])
+    assert m.tft_notify_controller_change_strategy("migration") == 0
+    assert training.wait_state("NORMAL") and training.step()
+    assert training.wait_callback("report_result")
+    assert result_calls() == [(0, "Mindio do repair operation ok", {}, "migration")]
+
+
+# ---------------------------------------------------------------------------- calls the real one punishes
+
+
+def test_destroy_from_inside_a_callback_is_recorded_not_hung(m: Any) -> None:
+    bridge = start(m)
+    returned = threading.Event()
+
+    def destroy(*args: Any) -> None:
+        m.tft_destroy_controller()
+        returned.set()
+
+    bridge.on("report_fault_ranks", 1, destroy)
+    training.inject_fault({0: 0})
+    assert returned.wait(2)
+    assert training.wait_for(lambda: training.hung)
+    assert any("deadlocks" in v for v in training.violations)
+    m.tft_notify_controller_stop_train({0: 0})
+    assert stays_quiet() == 1  # the controller is dead after that callback
+
+
+def test_register_from_inside_a_callback_is_a_violation(m: Any) -> None:
+    bridge = start(m)
+    answers: list[int] = []
+    bridge.on("report_fault_ranks", 1, lambda *a: answers.append(m.tft_register_mindx_callback("report_result", print)))
+    training.inject_fault({0: 0})
+    assert training.wait_callback("report_fault_ranks")
+    assert training.wait_for(lambda: bool(answers))
+    assert answers == [1] and training.violations
