@@ -1,0 +1,389 @@
+"""A simulated ClusterD: the real server's Recover and config.Config gRPC services, with
+its sharp edges kept, for the bridge's tests and demo.
+
+The simulation is meant to be as unforgiving as the real server (see
+shared/spec/clusterd-protocol.md and shared/spec/deep/clusterd-research.md): a stand-in
+kinder than the real peer hides exactly the bugs that kill training jobs. So it keeps:
+one subscriber per job, and a subscribe resets the job; the stream ends with OK after
+every cycle; a broken stream aborts the cycle; faults reported with no live subscriber
+are lost; reports go into one-slot buffers whatever the state (a stale report is consumed
+by the next wait, a second one blocks the RPC, a reset answers it 599); report RPCs
+without ``status`` are violations (the real server crashes); results are judged by the
+strategy the client *reported*; pod expansion, nodeRankIds in random order, 405/406/499
+fallbacks, dump_exit twice, no ``exit-completed``; UNKNOWN ``qps exceeded`` errors.
+
+Where it knowingly differs from the real server:
+
+* No Kubernetes: a :class:`SimJob` stands for the PodGroup (strategies, the
+  process-recover-enable label, existence). No pods, so no rescheduling: the
+  schedule/running checks succeed at once, ``recover`` is never interrupted by the
+  pod-reschedule watcher, and a downgrade's "pods not rescheduled within 20 s" holds.
+* No fault centre: :meth:`SimClusterD.start_clusterd_fault` starts a cycle directly (the
+  real centre may send ``preExitProcess`` instead; :meth:`SimClusterD.pre_exit` sends one
+  on demand, immediately rather than after ~10 s).
+* Platform mode (``ProcessRecoverStrategy`` and friends), ``recover-in-place``, NIC switch,
+  stress test, hot switch and scale-out (``upgrade``) are not simulated. A successful
+  downgrade parks the job in ``ScaleRunningState`` until a new type-"1" fault or a reset.
+* The OM pause skips the NIC-switch step: pause StopComplete -> changeStrategy continue.
+* A downgrade whose isolate-ranks report times out counts as a failed downgrade (the real
+  server would choose again and could loop every 15 minutes).
+* The faultNodesExit signal's faultRanks/nodeRankIds (isolated ranks, their pods) and the
+  uuid of saveAndExit (the cycle's, "" if no stopTrain) are read from code, not verified.
+* The nil-status crash is a violation plus a reset of that job and an INTERNAL error, not
+  a dead server; non-canonical fault ranks and a RecoverStatus whose strategy is not the
+  one being waited for are also recorded as violations (the real server accepts them).
+* A subscribe stream end caused by :meth:`SimClusterD.drop_subscriber` is an UNAVAILABLE
+  status, not a TCP reset. Keepalive-ping enforcement is gRPC core's (the options below).
+* A signal is written once: no 3-try send with 1 s and 2 s pauses; a failed write is a
+  broken stream (reset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from bridge._proto import config_pb2_grpc
+from bridge._proto import recover_pb2 as pb
+from bridge._proto import recover_pb2_grpc as pb_grpc
+
+from . import clusterd_rules as rules
+from .clusterd_config import ConfigService, Publisher
+from .clusterd_job import JobConfig, JobController, Timings
+from .clusterd_recover import RecoverService
+from .clusterd_wire import fault_ranks, make_signal
+from .journal import Journal, JournalEntry
+
+__all__ = ["SERVER_OPTIONS", "Journal", "JournalEntry", "SimClusterD", "SimJob"]
+
+log = logging.getLogger("bridge.sim.clusterd")
+
+#: ClusterD's transport limits (clusterd-research.md 1.1): client pings >= 3 s apart,
+#: allowed without calls; 4 MiB in, 8 MiB out; 64 streams per connection; the server
+#: pings an idle client after 1 min with a 5 s timeout.
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 3000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_ping_strikes", 2),
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    ("grpc.max_send_message_length", 8 * 1024 * 1024),
+    ("grpc.max_concurrent_streams", 64),
+)
+
+
+@dataclass
+class SimJob:
+    """The job's PodGroup as ClusterD reads it at Init.
+
+    ``strategies``: the recover-strategy annotation (``exit`` is always added; unknown
+    names are dropped; ``elastic-training`` enables downgrade). ``process_recover``: the
+    label process-recover-enable == "on" (False: Init answers 403). ``pod_group_exists``:
+    False makes Init answer 502 and Register 402. ``rank_table_job_id``: the pods'
+    ``jobID`` label, the id config.Config uses (defaults to ``job_id``).
+    """
+
+    job_id: str
+    world_size: int = 8
+    devices_per_pod: int = 8
+    strategies: tuple[str, ...] = ("retry", "recover", "dump", "exit")
+    process_recover: bool = True
+    pod_group_exists: bool = True
+    rank_table_job_id: str | None = None
+
+    @property
+    def config_job_id(self) -> str:
+        return self.rank_table_job_id or self.job_id
+
+
+class _TokenBucket:
+    """ClusterD's unary limiter: ``rate`` calls per second, burst ``rate``."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self.tokens = float(rate)
+        self.stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(float(self.rate), self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+class SimClusterD:
+    """A grpc.aio server speaking ClusterD's Recover and config.Config protocols.
+
+    Journal details: RPCs carry the decoded request (``faults`` as ``{rank: type}``,
+    ``bad_faults`` for non-canonical entries, ``status`` as ``{"code", "info"}`` or None,
+    ``strategies``, ``strategy``, ``isolateRankIds``) and ``outcome`` where useful;
+    signals carry ``uuid, jobId, actions, faults, changeStrategy, timeout, nodeRankIds,
+    extraParams`` and ``stream``; states carry the ``event`` that led there.
+    """
+
+    def __init__(self, jobs: Iterable[SimJob] = (), *, keepalive_interval: float = 5.0,
+                 global_fault_delay: float = 11.0, flush_delay: float = 1.0,
+                 report_timeout: float = 900.0, dump_exit_repeat: float = 80.0,
+                 max_jobs: int = 10_000, qps_limit: int | None = None,
+                 seed: int | None = None, rank_table_delay: float = 0.05) -> None:
+        self.jobs: dict[str, SimJob] = {job.job_id: job for job in jobs}
+        self.timings = Timings(keepalive_interval, global_fault_delay, flush_delay,
+                               report_timeout, dump_exit_repeat)
+        self.max_jobs = max_jobs
+        self.qps_limit = qps_limit
+        self.rank_table_delay = rank_table_delay
+        self.rng = random.Random(seed)
+        self.journal = Journal()
+        self.violations: list[str] = []
+        self.address: str | None = None
+        # Kubernetes-side state: survives a ClusterD restart.
+        self._annotations: dict[str, dict[str, str]] = {}
+        self._labels: dict[str, dict[str, str]] = {}
+        self.rank_tables: dict[str, str] = {}
+        # Test instructions.
+        self._fail_next = 0
+        self._delay_next = 0.0
+        self._duplicate_next = False
+        self._server: grpc.aio.Server | None = None
+        self._host = "127.0.0.1"
+        self._port = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stream_ids: dict[str, itertools.count[int]] = {}
+        self._forget_server_state()
+
+    def _forget_server_state(self) -> None:
+        """ClusterD keeps all of this in memory only."""
+        self.inited: dict[str, JobConfig] = {}
+        self.controllers: dict[str, JobController] = {}
+        self.publishers: dict[str, Publisher] = {}
+        self._bucket = _TokenBucket(self.qps_limit) if self.qps_limit else None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, listen: str = "127.0.0.1:0") -> str:
+        if self._server is not None:
+            raise RuntimeError("SimClusterD already started")
+        server = grpc.aio.server(options=list(SERVER_OPTIONS))
+        pb_grpc.add_RecoverServicer_to_server(RecoverService(self), server)  # type: ignore[no-untyped-call]
+        config_pb2_grpc.add_ConfigServicer_to_server(ConfigService(self), server)  # type: ignore[no-untyped-call]
+        port = server.add_insecure_port(listen)
+        if not port:
+            raise RuntimeError(f"SimClusterD cannot listen on {listen}")
+        await server.start()
+        self._server = server
+        self._host = listen.rsplit(":", 1)[0]
+        self._port = port
+        self.address = f"{self._host}:{port}"
+        return self.address
+
+    async def stop(self, grace: float | None = 0) -> None:
+        """Stop serving and leave no task behind; all in-memory state is dropped."""
+        server, self._server = self._server, None
+        tasks: list[asyncio.Task[Any]] = list(self._tasks)
+        for ctl in self.controllers.values():
+            subscriber = ctl.gen.subscriber
+            if subscriber is not None:
+                subscriber.end(grpc.StatusCode.UNAVAILABLE, "ClusterD stopped")
+            tasks += ctl.shutdown()
+        for publisher in self.publishers.values():
+            tasks += publisher.tasks
+            publisher.close("ClusterD stopped")
+        if server is not None:
+            await server.stop(grace)
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                log.error("sim clusterd task failed during stop: %r", result)
+        self._forget_server_state()
+
+    async def restart(self) -> None:
+        """A ClusterD restart: stop, lose every Init, Register, buffer and cycle, start
+        again on the same port. PodGroup annotations and rank tables (Kubernetes) stay."""
+        listen = f"{self._host}:{self._port}"
+        await self.stop()
+        self.journal.record("state", "clusterd-restarted", "", listen=listen)
+        await self.start(listen)
+
+    async def __aenter__(self) -> SimClusterD:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ jobs and state
+
+    def add_job(self, job: SimJob) -> None:
+        self.jobs[job.job_id] = job
+
+    def init_job(self, job: SimJob) -> None:
+        self.inited[job.job_id] = JobConfig(job.job_id, rules.job_strategies(job.strategies),
+                                            job.devices_per_pod)
+
+    def register_job(self, job_id: str) -> None:
+        self.controllers[job_id] = JobController(self, self.inited[job_id])
+        self.set_label(job_id, "process-recover-enable", "on")
+
+    def state(self, job_id: str) -> str:
+        ctl = self.controllers.get(job_id)
+        return ctl.state if ctl is not None else "INIT"
+
+    def podgroup(self, job_id: str) -> dict[str, str]:
+        """The annotations ClusterD wrote on the job's PodGroup."""
+        return dict(self._annotations.get(job_id, {}))
+
+    def labels(self, job_id: str) -> dict[str, str]:
+        """The PodGroup labels ClusterD wrote (process-recover-enable)."""
+        return dict(self._labels.get(job_id, {}))
+
+    def uuid(self, job_id: str) -> str:
+        ctl = self.controllers.get(job_id)
+        return ctl.uuid if ctl is not None else ""
+
+    # ------------------------------------------------------------------ Host protocol
+
+    def record(self, kind: str, name: str, job_id: str, code: int | None = None,
+               **detail: Any) -> None:
+        self.journal.record(kind, name, job_id, code, **detail)
+
+    def violation(self, job_id: str, text: str) -> None:
+        self.violations.append(f"{job_id}: {text}")
+        self.journal.record("violation", "protocol", job_id, text=text)
+        log.warning("protocol violation by the client of job %s: %s", job_id, text)
+
+    def next_stream_id(self, key: str) -> int:
+        """Streams are numbered 1, 2, ... per job (and per rank-table job) for the life of
+        this simulator, restarts included, so tests can name "the job's second stream"."""
+        return next(self._stream_ids.setdefault(key, itertools.count(1)))
+
+    def annotate(self, job_id: str, key: str, value: str) -> None:
+        self._annotations.setdefault(job_id, {})[key] = value
+        self.journal.record("annotation", key, job_id, value=value)
+
+    def set_label(self, job_id: str, key: str, value: str) -> None:
+        self._labels.setdefault(job_id, {})[key] = value
+        self.journal.record("annotation", f"label:{key}", job_id, value=value)
+
+    # ------------------------------------------------------------------ limiter and tweaks
+
+    def qps_refuses(self, path: str) -> bool:
+        """True when this unary call must fail with UNKNOWN ``qps exceeded``."""
+        if self._fail_next > 0:
+            self._fail_next -= 1
+            return True
+        return self._bucket is not None and not self._bucket.take()
+
+    def fail_next_unary(self, count: int = 1) -> None:
+        """The next ``count`` unary calls (not HealthCheck) fail like an empty bucket."""
+        self._fail_next += count
+
+    def delay_next_signal(self, seconds: float) -> None:
+        """Hold the next non-keep-alive signal ``seconds`` before writing it."""
+        self._delay_next = seconds
+
+    def duplicate_next_signal(self) -> None:
+        """Write the next non-keep-alive signal twice."""
+        self._duplicate_next = True
+
+    def take_tweaks(self) -> tuple[float, bool]:
+        delay, duplicate = self._delay_next, self._duplicate_next
+        self._delay_next, self._duplicate_next = 0.0, False
+        return delay, duplicate
+
+    # ------------------------------------------------------------------ injection
+
+    def _controller(self, job_id: str) -> JobController:
+        ctl = self.controllers.get(job_id)
+        if ctl is None:
+            raise KeyError(f"job {job_id} is not registered with the simulated ClusterD")
+        return ctl
+
+    async def drop_subscriber(self, job_id: str) -> None:
+        """Abort the job's live stream with UNAVAILABLE, as a broken connection would,
+        and reset the job mid-cycle like the real server on a broken stream."""
+        ctl = self._controller(job_id)
+        sub = ctl.gen.subscriber
+        if sub is None or sub.ended.done():
+            raise RuntimeError(f"job {job_id} has no live subscriber")
+        sub.end(grpc.StatusCode.UNAVAILABLE, "simulated connection loss")
+        ctl.reset("stream broken (simulated connection loss)")
+        await self.journal.wait_for(
+            lambda e: e.kind == "stream-end" and e.detail.get("stream") == sub.stream_id
+            and e.job_id == job_id, timeout=2.0)
+
+    async def send_signal(self, job_id: str, **fields: Any) -> None:
+        """Push any ProcessManageSignal on the job's stream (jobId and uuid default to the
+        job's); ``faultRanks`` may be a ``{rank: type}`` map or (rank, type) pairs."""
+        ctl = self._controller(job_id)
+        fields.setdefault("jobId", job_id)
+        fields.setdefault("uuid", ctl.uuid)
+        ranks = fields.pop("faultRanks", ())
+        if isinstance(ranks, Mapping) or (ranks and not isinstance(next(iter(ranks)), pb.FaultRank)):
+            ranks = fault_ranks(ranks)
+        signal = pb.ProcessManageSignal(faultRanks=list(ranks), **fields)
+        await ctl.push(signal)
+
+    async def send_foreign_signal(self, job_id: str, foreign_job_id: str,
+                                  signal_type: str = "stopTrain",
+                                  actions: Iterable[str] = ("stop_train",)) -> None:
+        """On ``job_id``'s stream, a signal that belongs to another job."""
+        await self.send_signal(job_id, jobId=foreign_job_id, uuid=rules.new_uuid(),
+                               signalType=signal_type, actions=list(actions))
+
+    async def start_clusterd_fault(self, job_id: str, faults: Mapping[int, int]) -> str:
+        """A fault ClusterD's fault centre saw first (e.g. a UCE, type 0): starts a cycle
+        with stopTrain when idle. Returns ``started``, ``joined`` or ``lost``."""
+        ctl = self._controller(job_id)
+        pairs = [(str(rank), str(kind)) for rank, kind in faults.items()]
+        return ctl.report_faults(pairs, "fault-centre")
+
+    async def pause(self, job_id: str, timeout: int = 0) -> None:
+        """OM pause: stopTrain [pause_train] -> StopComplete -> changeStrategy continue ->
+        RecoverStatus(0) ends it (499 or a timeout: killMaster)."""
+        self._controller(job_id).start_pause(timeout)
+
+    async def kill_master(self, job_id: str) -> None:
+        """killMaster with the current uuid, then reset (the stream ends with OK)."""
+        self._controller(job_id).start_kill_master()
+
+    async def pre_exit(self, job_id: str, node_rank_ids: Iterable[str | int],
+                       faults: Mapping[int, int] | Iterable[int]) -> None:
+        """preExitProcess ["pre exit process"] with a throw-away uuid; no state change."""
+        ctl = self._controller(job_id)
+        pairs = ([(str(r), str(t)) for r, t in faults.items()] if isinstance(faults, Mapping)
+                 else [(str(r), rules.NORMAL) for r in faults])
+        await ctl.push(make_signal(job_id, rules.new_uuid(), "preExitProcess",
+                                   rules.PRE_EXIT_ACTIONS, pairs,
+                                   node_rank_ids=[str(n) for n in node_rank_ids]))
+
+    async def save_and_exit(self, job_id: str) -> None:
+        """saveAndExit [save_and_exit]; then a RecoverStatus for dump, dump_exit twice."""
+        self._controller(job_id).start_save_and_exit()
+
+    async def push_rank_table(self, job_id: str, table_json: str) -> None:
+        """Publish a new rank table (identical tables are sent again: no de-dup). With no
+        live subscriber the change is lost, but the next subscribe gets the table."""
+        job = self.jobs.get(job_id)
+        config_id = job.config_job_id if job is not None else job_id
+        self.rank_tables[config_id] = table_json
+        publisher = self.publishers.get(config_id)
+        if publisher is not None:
+            publisher.offer(config_id, table_json)
+
+    async def wait_for(self, predicate: Callable[[JournalEntry], bool],
+                       timeout: float = 5.0) -> JournalEntry:
+        return await self.journal.wait_for(predicate, timeout)

@@ -1,0 +1,595 @@
+"""One job's recovery controller inside the simulated ClusterD (ClusterD's EventController).
+
+The real controller is a table-driven state machine whose handlers block on channels; here
+each flow (a fault cycle, the OM pause, save-and-exit, kill-master) is one coroutine that
+walks the same states in the same order and journals every state it enters with the
+event that led there, so ``journal.states(job)`` reads like ClusterD's "action path".
+
+A *generation* is everything ClusterD recreates in ``reset()``: the report slots, the
+signal channel, the subscriber, the fault cache and the background tasks. A reset closes
+the old generation (blocked reports answer 599, the stream ends with OK, the running
+cycle is cancelled) and starts a detached new one. Subscribing is a reset too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol
+
+import grpc
+
+from bridge._proto import recover_pb2 as pb
+
+from . import clusterd_rules as rules
+from .clusterd_channels import Outgoing, ReportSlot, Subscriber
+from .clusterd_rules import FaultCache, FaultPair
+from .clusterd_wire import faults_detail, is_canonical_pair, make_signal
+
+log = logging.getLogger("bridge.sim.clusterd")
+
+STOP_COMPLETE = "stop_complete"
+RECOVER_STRATEGY = "recover_strategy"
+RECOVER_STATUS = "recover_status"
+REPORT_KINDS = (STOP_COMPLETE, RECOVER_STRATEGY, RECOVER_STATUS)
+
+PROCESS_NOT_READY = 404
+RECOVERABLE_RETRY_ERROR = 405
+CLIENT_ERROR = 499
+EXIT_ISOLATE_RANKS = 201
+SIGNAL_ENQUEUE_TIMEOUT = 1.0  # ClusterD's signalEnqueue gives up after 1 s (SignalQueueBusy)
+
+_WAIT_STATE = {
+    rules.RETRY: "WaitReportStepRetryStatusState",
+    rules.RECOVER: "WaitReportProcessRecoverStatusState",
+    rules.DUMP: "WaitReportDumpStatusState",
+}
+_NOTIFY_EVENT = {
+    rules.RETRY: "notifyRetrySuccess",
+    rules.RECOVER: "notifyRecoverSuccess",
+    rules.DUMP: "notifyDumpSuccess",
+}
+
+
+@dataclass(frozen=True)
+class Timings:
+    keepalive_interval: float
+    global_fault_delay: float
+    flush_delay: float
+    report_timeout: float
+    dump_exit_repeat: float
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """What the first successful Init froze: later PodGroup edits are not seen."""
+
+    job_id: str
+    strategies: tuple[str, ...]
+    devices_per_pod: int
+
+
+class Host(Protocol):
+    """What a controller needs from the server that owns it."""
+
+    timings: Timings
+    rng: random.Random
+
+    def record(self, kind: str, name: str, job_id: str, code: int | None = None,
+               **detail: Any) -> None: ...
+    def violation(self, job_id: str, text: str) -> None: ...
+    def next_stream_id(self, key: str) -> int: ...
+    def annotate(self, job_id: str, key: str, value: str) -> None: ...
+    def set_label(self, job_id: str, key: str, value: str) -> None: ...
+
+
+class CycleEnded(Exception):
+    """The flow reached a reset; unwind the coroutine without doing anything more."""
+
+
+class Generation:
+    """The channels and caches one ClusterD ``reset()`` creates."""
+
+    def __init__(self) -> None:
+        self.slots: dict[str, ReportSlot[Any]] = {kind: ReportSlot(kind) for kind in REPORT_KINDS}
+        self.signals: asyncio.Queue[Outgoing] = asyncio.Queue(maxsize=1)
+        self.subscriber: Subscriber[Outgoing] | None = None
+        self.faults = FaultCache()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        #: report puts blocked on a full slot: never cancelled by a reset (closing the
+        #: slot makes them answer 599), only by a server stop.
+        self.puts: set[asyncio.Task[Any]] = set()
+        self.cycle: asyncio.Task[Any] | None = None
+
+    def close(self, *, cancel_puts: bool = False) -> None:
+        for slot in self.slots.values():
+            slot.close()
+        current = asyncio.current_task()
+        for task in self.tasks | (self.puts if cancel_puts else set()):
+            if task is not current:
+                task.cancel()
+
+
+class JobController:
+    """ClusterD's per-job EventController, created by Register."""
+
+    def __init__(self, host: Host, config: JobConfig) -> None:
+        self.host = host
+        self.config = config
+        self.job_id = config.job_id
+        self.state = "INIT"
+        self.uuid = ""
+        self.unhealthy = False
+        self.agent_strategies: list[str] = []
+        self.results: list[pb.RecoverStatusRequest] = []
+        self.gen = Generation()
+        self.stopped = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str, *,
+              put: bool = False) -> asyncio.Task[Any]:
+        """A task owned by the current generation; its failure is logged and journaled."""
+        task = asyncio.get_running_loop().create_task(coro, name=f"{self.job_id}:{name}")
+        owner = self.gen.puts if put else self.gen.tasks
+        owner.add(task)
+        task.add_done_callback(lambda t: self._task_done(owner, t))
+        return task
+
+    def all_tasks(self) -> set[asyncio.Task[Any]]:
+        return self.gen.tasks | self.gen.puts
+
+    def _task_done(self, owner: set[asyncio.Task[Any]], task: asyncio.Task[Any]) -> None:
+        owner.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None and not isinstance(error, CycleEnded):
+            log.error("sim clusterd task %s failed", task.get_name(), exc_info=error)
+            self.host.violation(self.job_id, f"simulator internal error in {task.get_name()}: {error!r}")
+
+    def reset(self, reason: str, *, start_new: bool = True) -> None:
+        """ClusterD's ``reset()``: abort everything, drop buffered reports (blocked report
+        RPCs answer 599), end the subscriber's stream with OK, clear uuid and caches."""
+        old = self.gen
+        if old.subscriber is not None:
+            old.subscriber.end(grpc.StatusCode.OK, f"reset: {reason}")
+        old.close(cancel_puts=not start_new)
+        self.state = "INIT"
+        self.uuid = ""
+        self.unhealthy = False
+        self.agent_strategies = []
+        self.results = []
+        self.gen = Generation()
+        if start_new:
+            self.host.record("state", "INIT", self.job_id, event=reason, uuid="")
+
+    def shutdown(self) -> list[asyncio.Task[Any]]:
+        """Server stop: close everything, start nothing; returns the tasks to await."""
+        self.stopped = True
+        tasks = list(self.all_tasks())
+        self.reset("server stopped", start_new=False)
+        return tasks
+
+    def subscribe(self) -> Subscriber[Outgoing]:
+        """A new subscriber: reset, then attach it and start the keep-alive sender."""
+        self.reset("new subscriber")
+        sub: Subscriber[Outgoing] = Subscriber(self.host.next_stream_id(self.job_id), self.gen.signals)
+        self.gen.subscriber = sub
+        self.spawn(self._keepalive(), "keep-alive")
+        return sub
+
+    def stream_broken(self, sub: Subscriber[Outgoing], reason: str) -> None:
+        """The client cancelled or the connection broke: ClusterD resets mid-cycle."""
+        sub.end(grpc.StatusCode.CANCELLED, reason)
+        if self.gen.subscriber is sub and not self.stopped:
+            self.reset(reason)
+
+    @property
+    def live(self) -> bool:
+        return self.gen.subscriber is not None and not self.gen.subscriber.ended.done()
+
+    async def _keepalive(self) -> None:
+        """Every interval, a keep-alive carrying the uuid of the moment ("" when idle)."""
+        signals = self.gen.signals
+        while True:
+            await asyncio.sleep(self.host.timings.keepalive_interval)
+            await signals.put(Outgoing(make_signal(self.job_id, self.uuid, "keep-alive")))
+
+    # ------------------------------------------------------------------ reports
+
+    def put_report(self, kind: str, request: Any) -> asyncio.Task[bool]:
+        """Start putting ``request`` into its slot; the task outlives the calling RPC."""
+        return self.spawn(self.gen.slots[kind].put(request), f"put-{kind}", put=True)
+
+    def slot_full(self, kind: str) -> bool:
+        return self.gen.slots[kind].full()
+
+    async def _wait_report(self, kind: str) -> Any | None:
+        return await self.gen.slots[kind].get(self.host.timings.report_timeout)
+
+    # ------------------------------------------------------------------ faults
+
+    def report_faults(self, pairs: list[FaultPair], source: str) -> str:
+        """Faults from ReportProcessFault or the fault centre. Returns what happened:
+        ``lost``, ``cached``, ``started`` or ``joined``."""
+        if not self.live:
+            self.host.record("fault-lost", source, self.job_id, **faults_detail(pairs),
+                             reason="no live subscriber: ClusterD's event loop cannot notify")
+            return "lost"
+        self.gen.faults.save(pairs)
+        has_normal = any(fault_type == rules.NORMAL for _, fault_type in pairs)
+        if has_normal:
+            self.unhealthy = True
+        if not has_normal and source == "ReportProcessFault":
+            # Retry faults go to the fault centre; they never start a cycle from here.
+            return "cached" if self.state == "INIT" else "joined"
+        if self.state == "INIT":
+            self._start(self._fault_cycle(), "fault-cycle")
+            return "started"
+        if self.state == "ScaleRunningState" and has_normal:
+            self._start(self._decide("faultOccur"), "scale-in-fault")
+            return "started"
+        return "joined"
+
+    def _start(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        if self.gen.cycle is not None and not self.gen.cycle.done():
+            self.gen.cycle.cancel()
+        self.gen.cycle = self.spawn(self._guard(coro), name)
+
+    async def _guard(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run a flow; an unexpected error resets the job like ClusterD's trigger error."""
+        try:
+            await coro
+        except CycleEnded:
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the real server resets on any handler error
+            log.exception("sim clusterd flow failed for %s", self.job_id)
+            self.host.violation(self.job_id, f"simulator internal error: {error!r}")
+            if self._owns_generation():
+                self.reset(f"handler error: {error!r}")
+
+    # ------------------------------------------------------------------ helpers
+
+    def _enter(self, state: str, event: str) -> None:
+        self.state = state
+        self.host.record("state", state, self.job_id, event=event, uuid=self.uuid)
+
+    def _signal(self, signal_type: str, actions: Iterable[str], faults: Iterable[FaultPair] = (),
+                **fields: Any) -> pb.ProcessManageSignal:
+        return make_signal(self.job_id, self.uuid, signal_type, actions, faults, **fields)
+
+    async def _notify(self, signal: pb.ProcessManageSignal) -> None:
+        """``signalEnqueue`` then wait for the sender: ClusterD only moves on after
+        ``Send`` returned. A channel still full after 1 s is SignalQueueBusy: reset."""
+        gen = self.gen
+        item = Outgoing(signal, asyncio.get_running_loop().create_future())
+        try:
+            await asyncio.wait_for(gen.signals.put(item), SIGNAL_ENQUEUE_TIMEOUT)
+        except TimeoutError:
+            self._finish_now("SignalQueueBusy: the signal channel stayed full for 1 s")
+        assert item.sent is not None
+        try:
+            await asyncio.wait_for(item.sent, self.host.timings.report_timeout)
+        except (TimeoutError, ConnectionError):
+            self._finish_now("notifyFail: the stream never took the signal")
+
+    def _owns_generation(self) -> bool:
+        return asyncio.current_task() in self.gen.tasks
+
+    def _finish_now(self, reason: str) -> NoReturn:
+        """Reset (unless a reset already replaced this flow's generation) and unwind."""
+        if self._owns_generation():
+            self.reset(reason)
+        raise CycleEnded(reason)
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+
+    def _annotate(self, value: str) -> None:
+        self.host.annotate(self.job_id, "ProcessRecoverStatus", value)
+
+    def _expand(self) -> list[str]:
+        """``updateCacheFaultAndPod``: widen the normal faults to whole pods (a non-integer
+        rank id empties the list, as in ClusterD)."""
+        ranks, _ = self.gen.faults.expand_normal(self.config.devices_per_pod)
+        return ranks
+
+    def _rank0_pod_faulty(self) -> bool:
+        numbers = (rules.go_atoi(rank) for rank, _ in self.gen.faults.normal)
+        return any(n is not None and n // self.config.devices_per_pod == 0 for n in numbers)
+
+    # ------------------------------------------------------------------ the fault cycle
+
+    async def _fault_cycle(self) -> None:
+        self._enter("NotifyWaitFaultFlushingState", "faultOccur")
+        if self._only_dump_first():
+            self.agent_strategies.append(rules.DUMP)
+            await self._dump_for_fault("dumpForFault")
+            return
+        self._enter("NotifyStopTrainState", "notifyFinish")
+        self.uuid = rules.new_uuid()
+        await self._notify(self._signal("stopTrain", rules.STOP_TRAIN_ACTIONS,
+                                        self.gen.faults.stop_train_faults()))
+        self._enter("WaitReportStopCompleteState", "notifySuccess")
+        request = await self._wait_report(STOP_COMPLETE)
+        if request is None:
+            await self._fault_clear("reportTimeout")
+        if request.status.code == PROCESS_NOT_READY:
+            await self._kill_job("processNotReady")
+        await self._recover("receiveReport")
+
+    def _only_dump_first(self) -> bool:
+        """``shouldDumpWhenOccurFault``: dump is the job's top strategy and a normal fault
+        made the job unhealthy: ClusterD skips stopTrain and sends saveAndExit."""
+        strategies = self.config.strategies
+        return bool(strategies) and strategies[0] == rules.DUMP and self.unhealthy
+
+    async def _recover(self, event: str) -> None:
+        """From WaitFaultFlushFinished to the end; loops back after a 405 retry failure."""
+        while True:
+            self._enter("WaitFaultFlushFinishedState", event)
+            faults = self.gen.faults
+            had_hccl = "2" in faults.all_types()
+            faults.take_retry_to_normal(
+                last_result_was_retry=bool(self.results) and self.results[-1].strategy == rules.RETRY,
+                retry_supported=rules.RETRY in self.config.strategies,
+            )
+            pure_retry = bool(faults.retry) and not faults.normal
+            if not pure_retry:
+                await self._sleep(self.host.timings.flush_delay)
+            self._enter("NotifyGlobalFaultState", "faultFlushFinished")
+            await self._sleep(self.host.timings.global_fault_delay)
+            await self._notify_global_fault(pure_retry, had_hccl)
+            self._enter("WaitReportRecoverStrategyState", "notifySuccess")
+            request = await self._wait_report(RECOVER_STRATEGY)
+            if request is None:
+                await self._fault_clear("reportTimeout")
+            self.agent_strategies = list(request.strategies)
+            await self._decide("receiveReport")
+            event = "recoverableRetryError"
+
+    async def _notify_global_fault(self, pure_retry: bool, had_hccl: bool) -> None:
+        timeout = rules.HCCL_GLOBAL_FAULT_TIMEOUT if had_hccl else 0
+        if pure_retry:
+            signal = self._signal("globalFault", rules.GLOBAL_FAULT_RETRY_ACTIONS,
+                                  self.gen.faults.retry, timeout=timeout)
+        else:
+            ranks = self._expand()
+            nodes = rules.pod_indices(ranks, self.config.devices_per_pod, self.host.rng)
+            signal = self._signal("globalFault", rules.GLOBAL_FAULT_ACTIONS,
+                                  self.gen.faults.normal, timeout=timeout, node_rank_ids=nodes)
+        await self._notify(signal)
+
+    def _choose(self) -> str:
+        job, agent = self.config.strategies, self.agent_strategies
+        if not self.results:
+            strategy = rules.choose_first(job, agent, bool(self.gen.faults.normal),
+                                          self._rank0_pod_faulty())
+            if strategy == rules.RETRY and rules.RETRY not in agent:
+                # "uce repair not enabled by controller": the retry faults become normal.
+                self.gen.faults.retry_to_normal()
+                self._expand()
+                return rules.choose_after_recover_failure(job, agent)
+            return strategy
+        last = self.results[-1].strategy
+        if last == rules.RETRY:
+            return rules.choose_after_retry_failure(job, agent, self._rank0_pod_faulty())
+        if last in (rules.RECOVER, rules.DOWNGRADE):
+            return rules.choose_after_recover_failure(job, agent)
+        return rules.EXIT
+
+    async def _decide(self, event: str) -> None:
+        """NotifyDecidedStrategy and what follows. Returns only after a 405 retry failure
+        (the caller goes back to the flush); every other ending raises CycleEnded."""
+        while True:
+            self._enter("NotifyDecidedStrategyState", event)
+            strategy = self._choose()
+            extra = rules.DOWNGRADE_EXTRA_PARAMS if strategy == rules.DOWNGRADE else ""
+            await self._notify(self._signal(
+                "changeStrategy", rules.CHANGE_STRATEGY_ACTIONS,
+                self.gen.faults.retry + self.gen.faults.normal,
+                change_strategy=strategy, extra_params=extra,
+            ))
+            if strategy == rules.EXIT:
+                self._enter("CheckRecoverResultState", "notifyExitSuccess")
+                await self._exit_tail(rules.EXIT)
+            if strategy == rules.DOWNGRADE:
+                event = await self._downgrade()
+                continue
+            self._enter(_WAIT_STATE[strategy], _NOTIFY_EVENT[strategy])
+            request = await self._wait_report(RECOVER_STATUS)
+            if request is None:
+                if strategy == rules.RETRY:
+                    await self._fault_retry("reportTimeout")
+                await self._fault_clear("reportTimeout")
+            event = await self._check_result(request, strategy)
+            if event == "recoverableRetryError":
+                return
+
+    def _record_result(self, request: pb.RecoverStatusRequest, expected: str) -> None:
+        self.results.append(request)
+        if request.strategy != expected:
+            self.host.violation(
+                self.job_id,
+                f"ReportRecoverStatus strategy={request.strategy!r} consumed while ClusterD waited "
+                f"for the {expected!r} result (stale or wrong report); ClusterD judges it by "
+                "the reported strategy",
+            )
+
+    async def _check_result(self, request: pb.RecoverStatusRequest, expected: str) -> str:
+        """CheckRecoverResultState, judged by the strategy the *client* reported, as
+        ClusterD does. Returns the event for the next NotifyDecidedStrategy round."""
+        self._record_result(request, expected)
+        self._enter("CheckRecoverResultState", "receiveReport")
+        reported, code = request.strategy, request.status.code
+        if reported == rules.RETRY:
+            if code == 0:
+                self._annotate("retry-success")
+                self._finish_now("recoverSuccess")
+            self._annotate("retry-failed")
+            if code == RECOVERABLE_RETRY_ERROR:
+                return "recoverableRetryError"
+            self.agent_strategies = [s for s in self.agent_strategies if s != rules.RECOVER]
+            if code == CLIENT_ERROR:
+                self.agent_strategies = [s for s in self.agent_strategies if s != rules.DUMP]
+            self._enter("KillPodForUnrecoverableRetryState", "unRecoverableRetryError")
+            self.gen.faults.retry_to_normal()
+            self._expand()
+            return "finishKillPod"
+        if reported == rules.RECOVER:
+            if code == 0:
+                self._annotate("recover-success")
+                self._finish_now("recoverSuccess")
+            self._annotate("recover-failed")
+            return "recoverFail"
+        if reported == rules.DUMP:
+            self._annotate("dump-success" if code == 0 else "dump-failed")
+            await self._exit_tail(rules.DUMP)
+        if reported == rules.EXIT:
+            await self._exit_tail(rules.EXIT)
+        self.host.violation(self.job_id, f"ReportRecoverStatus strategy={reported!r} is no strategy: "
+                                          "ClusterD fails the handler and resets")
+        self._finish_now(f"unexpected strategy {reported!r}")
+
+    async def _downgrade(self) -> str:
+        """DP scale-in: wait for the isolated ranks (201), send faultNodesExit, wait for
+        the result. Success parks the job in ScaleRunningState; failure returns the event
+        that makes the next choice dump or exit."""
+        self._enter("WaitReportScaleInIsolateRanksState", "notifyScaleInStrategySuccess")
+        request = await self._wait_report(RECOVER_STATUS)
+        if request is None:
+            self.results.append(pb.RecoverStatusRequest(strategy=rules.DOWNGRADE,
+                                                        status=pb.Status(code=CLIENT_ERROR)))
+            return "reportTimeout"
+        self._record_result(request, rules.DOWNGRADE)
+        self._enter("CheckReportScaleInIsolateRanksState", "receiveReport")
+        isolate = list(request.isolateRankIds)
+        if request.status.code != EXIT_ISOLATE_RANKS or not isolate:
+            return "notifyFail"
+        nodes = rules.pod_indices(isolate, self.config.devices_per_pod, self.host.rng)
+        await self._notify(self._signal("faultNodesExit", rules.FAULT_NODES_EXIT_ACTIONS,
+                                        [(rank, rules.NORMAL) for rank in isolate],
+                                        node_rank_ids=nodes))
+        self._enter("WaitReportScaleInStatusState", "notifyFaultNodesExitSuccess")
+        request = await self._wait_report(RECOVER_STATUS)
+        if request is None:
+            await self._fault_clear("reportTimeout")
+        self._record_result(request, rules.DOWNGRADE)
+        self._enter("CheckRecoverResultState", "receiveReport")
+        if request.status.code == 0:
+            self._enter("ScaleRunningState", "scaleInSuccess")
+            raise CycleEnded("scaled in")
+        return "recoverFail"
+
+    async def _exit_tail(self, strategy: str) -> NoReturn:
+        """After dump or exit: the "exit now" notice(s), then FaultRetry and reset.
+        ``exit-completed`` is never written (verified on the real server)."""
+        self._enter("ListenScheduleResultState", "checkResultFinish")
+        self._enter("NotifyRestartAllProcessState", "scheduleSuccess")
+        if strategy != rules.EXIT:
+            await self._notify(self._dump_exit_signal())
+        self._enter("WaitRestartAllProcessState", "notifySuccess")
+        await self._sleep(self.host.timings.dump_exit_repeat)
+        self._enter("FaultClearState", "restartProcessFinish")
+        await self._fault_retry("clearConfigMapFaultSuccess")
+
+    def _dump_exit_signal(self) -> pb.ProcessManageSignal:
+        return self._signal("changeStrategy", rules.CHANGE_STRATEGY_ACTIONS,
+                            change_strategy=rules.EXIT, extra_params=rules.DUMP_EXIT)
+
+    async def _fault_clear(self, event: str) -> NoReturn:
+        self._enter("FaultClearState", event)
+        await self._fault_retry("clearConfigMapFaultSuccess")
+
+    async def _fault_retry(self, event: str) -> NoReturn:
+        """FaultRetry: label pause, dump_exit, (the job is running again), label on, reset."""
+        self._enter("FaultRetryState", event)
+        self.host.set_label(self.job_id, "process-recover-enable", "pause")
+        await self._notify(self._dump_exit_signal())
+        self.host.set_label(self.job_id, "process-recover-enable", "on")
+        self._finish_now("finish")
+
+    async def _kill_job(self, event: str) -> NoReturn:
+        self._enter("NotifyKillJobState", event)
+        await self._notify(self._signal("killMaster", ()))
+        self._finish_now("finish")
+
+    async def _dump_for_fault(self, event: str) -> None:
+        """NotifyDumpState: saveAndExit (no new uuid: only stopTrain and pause make one),
+        then the dump result and the dump_exit tail."""
+        self._enter("NotifyDumpState", event)
+        ranks = self._expand()
+        nodes = rules.pod_indices(ranks, self.config.devices_per_pod, self.host.rng)
+        await self._notify(self._signal("saveAndExit", rules.SAVE_AND_EXIT_ACTIONS,
+                                        node_rank_ids=nodes))
+        self._enter("WaitReportDumpStatusState", "notifySuccess")
+        request = await self._wait_report(RECOVER_STATUS)
+        if request is None:
+            await self._fault_clear("reportTimeout")
+        await self._check_result(request, rules.DUMP)
+
+    # ------------------------------------------------------------------ operator flows
+
+    def require_idle(self, what: str) -> None:
+        if not self.live:
+            raise RuntimeError(f"{what}: job {self.job_id} has no live subscriber")
+        if self.state != "INIT":
+            raise RuntimeError(f"{what}: job {self.job_id} is in {self.state}, not INIT")
+
+    def start_pause(self, timeout: int) -> None:
+        self.require_idle("pause")
+        self._start(self._pause(timeout), "pause")
+
+    async def _pause(self, timeout: int) -> None:
+        """The OM pause (NIC switch / stress test) as seen on the Recover stream."""
+        self._enter("NotifyPauseTrainState", "startSwitchNic")
+        self.uuid = rules.new_uuid()
+        await self._notify(self._signal("stopTrain", rules.PAUSE_TRAIN_ACTIONS, timeout=timeout))
+        self._enter("WaitReportPauseCompleteState", "notifySuccess")
+        request = await self._wait_report(STOP_COMPLETE)
+        if request is None:
+            await self._kill_job("reportTimeout")
+        if request.status.code == CLIENT_ERROR:
+            await self._kill_job("processPauseFail")
+        self._enter("NotifyContinueTrainState", "receiveReport")
+        await self._notify(self._signal("changeStrategy", rules.CHANGE_STRATEGY_ACTIONS,
+                                        change_strategy=rules.CONTINUE))
+        self._enter("WaitContinueTrainState", "notifyContinueSuccess")
+        request = await self._wait_report(RECOVER_STATUS)
+        if request is None:
+            await self._kill_job("reportTimeout")
+        if request.status.code == CLIENT_ERROR:
+            await self._kill_job("continueTrainFail")
+        self._finish_now("switchNicRecvContinue")
+
+    def start_save_and_exit(self) -> None:
+        self.require_idle("save_and_exit")
+        self.unhealthy = True
+        self._start(self._dump_for_fault("dumpForFault"), "save-and-exit")
+
+    def start_kill_master(self) -> None:
+        if not self.live:
+            raise RuntimeError(f"kill_master: job {self.job_id} has no live subscriber")
+        self._start(self._kill_job("operator"), "kill-master")
+
+    async def push(self, signal: pb.ProcessManageSignal) -> None:
+        """A test's own signal, through the same ordered channel; no state change."""
+        if not self.live:
+            raise RuntimeError(f"job {self.job_id} has no live subscriber")
+        await asyncio.wait_for(self.gen.signals.put(Outgoing(signal)), SIGNAL_ENQUEUE_TIMEOUT)
+
+    def check_fault_pairs(self, pairs: list[FaultPair], method: str) -> None:
+        for rank, fault_type in pairs:
+            if not is_canonical_pair(rank, fault_type):
+                self.host.violation(
+                    self.job_id,
+                    f"{method} fault rankId={rank!r} faultType={fault_type!r}: ClusterD accepts it "
+                    "unvalidated, and a non-integer rank empties the cycle's rank list",
+                )

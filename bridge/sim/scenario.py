@@ -1,0 +1,125 @@
+"""One simulated training job: the simulated ClusterD, the stub controller with its
+ranks, and a real bridge between them, on loopback. The demo, the end-to-end tests and
+the benchmarks all start from here, so they exercise the same wiring an operator runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from ..config import BridgeConfig, build_config
+from ..daemon import Bridge
+from ..metrics import BridgeMetrics
+from ..systemd import Notifier
+from . import mindio_ttp
+from .clusterd import SimClusterD, SimJob
+
+
+def free_port() -> int:
+    """A currently free TCP port in the controller's accepted range (1024..65535)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port >= 1024:
+            return port
+
+
+class SimulatedJob:
+    """``async with SimulatedJob(...) as job:`` -- everything started, bridge READY."""
+
+    def __init__(self, job: SimJob | None = None, *, keepalive_interval: float = 0.5,
+                 global_fault_delay: float = 0.05, flush_delay: float = 0.01, dump_exit_repeat: float = 0.5,
+                 report_timeout: float = 30.0, wait_time: float = 5.0, enable_arf: bool = True,
+                 enable_zit: bool = False, auto_step: bool = True, metrics_port: int | None = None,
+                 observer: Callable[[str], None] | None = None, connect_ranks: bool = True,
+                 config_overrides: dict[str, Any] | None = None, start_clusterd: bool = True) -> None:
+        self.job = job or SimJob("job-sim", world_size=16, devices_per_pod=4)
+        self.sim = SimClusterD([self.job], keepalive_interval=keepalive_interval,
+                               global_fault_delay=global_fault_delay, flush_delay=flush_delay,
+                               dump_exit_repeat=dump_exit_repeat, report_timeout=report_timeout)
+        self.training = mindio_ttp.training
+        self.wait_time = wait_time
+        self.auto_step = auto_step
+        self.connect = connect_ranks
+        self.start_clusterd = start_clusterd
+        self.metrics = BridgeMetrics()
+        self.observer = observer
+        self._clusterd_address = f"127.0.0.1:{free_port()}"
+        raw: dict[str, Any] = {
+            "job_id": self.job.job_id,
+            "clusterd": {"address": self._clusterd_address, "keepalive_interval": keepalive_interval,
+                         "rpc_timeout": 2.0, "reconnect_initial": 0.02, "reconnect_max": 0.5,
+                         "startup_wait": 2.0, "recheck_disabled": 0.5},
+            "controller": {"module": "stub", "bind_ip": "127.0.0.1", "port": free_port(),
+                           "world_size": self.job.world_size, "enable_arf": enable_arf,
+                           "enable_zit": enable_zit, "wait_mindx_time": max(1, int(wait_time)),
+                           "destroy_timeout": 10.0},
+            "metrics": {"enabled": metrics_port is not None, "port": metrics_port or 0},
+        }
+        for section, values in (config_overrides or {}).items():
+            if isinstance(values, dict):
+                raw.setdefault(section, {}).update(values)
+            else:
+                raw[section] = values
+        self.config: BridgeConfig = build_config(raw, env={})
+        self.bridge: Bridge | None = None
+        self._run: asyncio.Task[int] | None = None
+        self.started_at = time.monotonic()
+
+    async def __aenter__(self) -> "SimulatedJob":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        mindio_ttp.install()
+        self.training.reset()
+        self.training.wait_time = self.wait_time
+        self.training.auto_step = self.auto_step
+        if self.start_clusterd:
+            await self.sim.start(self._clusterd_address)
+        self.bridge = Bridge(self.config, metrics=self.metrics, notifier=Notifier({}), observer=self.observer)
+        self._run = asyncio.create_task(self.bridge.run())
+        ready = asyncio.ensure_future(self.bridge.ready.wait())
+        await asyncio.wait({ready, self._run}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
+        if not self.bridge.ready.is_set():
+            ready.cancel()
+            raise RuntimeError(f"the bridge did not become ready (exit code {await self._run if self._run.done() else '?'})")
+        if self.connect:
+            self.training.connect_ranks(range(self.job.world_size))
+
+    async def subscribed(self, timeout: float = 10.0) -> None:
+        """Wait for a live subscription (the bridge's session)."""
+        assert self.bridge is not None and self.bridge.session is not None
+        await asyncio.wait_for(self.bridge.session.live.wait(), timeout)
+
+    async def stop(self) -> int:
+        code = 0
+        if self.bridge is not None and self._run is not None:
+            self.bridge.request_stop()
+            code = await asyncio.wait_for(self._run, 30)
+        await self.sim.stop()
+        self.training.reset()
+        return code
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._run.result() if self._run is not None and self._run.done() else None
+
+    async def wait_exit(self, timeout: float = 10.0) -> int:
+        assert self._run is not None
+        return await asyncio.wait_for(asyncio.shield(self._run), timeout)
+
+    def with_config(self, **changes: Any) -> BridgeConfig:
+        return replace(self.config, **changes)
+
+
+__all__ = ["SimJob", "SimulatedJob", "free_port"]

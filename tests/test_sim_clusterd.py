@@ -1,0 +1,991 @@
+"""The simulated ClusterD against plain grpc.aio clients.
+
+Every test pins one behaviour of the real server (shared/spec/clusterd-protocol.md,
+shared/spec/deep/clusterd-research.md) and would fail if the simulation were made kinder:
+stale reports consumed later, blocked second reports, 599 on reset, OK stream ends,
+lost faults, nil-status crashes, fallbacks, no exit-completed, and so on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import grpc
+import pytest
+
+from bridge._proto import config_pb2, config_pb2_grpc
+from bridge._proto import recover_pb2 as pb
+from bridge._proto import recover_pb2_grpc as pb_grpc
+from bridge.sim import clusterd_rules as rules
+from bridge.sim.clusterd import SERVER_OPTIONS, SimClusterD, SimJob
+from bridge.sim.journal import Journal, JournalEntry
+
+pytestmark = pytest.mark.timeout(20)
+
+JOB = "job-1"
+FAST = dict(keepalive_interval=0.1, global_fault_delay=0.01, flush_delay=0.01,
+            report_timeout=3.0, dump_exit_repeat=0.05, seed=7, rank_table_delay=0.01)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class Stream:
+    """A subscribe stream read in the background; signals queue up in order."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.items: asyncio.Queue[Any] = asyncio.Queue()
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+        self.task = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for message in self.call:
+                self.items.put_nowait(message)
+            self.code = await self.call.code()
+        except grpc.aio.AioRpcError as error:
+            self.code, self.details = error.code(), error.details() or ""
+        except asyncio.CancelledError:
+            self.code = grpc.StatusCode.CANCELLED
+        self.items.put_nowait(None)
+
+    async def next(self, timeout: float = 2.0, *, keepalive: bool = False) -> Any:
+        """The next message (keep-alives skipped unless asked for)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            item = await asyncio.wait_for(self.items.get(), max(0.01, deadline - time.monotonic()))
+            if item is None:
+                raise AssertionError(f"stream ended with {self.code} {self.details!r}")
+            if keepalive or getattr(item, "signalType", "") != "keep-alive":
+                return item
+
+    async def no_signal(self, seconds: float) -> None:
+        """Nothing but keep-alives (and no end) for ``seconds``."""
+        with pytest.raises(TimeoutError):
+            await self.next(seconds)
+
+    async def ended(self, timeout: float = 2.0) -> grpc.StatusCode:
+        await asyncio.wait_for(asyncio.shield(self.task), timeout)
+        assert self.code is not None
+        return self.code
+
+    def cancel(self) -> None:
+        self.call.cancel()
+
+
+class Client:
+    """A plain grpc.aio client of the Recover service for one job."""
+
+    def __init__(self, channel: grpc.aio.Channel, job_id: str = JOB) -> None:
+        self.stub = pb_grpc.RecoverStub(channel)
+        self.job_id = job_id
+        self.info = pb.ClientInfo(jobId=job_id, role="test")
+
+    async def init(self) -> int:
+        return (await self.stub.Init(self.info, timeout=2)).code
+
+    async def register(self) -> int:
+        return (await self.stub.Register(self.info, timeout=2)).code
+
+    async def subscribe(self, sim: SimClusterD) -> Stream:
+        opened = len(sim.journal.select("stream-open", job_id=self.job_id))
+        stream = Stream(self.stub.SubscribeProcessManageSignal(self.info))
+        await sim.wait_for(lambda e: e.kind == "stream-open" and e.job_id == self.job_id
+                           and len(sim.journal.select("stream-open", job_id=self.job_id)) > opened)
+        return stream
+
+    async def session(self, sim: SimClusterD) -> Stream:
+        assert await self.init() == 0
+        assert await self.register() == 0
+        return await self.subscribe(sim)
+
+    async def fault(self, faults: dict[Any, Any], timeout: float = 2) -> int:
+        request = pb.ProcessFaultRequest(jobId=self.job_id, faultRanks=_ranks(faults))
+        return (await self.stub.ReportProcessFault(request, timeout=timeout)).code
+
+    async def stop_complete(self, code: int = 0, timeout: float = 2) -> int:
+        request = pb.StopCompleteRequest(jobId=self.job_id, status=pb.Status(code=code))
+        return (await self.stub.ReportStopComplete(request, timeout=timeout)).code
+
+    async def strategies(self, names: Iterable[str], timeout: float = 2) -> int:
+        request = pb.RecoverStrategyRequest(jobId=self.job_id, strategies=list(names))
+        return (await self.stub.ReportRecoverStrategy(request, timeout=timeout)).code
+
+    async def status(self, code: int, strategy: str, isolate: Iterable[str] = (),
+                     timeout: float = 2) -> int:
+        request = pb.RecoverStatusRequest(jobId=self.job_id, status=pb.Status(code=code),
+                                          strategy=strategy, isolateRankIds=list(isolate))
+        return (await self.stub.ReportRecoverStatus(request, timeout=timeout)).code
+
+
+def _ranks(faults: dict[Any, Any]) -> list[pb.FaultRank]:
+    return [pb.FaultRank(rankId=str(r), faultType=str(t)) for r, t in faults.items()]
+
+
+def faults_of(signal: pb.ProcessManageSignal) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for fault in signal.faultRanks:
+        rank, kind = int(fault.rankId), int(fault.faultType)
+        if out.get(rank) != 1:
+            out[rank] = kind
+    return out
+
+
+def is_state(job: str, name: str) -> Any:
+    return lambda e: e.kind == "state" and e.job_id == job and e.name == name
+
+
+async def make_sim(*jobs: SimJob, **options: Any) -> SimClusterD:
+    settings = {**FAST, **options}
+    sim = SimClusterD(jobs or (SimJob(JOB, world_size=16, devices_per_pod=8),), **settings)
+    await sim.start()
+    return sim
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimClusterD]:
+    server = await make_sim()
+    yield server
+    await server.stop()
+    assert server.violations == []
+
+
+@pytest.fixture
+async def channel(sim: SimClusterD) -> AsyncIterator[grpc.aio.Channel]:
+    assert sim.address is not None
+    async with grpc.aio.insecure_channel(sim.address) as chan:
+        yield chan
+
+
+@pytest.fixture
+def client(channel: grpc.aio.Channel) -> Client:
+    return Client(channel)
+
+
+async def run_to_strategy_wait(sim: SimClusterD, client: Client, stream: Stream,
+                               faults: dict[int, int]) -> tuple[Any, Any]:
+    """Fault -> stopTrain -> StopComplete -> globalFault; returns both signals."""
+    assert await client.fault(faults) == 0
+    stop = await stream.next()
+    assert stop.signalType == "stopTrain"
+    assert await client.stop_complete() == 0
+    global_fault = await stream.next()
+    assert global_fault.signalType == "globalFault"
+    await sim.wait_for(is_state(client.job_id, "WaitReportRecoverStrategyState"))
+    return stop, global_fault
+
+
+# --------------------------------------------------------------------------- transport and session
+
+
+def test_server_options_follow_clusterd_limits() -> None:
+    options = dict(SERVER_OPTIONS)
+    assert options["grpc.http2.min_recv_ping_interval_without_data_ms"] == 3000
+    assert options["grpc.keepalive_permit_without_calls"] == 1
+    assert options["grpc.max_receive_message_length"] == 4 * 1024 * 1024
+    assert options["grpc.max_send_message_length"] == 8 * 1024 * 1024
+    assert options["grpc.max_concurrent_streams"] == 64
+
+
+async def test_start_reports_address_and_stop_leaves_no_task() -> None:
+    sim = await make_sim()
+    assert sim.address is not None and re.fullmatch(r"127\.0\.0\.1:\d+", sim.address)
+    async with grpc.aio.insecure_channel(sim.address) as chan:
+        client = Client(chan)
+        stream = await client.session(sim)
+        await client.fault({1: 1})
+        await stream.next()  # a cycle waits for StopComplete
+        # A blocked second report: its put task must not outlive stop().
+        await client.strategies(["recover"])
+        blocked = asyncio.ensure_future(client.strategies(["recover"], timeout=5))
+        await asyncio.sleep(0.05)
+        assert not blocked.done()
+        await sim.stop()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await blocked
+        await stream.ended()
+    leftovers = [t for t in asyncio.all_tasks() if t.get_name().startswith(f"{JOB}:")]
+    assert leftovers == []
+
+
+async def test_init_codes(sim: SimClusterD, channel: grpc.aio.Channel) -> None:
+    sim.add_job(SimJob("off", process_recover=False))
+    sim.add_job(SimJob("no-pg", pod_group_exists=False))
+    assert await Client(channel, "unknown").init() == 502
+    assert await Client(channel, "no-pg").init() == 502
+    assert await Client(channel, "off").init() == 403
+    assert await Client(channel).init() == 0
+    # Cached after the first success: later PodGroup changes are not seen.
+    sim.jobs[JOB].process_recover = False
+    assert await Client(channel).init() == 0
+
+
+async def test_register_codes() -> None:
+    sim = await make_sim(SimJob("a"), SimJob("b"), SimJob("c"), max_jobs=2)
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            a, b, c = Client(chan, "a"), Client(chan, "b"), Client(chan, "c")
+            assert await a.register() == 408  # before Init
+            assert await Client(chan, "nobody").register() == 408
+            assert await a.init() == 0
+            assert await a.register() == 0
+            assert await a.register() == 0  # idempotent
+            assert sim.labels("a")["process-recover-enable"] == "on"
+            assert await b.init() == 0
+            sim.jobs["b"].pod_group_exists = False  # PodGroup gone after Init
+            assert await b.register() == 402
+            sim.jobs["b"].pod_group_exists = True
+            assert await b.register() == 0
+            assert await c.init() == 0
+            assert await c.register() == 500  # max_jobs reached
+            # Register does not start the event loop: a fault before Subscribe is lost.
+            assert await a.fault({1: 1}) == 0
+            assert sim.journal.select("fault-lost", job_id="a")
+            assert sim.state("a") == "INIT"
+    finally:
+        await sim.stop()
+
+
+async def test_healthcheck_always_zero_and_never_rate_limited(
+        sim: SimClusterD, channel: grpc.aio.Channel) -> None:
+    stub = pb_grpc.RecoverStub(channel)
+    sim.fail_next_unary(1)
+    reply = await stub.HealthCheck(pb.ClientInfo(jobId="whoever"), timeout=2)
+    assert reply.code == 0
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.Init(pb.ClientInfo(jobId=JOB), timeout=2)
+    assert error.value.code() == grpc.StatusCode.UNKNOWN
+    assert error.value.details() == "qps exceeded, method=/Recover/Init"
+
+
+async def test_qps_limit_token_bucket() -> None:
+    sim = await make_sim(qps_limit=3)
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            codes: list[int | str] = []
+            for _ in range(5):
+                try:
+                    codes.append(await client.init())
+                except grpc.aio.AioRpcError as error:
+                    assert error.code() == grpc.StatusCode.UNKNOWN
+                    assert error.details().startswith("qps exceeded")
+                    codes.append("qps")
+            assert codes[:3] == [0, 0, 0] and "qps" in codes[3:]
+            stub = pb_grpc.RecoverStub(chan)
+            for _ in range(5):  # HealthCheck has its own bucket
+                assert (await stub.HealthCheck(client.info, timeout=2)).code == 0
+    finally:
+        await sim.stop()
+
+
+async def test_fail_next_unary_covers_reports_and_config(sim: SimClusterD,
+                                                         client: Client,
+                                                         channel: grpc.aio.Channel) -> None:
+    sim.fail_next_unary(2)
+    with pytest.raises(grpc.aio.AioRpcError, match="method=/Recover/ReportStopComplete"):
+        await client.stop_complete()
+    config = config_pb2_grpc.ConfigStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError, match=r"method=/config\.Config/Register"):
+        await config.Register(config_pb2.ClientInfo(jobId=JOB), timeout=2)
+    assert await client.init() == 0
+
+
+async def test_subscribe_unregistered_fails_unknown(client: Client, sim: SimClusterD) -> None:
+    stream = Stream(client.stub.SubscribeProcessManageSignal(client.info))
+    assert await stream.ended() == grpc.StatusCode.UNKNOWN
+    assert stream.details == f"jobId={JOB} not registed"
+    assert await client.init() == 0
+    stream = Stream(client.stub.SubscribeProcessManageSignal(client.info))
+    assert await stream.ended() == grpc.StatusCode.UNKNOWN  # Init alone is not enough
+
+
+async def test_reports_for_unknown_job_answer_400(sim: SimClusterD, client: Client) -> None:
+    assert await client.fault({1: 1}) == 400
+    assert await client.stop_complete() == 400
+    assert await client.strategies(["recover"]) == 400
+    assert await client.status(0, "recover") == 400
+    assert await client.init() == 0
+    assert await client.stop_complete() == 400  # inited is not registered
+
+
+# --------------------------------------------------------------------------- the stream
+
+
+async def test_keepalive_uuid_is_empty_when_idle_and_the_cycle_uuid_in_a_cycle(
+        sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    idle = await stream.next(keepalive=True)
+    assert idle.signalType == "keep-alive" and idle.uuid == "" and idle.jobId == JOB
+    assert list(idle.actions) == [] and list(idle.faultRanks) == []
+    await client.fault({3: 1})
+    stop = await stream.next()
+    assert re.fullmatch(r"[0-9A-F]+-[0-9a-f]{32}", stop.uuid)
+    while (signal := await stream.next(keepalive=True)).signalType != "keep-alive":
+        pass
+    assert signal.uuid == stop.uuid
+
+
+async def test_successful_cycle_expands_pods_and_ends_stream_with_ok() -> None:
+    sim = await make_sim(SimJob(JOB, world_size=8, devices_per_pod=2,
+                                strategies=("recover", "dump")))
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            stop, global_fault = await run_to_strategy_wait(sim, client, stream, {1: 1, 4: 1})
+            assert list(stop.actions) == ["stop_train"]
+            assert faults_of(stop) == {1: 1, 4: 1}  # as reported, not expanded
+            assert list(global_fault.actions) == ["on_global_rank", "fault_nodes_exit"]
+            assert faults_of(global_fault) == {0: 1, 1: 1, 4: 1, 5: 1}
+            assert sorted(global_fault.nodeRankIds) == ["0", "2"]
+            assert global_fault.timeout == 0
+            assert await client.strategies(["recover", "dump", "exit"]) == 0
+            change = await stream.next()
+            assert (change.signalType, list(change.actions)) == ("changeStrategy", ["change_strategy"])
+            assert change.changeStrategy == "recover"
+            assert await client.status(0, "recover") == 0
+            assert await stream.ended() == grpc.StatusCode.OK
+            assert {stop.uuid, global_fault.uuid, change.uuid} == {stop.uuid}
+            assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "recover-success"
+            assert sim.state(JOB) == "INIT" and sim.uuid(JOB) == ""
+            assert sim.journal.states(JOB)[1:] == [  # ClusterD's action path
+                "NotifyWaitFaultFlushingState", "NotifyStopTrainState",
+                "WaitReportStopCompleteState", "WaitFaultFlushFinishedState",
+                "NotifyGlobalFaultState", "WaitReportRecoverStrategyState",
+                "NotifyDecidedStrategyState", "WaitReportProcessRecoverStatusState",
+                "CheckRecoverResultState", "INIT",
+            ]
+            # A fault between the stream end and the re-subscribe is lost.
+            assert await client.fault({2: 1}) == 0
+            assert sim.journal.select("fault-lost", job_id=JOB)
+            stream = await client.subscribe(sim)
+            await stream.no_signal(0.2)
+            assert sim.state(JOB) == "INIT"
+            assert sim.violations == []
+    finally:
+        await sim.stop()
+
+
+async def test_second_subscriber_ends_first_with_ok_and_aborts_the_cycle(
+        sim: SimClusterD, client: Client) -> None:
+    first = await client.session(sim)
+    await client.fault({1: 1})
+    await first.next()
+    assert sim.state(JOB) == "WaitReportStopCompleteState"
+    second = await client.subscribe(sim)
+    assert await first.ended() == grpc.StatusCode.OK
+    # Streams are numbered per job, from 1.
+    assert [e.detail["stream"] for e in sim.journal.select("stream-open", job_id=JOB)] == [1, 2]
+    assert sim.journal.select("stream-end", job_id=JOB)[0].detail["stream"] == 1
+    assert sim.state(JOB) == "INIT" and sim.uuid(JOB) == ""
+    # The aborted cycle's StopComplete is just buffered; nothing is sent.
+    assert await client.stop_complete() == 0
+    await second.no_signal(0.2)
+
+
+async def test_client_cancel_aborts_the_cycle(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await run_to_strategy_wait(sim, client, stream, {1: 1})
+    stream.cancel()
+    await stream.ended()
+    await sim.wait_for(lambda e: e.kind == "stream-end" and e.code == grpc.StatusCode.CANCELLED.value[0])
+    await sim.wait_for(lambda e: e.kind == "state" and e.name == "INIT"
+                       and "cancelled" in e.detail["event"])
+    assert sim.state(JOB) == "INIT"
+    assert await client.strategies(["recover"]) == 0  # buffered, nobody acts on it
+    assert sim.journal.signals("changeStrategy") == []
+
+
+async def test_drop_subscriber_is_unavailable_and_blocked_report_gets_599(
+        sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await client.fault({1: 1})
+    await stream.next()
+    await client.stop_complete()
+    await sim.wait_for(is_state(JOB, "WaitReportRecoverStrategyState"))
+    assert await client.status(0, "recover") == 0  # out of phase: kept
+    blocked = asyncio.ensure_future(client.status(0, "recover", timeout=5))
+    await asyncio.sleep(0.1)
+    assert not blocked.done()  # the second one is stuck inside the server
+    await sim.drop_subscriber(JOB)
+    assert await stream.ended() == grpc.StatusCode.UNAVAILABLE
+    assert await blocked == 599
+    assert sim.state(JOB) == "INIT"
+
+
+async def test_faults_with_no_subscriber_are_lost(sim: SimClusterD, client: Client) -> None:
+    assert await client.init() == 0 and await client.register() == 0
+    assert await client.fault({5: 1}) == 0
+    lost = await sim.wait_for(lambda e: e.kind == "fault-lost")
+    assert lost.detail["faults"] == {5: 1}
+    stream = await client.subscribe(sim)
+    await stream.no_signal(0.2)
+    assert sim.state(JOB) == "INIT"
+
+
+async def test_retry_type_faults_alone_do_not_start_a_cycle(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    assert await client.fault({3: 0, 4: 2}) == 0
+    await stream.no_signal(0.2)
+    assert await client.fault({9: 1}) == 0
+    stop = await stream.next()
+    assert faults_of(stop) == {3: 0, 4: 2, 9: 1}  # the cached retry faults ride along
+    assert [f.rankId for f in stop.faultRanks] == ["3", "4", "9"]
+
+
+async def test_signals_keep_order_and_actions_order(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await client.fault({1: 1})
+    await stream.next()
+    await client.stop_complete()
+    global_fault = await stream.next()
+    assert list(global_fault.actions) == ["on_global_rank", "fault_nodes_exit"]
+    await client.strategies(["recover"])
+    await stream.next()
+    kinds = [e.name for e in sim.journal.signals(job_id=JOB)]
+    assert kinds == ["stopTrain", "globalFault", "changeStrategy"]
+    await client.status(0, "recover")
+    await stream.ended()
+
+
+# --------------------------------------------------------------------------- report buffers
+
+
+async def test_stale_stop_complete_is_consumed_by_the_next_cycle(sim: SimClusterD,
+                                                                 client: Client) -> None:
+    stream = await client.session(sim)
+    assert await client.stop_complete() == 0  # while idle: queued, not refused
+    await client.fault({1: 1})
+    assert (await stream.next()).signalType == "stopTrain"
+    # The server does not wait for the real StopComplete: globalFault comes anyway.
+    assert (await stream.next()).signalType == "globalFault"
+    assert len(sim.journal.rpcs("ReportStopComplete")) == 1
+
+
+async def test_subscribe_drops_buffered_reports(sim: SimClusterD, client: Client) -> None:
+    await client.session(sim)
+    assert await client.stop_complete() == 0  # buffered...
+    stream = await client.subscribe(sim)  # ...and dropped by the reset
+    await client.fault({1: 1})
+    await stream.next()
+    await stream.no_signal(0.2)  # now the server really waits for StopComplete
+    assert sim.state(JOB) == "WaitReportStopCompleteState"
+
+
+async def test_faults_join_a_running_cycle(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await client.fault({1: 1})
+    await stream.next()
+    assert await client.fault({17: 1, 30: 0}) == 0  # during the cycle: joins it
+    assert sim.journal.rpcs("ReportProcessFault")[-1].detail["outcome"] == "joined"
+    await client.stop_complete()
+    global_fault = await stream.next()
+    assert faults_of(global_fault) == {r: 1 for r in [*range(0, 8), *range(16, 24), *range(24, 32)]}
+    assert sorted(global_fault.nodeRankIds, key=int) == ["0", "2", "3"]
+
+
+async def test_second_report_blocks_until_the_deadline_and_lands_later(
+        sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    assert await client.stop_complete() == 0
+    started = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await client.stop_complete(code=7, timeout=0.3)
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - started >= 0.25
+    # The server goroutine keeps trying: once the first is consumed, the second lands.
+    await client.fault({1: 1})
+    await stream.next()
+    late = await sim.wait_for(lambda e: e.kind == "report-late")
+    assert late.detail["status"]["code"] == 7
+    await stream.next()  # globalFault
+    # ...and it will answer the *next* StopComplete wait: a third report blocks again.
+    with pytest.raises(grpc.aio.AioRpcError):
+        await client.stop_complete(timeout=0.2)
+
+
+async def test_reset_answers_blocked_report_599(sim: SimClusterD, client: Client) -> None:
+    await client.session(sim)
+    assert await client.strategies(["recover"]) == 0
+    blocked = asyncio.ensure_future(client.strategies(["dump"], timeout=5))
+    await asyncio.sleep(0.1)
+    assert not blocked.done()
+    await client.subscribe(sim)  # any reset
+    assert await blocked == 599
+
+
+async def test_missing_status_is_a_violation_and_crashes(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await client.stub.ReportStopComplete(pb.StopCompleteRequest(jobId=JOB), timeout=2)
+    assert error.value.code() == grpc.StatusCode.INTERNAL
+    assert await stream.ended() == grpc.StatusCode.OK  # the job was reset
+    with pytest.raises(grpc.aio.AioRpcError):
+        await client.stub.ReportRecoverStatus(pb.RecoverStatusRequest(jobId="nobody", strategy="dump"),
+                                              timeout=2)
+    assert len(sim.violations) == 2 and "without status" in sim.violations[0]
+    assert len(sim.journal.select("violation")) == 2
+    sim.violations.clear()
+
+
+async def test_stop_complete_404_sends_kill_master(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await client.fault({1: 1})
+    stop = await stream.next()
+    assert await client.stop_complete(code=404) == 0
+    kill = await stream.next()
+    assert kill.signalType == "killMaster" and kill.uuid == stop.uuid
+    assert await stream.ended() == grpc.StatusCode.OK
+
+
+async def test_stop_complete_failure_code_still_counts_as_stopped(sim: SimClusterD,
+                                                                  client: Client) -> None:
+    stream = await client.session(sim)
+    await client.fault({1: 1})
+    await stream.next()
+    assert await client.stop_complete(code=499) == 0
+    assert (await stream.next()).signalType == "globalFault"
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+async def test_pure_retry_fault_skips_the_flush_and_retries() -> None:
+    sim = await make_sim(flush_delay=30.0)  # would blow the test timeout if not skipped
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            assert await sim.start_clusterd_fault(JOB, {3: 0}) == "started"
+            stop = await stream.next()
+            assert faults_of(stop) == {3: 0}
+            await client.stop_complete()
+            global_fault = await stream.next(5)
+            assert list(global_fault.actions) == ["on_global_rank"]
+            assert faults_of(global_fault) == {3: 0}
+            assert list(global_fault.nodeRankIds) == [] and global_fault.timeout == 0
+            await client.strategies(["retry", "recover", "dump"])
+            change = await stream.next()
+            assert change.changeStrategy == "retry"
+            await client.status(0, "retry")
+            assert await stream.ended() == grpc.StatusCode.OK
+            assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "retry-success"
+    finally:
+        await sim.stop()
+
+
+async def test_hccl_fault_gets_timeout_33(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await sim.start_clusterd_fault(JOB, {2: 2})
+    await stream.next()
+    await client.stop_complete()
+    assert (await stream.next()).timeout == 33
+
+
+async def test_normal_fault_is_never_retried(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await run_to_strategy_wait(sim, client, stream, {3: 1})
+    await client.strategies(["retry", "recover", "dump"])
+    assert (await stream.next()).changeStrategy == "recover"
+    await client.status(0, "recover")
+
+
+async def test_agent_without_retry_turns_uce_into_dump_not_recover(sim: SimClusterD,
+                                                                  client: Client) -> None:
+    stream = await client.session(sim)
+    await sim.start_clusterd_fault(JOB, {3: 0})
+    await stream.next()
+    await client.stop_complete()
+    await stream.next()
+    await client.strategies(["recover", "dump"])
+    change = await stream.next()
+    assert change.changeStrategy == "dump"
+    assert faults_of(change) == {r: 1 for r in range(8)}  # became a normal, expanded fault
+    await client.status(0, "dump")
+
+
+async def test_retry_405_goes_back_to_global_fault_then_recover(sim: SimClusterD,
+                                                                client: Client) -> None:
+    stream = await client.session(sim)
+    await sim.start_clusterd_fault(JOB, {9: 0})
+    await stream.next()
+    await client.stop_complete()
+    first_global = await stream.next()
+    assert list(first_global.actions) == ["on_global_rank"]
+    await client.strategies(["retry", "recover", "dump"])
+    assert (await stream.next()).changeStrategy == "retry"
+    await client.status(405, "retry")
+    second_global = await stream.next()
+    assert second_global.signalType == "globalFault"
+    assert list(second_global.actions) == ["on_global_rank", "fault_nodes_exit"]
+    assert faults_of(second_global) == {r: 1 for r in range(8, 16)}
+    assert list(second_global.nodeRankIds) == ["1"]
+    assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "retry-failed"
+    await stream.no_signal(0.1)  # a new strategy report is needed first
+    await client.strategies(["retry", "recover", "dump"])
+    assert (await stream.next()).changeStrategy == "recover"  # never retry twice
+    await client.status(0, "recover")
+    assert await stream.ended() == grpc.StatusCode.OK
+    assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "recover-success"
+
+
+@pytest.mark.parametrize(("code", "expected"), [(406, "dump"), (499, "exit")])
+async def test_retry_406_excludes_recover_and_499_also_dump(
+        sim: SimClusterD, client: Client, code: int, expected: str) -> None:
+    stream = await client.session(sim)
+    await sim.start_clusterd_fault(JOB, {1: 0})
+    await stream.next()
+    await client.stop_complete()
+    await stream.next()
+    await client.strategies(["retry", "recover", "dump"])
+    await stream.next()
+    await client.status(code, "retry")
+    change = await stream.next()
+    assert change.changeStrategy == expected
+    assert sim.journal.signals("globalFault") and len(sim.journal.signals("globalFault")) == 1
+
+
+async def test_recover_failure_then_dump_then_dump_exit_twice(sim: SimClusterD,
+                                                              client: Client) -> None:
+    stream = await client.session(sim)
+    await run_to_strategy_wait(sim, client, stream, {1: 1})
+    await client.strategies(["recover", "dump"])
+    assert (await stream.next()).changeStrategy == "recover"
+    await client.status(499, "recover")
+    assert (await stream.next()).changeStrategy == "dump"
+    assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "recover-failed"
+    await client.status(1, "dump")
+    first = await stream.next()
+    second = await stream.next()
+    for notice in (first, second):
+        assert (notice.changeStrategy, notice.extraParams) == ("exit", "dump_exit")
+    entries = sim.journal.signals("changeStrategy")[-2:]
+    assert entries[1].at - entries[0].at >= FAST["dump_exit_repeat"] * 0.9
+    assert await stream.ended() == grpc.StatusCode.OK
+    assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "dump-failed"
+    assert sim.labels(JOB)["process-recover-enable"] == "on"
+
+
+async def test_exit_expects_no_report_and_never_writes_exit_completed(sim: SimClusterD,
+                                                                     client: Client) -> None:
+    stream = await client.session(sim)
+    await run_to_strategy_wait(sim, client, stream, {1: 1})
+    await client.strategies([])  # nothing offered: exit
+    exit_signal = await stream.next()
+    assert (exit_signal.changeStrategy, exit_signal.extraParams) == ("exit", "")
+    dump_exit = await stream.next()  # no RecoverStatus was sent
+    assert (dump_exit.changeStrategy, dump_exit.extraParams) == ("exit", "dump_exit")
+    assert await stream.ended() == grpc.StatusCode.OK
+    assert "ProcessRecoverStatus" not in sim.podgroup(JOB)
+    assert sim.journal.rpcs("ReportRecoverStatus") == []
+
+
+async def test_strategy_needs_the_job_configuration_too() -> None:
+    sim = await make_sim(SimJob(JOB, strategies=("recover",)))
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            await run_to_strategy_wait(sim, client, stream, {1: 1})
+            await client.strategies(["dump", "retry"])  # neither dump nor retry configured
+            assert (await stream.next()).changeStrategy == "exit"
+    finally:
+        await sim.stop()
+
+
+async def test_result_is_judged_by_the_reported_strategy(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await run_to_strategy_wait(sim, client, stream, {1: 1})
+    await client.strategies(["recover", "dump"])
+    assert (await stream.next()).changeStrategy == "recover"
+    await client.status(0, "dump")  # wrong strategy: ClusterD believes it
+    notice = await stream.next()
+    assert notice.extraParams == "dump_exit"
+    assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "dump-success"
+    assert any("strategy='dump'" in v for v in sim.violations)
+    sim.violations.clear()
+
+
+async def test_report_timeout_ends_in_fault_retry() -> None:
+    sim = await make_sim(report_timeout=0.2)
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            await client.fault({1: 1})
+            await stream.next()
+            notice = await stream.next()  # no StopComplete ever
+            assert (notice.changeStrategy, notice.extraParams) == ("exit", "dump_exit")
+            assert await stream.ended() == grpc.StatusCode.OK
+            writes = sim.journal.select("annotation", "label:process-recover-enable")
+            labels = [e.detail["value"] for e in writes]
+            assert labels == ["on", "pause", "on"]
+            assert "FaultRetryState" in sim.journal.states(JOB)
+    finally:
+        await sim.stop()
+
+
+async def test_downgrade_flow() -> None:
+    job = SimJob(JOB, world_size=16, devices_per_pod=8, strategies=("elastic-training", "dump"))
+    sim = await make_sim(job)
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            await run_to_strategy_wait(sim, client, stream, {9: 1})
+            await client.strategies(["downgrade", "dump"])
+            change = await stream.next()
+            assert change.changeStrategy == "downgrade"
+            assert change.extraParams == '{"scale-in-strategy": "DP"}'
+            isolate = [str(r) for r in range(8, 16)]
+            await client.status(201, "downgrade", isolate)
+            exit_nodes = await stream.next()
+            assert exit_nodes.signalType == "faultNodesExit"
+            assert list(exit_nodes.actions) == ["fault_nodes_exit"]
+            assert exit_nodes.uuid == change.uuid
+            await client.status(0, "downgrade")
+            await sim.wait_for(is_state(JOB, "ScaleRunningState"))
+            await stream.no_signal(0.1)  # no reset: the job runs scaled in
+    finally:
+        await sim.stop()
+
+
+async def test_no_downgrade_when_rank0_pod_is_faulty() -> None:
+    job = SimJob(JOB, strategies=("elastic-training", "dump"))
+    sim = await make_sim(job)
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            await run_to_strategy_wait(sim, client, stream, {2: 1})
+            await client.strategies(["downgrade", "dump"])
+            assert (await stream.next()).changeStrategy == "dump"
+    finally:
+        await sim.stop()
+
+
+async def test_dump_first_job_gets_save_and_exit_instead_of_stop_train() -> None:
+    sim = await make_sim(SimJob(JOB, strategies=("dump",)))
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            await client.fault({1: 1})
+            save = await stream.next()
+            assert (save.signalType, list(save.actions)) == ("saveAndExit", ["save_and_exit"])
+            assert list(save.nodeRankIds) == ["0"]
+            await client.status(0, "dump")
+            assert (await stream.next()).extraParams == "dump_exit"
+            assert await stream.ended() == grpc.StatusCode.OK
+            assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "dump-success"
+            assert sim.journal.signals("stopTrain") == []
+    finally:
+        await sim.stop()
+
+
+async def test_non_numeric_rank_is_a_violation_and_empties_the_cycle(sim: SimClusterD,
+                                                                    client: Client) -> None:
+    stream = await client.session(sim)
+    assert await client.fault({" 2": 1}) == 0  # accepted: ClusterD validates nothing
+    stop = await stream.next()
+    assert [(f.rankId, f.faultType) for f in stop.faultRanks] == [(" 2", "1")]
+    await client.stop_complete()
+    global_fault = await stream.next()
+    assert list(global_fault.faultRanks) == [] and list(global_fault.nodeRankIds) == []
+    assert sim.violations and "rankId=' 2'" in sim.violations[0]
+    sim.violations.clear()
+
+
+# --------------------------------------------------------------------------- operator flows
+
+
+async def test_pause_flow(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await sim.pause(JOB, timeout=7)
+    pause = await stream.next()
+    assert (pause.signalType, list(pause.actions), pause.timeout) == ("stopTrain", ["pause_train"], 7)
+    await client.stop_complete()
+    resume = await stream.next()
+    assert (resume.changeStrategy, resume.uuid) == ("continue", pause.uuid)
+    await client.status(0, "")
+    assert await stream.ended() == grpc.StatusCode.OK
+    assert sim.podgroup(JOB) == {}
+
+
+async def test_pause_failure_kills_master(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await sim.pause(JOB)
+    await stream.next()
+    await client.stop_complete(code=499)
+    assert (await stream.next()).signalType == "killMaster"
+    assert await stream.ended() == grpc.StatusCode.OK
+
+
+async def test_pause_needs_an_idle_subscribed_job(sim: SimClusterD, client: Client) -> None:
+    await client.init()
+    await client.register()
+    with pytest.raises(RuntimeError, match="no live subscriber"):
+        await sim.pause(JOB)
+    stream = await client.subscribe(sim)
+    await client.fault({1: 1})
+    await stream.next()
+    with pytest.raises(RuntimeError, match="not INIT"):
+        await sim.pause(JOB)
+
+
+async def test_kill_master_mid_cycle(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await client.fault({1: 1})
+    stop = await stream.next()
+    await sim.kill_master(JOB)
+    kill = await stream.next()
+    assert (kill.signalType, kill.uuid, list(kill.actions)) == ("killMaster", stop.uuid, [])
+    assert await stream.ended() == grpc.StatusCode.OK
+
+
+async def test_pre_exit_changes_no_state(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await sim.pre_exit(JOB, ["1"], {8: 1, 9: 1})
+    signal = await stream.next()
+    assert (signal.signalType, list(signal.actions)) == ("preExitProcess", ["pre exit process"])
+    assert list(signal.nodeRankIds) == ["1"] and faults_of(signal) == {8: 1, 9: 1}
+    assert signal.uuid and sim.uuid(JOB) == "" and sim.state(JOB) == "INIT"
+
+
+async def test_save_and_exit(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await sim.save_and_exit(JOB)
+    assert (await stream.next()).signalType == "saveAndExit"
+    await client.status(0, "dump")
+    assert (await stream.next()).extraParams == "dump_exit"
+    assert (await stream.next()).extraParams == "dump_exit"
+    assert await stream.ended() == grpc.StatusCode.OK
+
+
+# --------------------------------------------------------------------------- injected misbehaviour
+
+
+async def test_duplicate_and_delayed_signals(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    sim.duplicate_next_signal()
+    await client.fault({1: 1})
+    first, again = await stream.next(), await stream.next()
+    assert first == again and first.signalType == "stopTrain"
+    sim.delay_next_signal(0.3)
+    started = time.monotonic()
+    await client.stop_complete()
+    assert (await stream.next()).signalType == "globalFault"
+    assert time.monotonic() - started >= 0.3
+    assert sim.journal.signals("globalFault")[0].detail["delayed"] == 0.3
+
+
+async def test_foreign_and_malformed_signals(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await sim.send_foreign_signal(JOB, "other-job")
+    foreign = await stream.next()
+    assert foreign.jobId == "other-job" and list(foreign.actions) == ["stop_train"]
+    await sim.send_signal(JOB, signalType="globalFault", actions=["on_global_rank"],
+                          faultRanks=[("x", "1")])
+    bad = await stream.next()
+    assert bad.jobId == JOB and bad.faultRanks[0].rankId == "x"
+    assert sim.state(JOB) == "INIT"
+
+
+async def test_restart_loses_all_state(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    await run_to_strategy_wait(sim, client, stream, {1: 1})
+    await client.strategies(["recover"])
+    await stream.next()
+    await client.status(0, "recover")
+    await stream.ended()
+    address = sim.address
+    stream = await client.subscribe(sim)
+    await sim.restart()
+    assert sim.address == address
+    assert await stream.ended() != grpc.StatusCode.OK
+    assert await client.stop_complete() == 400
+    assert await client.register() == 408
+    assert await client.init() == 0 and await client.register() == 0
+    assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "recover-success"  # on the PodGroup
+    stream = await client.subscribe(sim)
+    await client.fault({1: 1})
+    assert (await stream.next()).signalType == "stopTrain"
+
+
+# --------------------------------------------------------------------------- config.Config
+
+
+async def test_rank_table_stream(sim: SimClusterD, channel: grpc.aio.Channel) -> None:
+    sim.add_job(SimJob("owner-uid", rank_table_job_id="mindie-job"))
+    config = config_pb2_grpc.ConfigStub(channel)
+    info = config_pb2.ClientInfo(jobId="mindie-job", role="coordinator")
+    stream = Stream(config.SubscribeRankTable(info))
+    assert await stream.ended() == grpc.StatusCode.UNKNOWN
+    assert stream.details == "jobId=mindie-job not registered, role=coordinator"
+
+    await sim.push_rank_table("owner-uid", '{"v": 1}')  # nobody listening: kept as current
+    assert (await config.Register(info, timeout=2)).code == 0
+    stream = Stream(config.SubscribeRankTable(info))
+    first = await stream.next()
+    assert (first.jobId, first.rankTable) == ("mindie-job", '{"v": 1}')
+    await sim.push_rank_table("owner-uid", '{"v": 1}')  # identical: sent again
+    assert (await stream.next()).rankTable == '{"v": 1}'
+    await stream.no_signal(0.15)  # no keep-alive on this stream
+    assert (await config.Register(info, timeout=2)).code == 0  # kicks the subscriber
+    assert await stream.ended() == grpc.StatusCode.OK
+
+    stream = Stream(config.SubscribeRankTable(info))  # the new publisher
+    assert (await stream.next()).rankTable == '{"v": 1}'
+    stream.cancel()
+    await stream.ended()
+    await sim.wait_for(lambda e: e.kind == "stream-end" and e.name == "SubscribeRankTable"
+                       and e.code == grpc.StatusCode.CANCELLED.value[0])
+    again = Stream(config.SubscribeRankTable(info))  # publisher deleted with the stream
+    assert await again.ended() == grpc.StatusCode.UNKNOWN
+
+
+# --------------------------------------------------------------------------- units
+
+
+def test_rules_fault_cache_and_strategies() -> None:
+    assert rules.dedupe_faults([("1", "0"), ("1", "1"), ("1", "2"), ("2", "2"), ("2", "0")]) == [
+        ("1", "1"), ("2", "0")]
+    cache = rules.FaultCache()
+    cache.save([("3", "0"), ("3", "1")])
+    assert cache.stop_train_faults() == [("3", "1")]
+    cache.save([("4", "2")])
+    assert cache.stop_train_faults() == [("4", "2"), ("3", "1")]
+    assert rules.same_node_ranks(["3", "4"], 2) == (["2", "3", "4", "5"], False)
+    assert cache.expand_normal(2) == (["2", "3"], False)
+    assert (cache.normal, cache.retry) == ([("2", "1"), ("3", "1")], [])
+    assert rules.same_node_ranks(["1", " 2"], 2) == ([], True)
+    assert rules.job_strategies(["dump", "bogus", "retry"]) == ("retry", "dump", "exit")
+    assert rules.choose_first(("retry", "recover", "exit"), ["recover"], True, False) == "recover"
+    assert rules.choose_first(("retry", "exit"), [], False, False) == "retry"
+    assert rules.choose_after_recover_failure(("dump", "exit"), ["recover"]) == "exit"
+    assert re.fullmatch(r"[0-9A-F]+-[0-9a-f]{32}", rules.new_uuid())
+
+
+async def test_journal_wait_for_past_future_and_timeout() -> None:
+    journal = Journal()
+    seen: list[JournalEntry] = []
+    journal.add_listener(seen.append)
+    journal.record("rpc", "Init", JOB, 0, role="x")
+    assert (await journal.wait_for(lambda e: e.name == "Init", 0.1)).code == 0
+    waiter = asyncio.ensure_future(journal.wait_for(lambda e: e.name == "later", 1))
+    await asyncio.sleep(0)
+    journal.record("signal", "later", JOB, uuid="u", actions=["a"], faults={1: 1})
+    assert (await waiter).detail["uuid"] == "u"
+    with pytest.raises(TimeoutError, match="no journal entry"):
+        await journal.wait_for(lambda e: False, 0.05)
+    assert len(seen) == 2
+    assert "faults=1:1" in journal.format(seen[1]) and "signal later" in journal.format(seen[1])
+    with pytest.raises(ValueError):
+        journal.record("nonsense", "x", JOB)
