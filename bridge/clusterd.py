@@ -166,7 +166,9 @@ class Backoff:
         self.attempt = 0
 
 
-SignalHandler = Callable[[pb.ProcessManageSignal, bytes], None]
+#: (signal, raw bytes, cycle token): the token is the signal's uuid, or for the signals
+#: ClusterD sends without one (saveAndExit, pre exit) the stream's own token.
+SignalHandler = Callable[[pb.ProcessManageSignal, bytes, str], None]
 
 
 class Session:
@@ -192,6 +194,7 @@ class Session:
         self.process_recover: bool | None = None  # None until Init answered
         self.current_uuid: str | None = None  # the running cycle as the stream shows it
         self.last_message_at: float | None = None
+        self.stream_count = 0  # subscriptions made; names the stream in cycle tokens
         self.cycle_listeners: list[Callable[[str], None]] = []  # told when a cycle is over or aborted
         self._stopping = asyncio.Event()
         self._resubscribe = asyncio.Event()
@@ -204,8 +207,15 @@ class Session:
         self.state = state
         self.on_state(state)
 
-    def cycle_alive(self, uuid: str | None) -> bool:
-        return bool(uuid) and self.live.is_set() and uuid == self.current_uuid
+    def stream_token(self) -> str:
+        return f"stream:{self.stream_count}"
+
+    def cycle_alive(self, token: str | None) -> bool:
+        """Whether a report answering cycle ``token`` may still be delivered: its uuid is
+        the running cycle's, or (for uuid-less signals) its stream is still the live one."""
+        if not token or not self.live.is_set():
+            return False
+        return token == self.current_uuid or token == self.stream_token()
 
     def request_resubscribe(self, reason: str) -> None:
         """Re-run Init/Register/Subscribe (after ClusterD answered 400: it lost our job)."""
@@ -284,6 +294,7 @@ class Session:
     async def _subscribe_once(self) -> str:
         """One stream, until it ends; the reason it ended."""
         self.metrics.reconnects.labels(self._end_reason).inc()
+        self.stream_count += 1
         call = self.client.subscribe(self.job_id, self.config.role)
         self._call = call
         silence = self.config.keepalive_interval * self.config.watchdog_intervals
@@ -306,7 +317,7 @@ class Session:
                 self.last_message_at = time.monotonic()
                 signal, raw = item
                 self._track_cycle(signal)
-                self.on_signal(signal, raw)
+                self.on_signal(signal, raw, signal.uuid or self.stream_token())
         except asyncio.CancelledError:
             if self._stopping.is_set() or self._resubscribe.is_set():
                 reason = "stopped" if self._stopping.is_set() else self._end_reason

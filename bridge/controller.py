@@ -81,6 +81,7 @@ class ControllerHost:
         self.module = module
         self.config = config
         self.started = False
+        self.callbacks: dict[str, Callable[..., int]] = {}  # as registered (benchmarks call them directly)
         self._destroyed = threading.Event()
         self._prepare_action: Callable[..., int] | None = getattr(
             module, "tft_notify_controller_prepare_action", None
@@ -96,8 +97,9 @@ class ControllerHost:
         all four are registered once, while starting, and silently never calls any of
         them otherwise)."""
         m, c = self.module, self.config
-        for name in CALLBACKS:
-            if m.tft_register_mindx_callback(name, make_callback(name, sink, on_error)) != 0:
+        self.callbacks = {name: make_callback(name, sink, on_error) for name in CALLBACKS}
+        for name, callback in self.callbacks.items():
+            if m.tft_register_mindx_callback(name, callback) != 0:
                 raise StartupError(f"the controller refused to register callback {name!r}")
         try:
             m.tft_init_controller(-1, c.world_size, c.enable_local_copy, c.enable_arf, c.enable_zit)

@@ -106,8 +106,21 @@ class ControllerFlow:
             return "strategy_not_offered"
         return None
 
+    def snapshot(self) -> tuple[Step, str | None, float, int]:
+        return (self.step, self.answering, self._since, self.progress)
+
+    def restore(self, snapshot: tuple[Step, str | None, float, int]) -> None:
+        """Undo ``notified`` for a notify the controller refused (returned 1), unless a
+        callback has moved the flow since."""
+        if self.progress == snapshot[3]:
+            self.step, self.answering, self._since, _ = snapshot
+
     def notified(self, action: str, uuid: str, strategy: str = "") -> None:
-        """The controller accepted ``action`` (it returned 0) for cycle ``uuid``."""
+        """Record that ``action`` is being given to the controller for cycle ``uuid``.
+
+        Called *before* the notify call: the controller may run the next callback on its
+        own thread before the notify call even returns here, and that callback must
+        already find the flow advanced and tied to this cycle."""
         if uuid:
             self.answering = uuid
         if action == "stop_train":

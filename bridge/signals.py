@@ -47,7 +47,7 @@ class SignalDispatcher:
         self.metrics = metrics
         self.on_kill_master = on_kill_master
         self.pause_timeout = pause_timeout
-        self._queue: asyncio.Queue[tuple[pb.ProcessManageSignal, bytes, float] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[pb.ProcessManageSignal, bytes, str, float] | None] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tft-notify")
         self._seen: set[tuple[Any, ...]] = set()
         self._seen_progress = -1
@@ -55,7 +55,7 @@ class SignalDispatcher:
         self.observer: Callable[[str], None] = lambda line: None  # the demo's timeline
 
     # ------------------------------------------------------------------ intake (session's reader)
-    def submit(self, signal: pb.ProcessManageSignal, raw: bytes) -> None:
+    def submit(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
         """Filter what needs no controller (other jobs, keep-alives) and queue the rest."""
         self.metrics.signals_received.labels(signal.signalType or "empty").inc()
         if signal.jobId != self.job_id:
@@ -63,7 +63,7 @@ class SignalDispatcher:
             return
         if signal.signalType == KEEP_ALIVE:
             return
-        self._queue.put_nowait((signal, raw, time.monotonic()))
+        self._queue.put_nowait((signal, raw, token, time.monotonic()))
 
     def stop(self) -> None:
         self._queue.put_nowait(None)
@@ -83,9 +83,9 @@ class SignalDispatcher:
             item = await self._queue.get()
             if item is None:
                 return
-            signal, raw, arrived = item
+            signal, raw, token, arrived = item
             try:
-                await self._dispatch(signal, raw, arrived)
+                await self._dispatch(signal, raw, token, arrived)
             except Exception:  # one bad signal must not end dispatching
                 log.exception("failed to dispatch %s", signal.signalType)
                 self.metrics.bad_inputs.labels("signal_dispatch").inc()
@@ -110,7 +110,7 @@ class SignalDispatcher:
         self._seen.add(key)
         return False
 
-    async def _dispatch(self, signal: pb.ProcessManageSignal, raw: bytes, arrived: float) -> None:
+    async def _dispatch(self, signal: pb.ProcessManageSignal, raw: bytes, token: str, arrived: float) -> None:
         if signal.signalType == KILL_MASTER:
             log.warning("ClusterD sent killMaster for job %s: the job is being rescheduled; stopping", self.job_id)
             self.on_kill_master()
@@ -128,9 +128,10 @@ class SignalDispatcher:
             self._refuse("no_actions", signal)
             return
         for action in signal.actions:  # in order: never a set
-            await self._act(action, signal, faults, arrived)
+            await self._act(action, signal, faults, token, arrived)
 
-    async def _act(self, action: str, signal: pb.ProcessManageSignal, faults: dict[int, int], arrived: float) -> None:
+    async def _act(self, action: str, signal: pb.ProcessManageSignal, faults: dict[int, int], token: str,
+                   arrived: float) -> None:
         if action in NODE_ACTIONS:
             await self.hooks.run(action, list(signal.nodeRankIds))
             return
@@ -148,15 +149,17 @@ class SignalDispatcher:
         if reason is not None:
             self._refuse(reason, signal, f"action {action!r}, controller at {self.flow.step.value}")
             return
+        before = self.flow.snapshot()
+        self.flow.notified(action, token, strategy)
         rc = await asyncio.get_running_loop().run_in_executor(
             self._executor, self._notify, action, faults, int(signal.timeout), strategy, params)
         self.metrics.notifies.labels(action, "ok" if rc == 0 else "refused").inc()
         self._record_latency(arrived)
         if rc == 0:
-            self.flow.notified(action, signal.uuid, strategy)
             detail = f" {strategy}" if action == "change_strategy" else f" ({len(faults)} ranks)" if faults else ""
             self.observer(f"ClusterD {signal.signalType} -> controller {action}{detail}")
         else:
+            self.flow.restore(before)
             log.error("the controller refused %s (returned %s) for cycle %s", action, rc, signal.uuid)
 
     def _notify(self, action: str, faults: dict[int, int], timeout: int, strategy: str, params: str) -> int:

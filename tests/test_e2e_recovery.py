@@ -1,0 +1,264 @@
+"""End-to-end recoveries: the simulated ClusterD, the stub controller and the real bridge.
+
+Each test drives one full recovery and asserts on the simulator's journal (what ClusterD
+saw and sent), the stub controller's record (what the controller was told), and the
+bridge's metrics. Every fixture teardown also checks that neither peer recorded a
+protocol violation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bridge.sim.clusterd import SimJob
+from bridge.sim.scenario import SimulatedJob
+
+pytestmark = pytest.mark.timeout(60)
+
+JOB = "job-e2e"
+
+
+def job_spec(**kwargs) -> SimJob:  # type: ignore[no-untyped-def]
+    kwargs.setdefault("world_size", 16)
+    kwargs.setdefault("devices_per_pod", 4)
+    return SimJob(JOB, **kwargs)
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[list[SimulatedJob]]:
+    """Tests append their SimulatedJob; teardown checks both peers stayed clean."""
+    jobs: list[SimulatedJob] = []
+    yield jobs
+    for job in jobs:
+        violations = list(job.sim.violations), list(job.training.violations)
+        await job.stop()
+        assert violations == ([], []), violations
+
+
+async def started(running: list[SimulatedJob], **kwargs) -> SimulatedJob:  # type: ignore[no-untyped-def]
+    job = SimulatedJob(kwargs.pop("job", None) or job_spec(), **kwargs)
+    running.append(job)
+    await job.start()
+    await job.subscribed()
+    return job
+
+
+def signals(job: SimulatedJob, signal_type: str | None = None) -> list:  # type: ignore[type-arg]
+    return job.sim.journal.signals(signal_type, job_id=JOB)
+
+
+def rpcs(job: SimulatedJob, name: str) -> list:  # type: ignore[type-arg]
+    return job.sim.journal.rpcs(name, job_id=JOB)
+
+
+async def eventually(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` (the bridge works asynchronously) until true or fail."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+async def annotation(job: SimulatedJob, value: str, timeout: float = 15) -> None:
+    await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
+                           and e.detail.get("value") == value, timeout=timeout)
+
+
+async def stream_ended(job: SimulatedJob, count: int = 1, timeout: float = 15) -> None:
+    await job.sim.wait_for(lambda e: e.kind == "stream-end" and e.detail.get("stream") == count, timeout=timeout)
+
+
+async def test_recover_success(running: list[SimulatedJob]) -> None:
+    job = await started(running)
+    job.training.inject_fault({5: 1})
+    await annotation(job, "recover-success")
+    assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")] == ["recover"]
+    global_fault = signals(job, "globalFault")[0]
+    assert global_fault.detail["faults"] == {4: 1, 5: 1, 6: 1, 7: 1}  # the whole pod
+    uuids = {s.detail["uuid"] for s in signals(job)}
+    assert len(uuids) == 1
+    statuses = rpcs(job, "ReportRecoverStatus")
+    assert [r.detail["status"]["code"] for r in statuses] == [0] and statuses[0].detail["strategy"] == "recover"
+    assert [r.detail["strategies"] for r in rpcs(job, "ReportRecoverStrategy")] == [["exit", "dump", "recover"]]
+    assert len(rpcs(job, "ReportStopComplete")) == 1
+    await stream_ended(job)
+    await job.subscribed()  # re-subscribed after ClusterD closed the stream at the end of the cycle
+    m = job.metrics
+    assert m.sample("tft_bridge_recovery_cycles_total", {"strategy": "recover", "outcome": "success"}) == 1
+    assert m.sample("tft_bridge_faults_reported_total", {"fault_type": "other"}) >= 1
+    assert m.sample("tft_bridge_recovery_duration_seconds_count", {"strategy": "recover"}) == 1
+    assert m.sample("tft_bridge_reports_dropped_total", {"kind": "stop_complete", "reason": "cycle_ended"}) == 0
+
+
+async def uce_fault(job: SimulatedJob, rank: int = 5) -> None:
+    """A UCE: the training rank reports it to the controller, and the device plugin to
+    ClusterD's fault centre (type-0 reports alone do not start a cycle on ClusterD)."""
+    job.training.inject_fault({rank: 0})
+    await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault", timeout=10)
+    await job.sim.start_clusterd_fault(JOB, {rank: 0})
+
+
+async def test_retry_success(running: list[SimulatedJob]) -> None:
+    job = await started(running)
+    await uce_fault(job)
+    await annotation(job, "retry-success")
+    global_fault = signals(job, "globalFault")[0]
+    assert global_fault.detail["actions"] == ["on_global_rank"]
+    assert global_fault.detail["faults"] == {5: 0}
+    assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")] == ["retry"]
+    assert [r.detail["strategies"] for r in rpcs(job, "ReportRecoverStrategy")] == [["exit", "dump", "retry", "recover"]]
+    assert job.training.notifies("change_strategy")[0].args[0] == "retry"
+    assert job.metrics.sample("tft_bridge_recovery_cycles_total", {"strategy": "retry", "outcome": "success"}) == 1
+
+
+async def test_retry_fails_with_405_then_recover(running: list[SimulatedJob]) -> None:
+    job = await started(running)
+    job.training.fail_next_repair(405)
+    await uce_fault(job)
+    await annotation(job, "recover-success")
+    assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")] == ["retry", "recover"]
+    assert len(signals(job, "globalFault")) == 2  # ClusterD sends globalFault again after a 405
+    codes = [r.detail["status"]["code"] for r in rpcs(job, "ReportRecoverStatus")]
+    assert codes == [405, 0]
+    assert len(job.training.notifies("on_global_rank")) == 2
+    assert job.metrics.sample("tft_bridge_recovery_cycles_total", {"strategy": "retry", "outcome": "failed"}) == 1
+
+
+async def test_recover_fails_then_dump(running: list[SimulatedJob]) -> None:
+    job = await started(running)
+    job.training.fail_next_repair(406)
+    job.training.inject_fault({5: 1})
+    await annotation(job, "dump-success")
+    await stream_ended(job)  # after dump, ClusterD sends exit/dump_exit twice, then resets
+    assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")] == ["recover", "dump", "exit", "exit"]
+    assert [r.detail["status"]["code"] for r in rpcs(job, "ReportRecoverStatus")] == [406, 0]
+    # The controller hears exactly one exit notice; the repeat is refused, not forwarded.
+    assert [n.args[0] for n in job.training.notifies("change_strategy")] == ["recover", "dump", "exit"]
+    def refused() -> float:
+        return sum(job.metrics.sample("tft_bridge_signals_refused_total", {"reason": r})
+                   for r in ("duplicate", "unexpected_step"))
+
+    await eventually(lambda: refused() == 1)
+    assert job.metrics.sample("tft_bridge_recovery_cycles_total", {"strategy": "dump", "outcome": "success"}) == 1
+
+
+async def test_exit_expects_no_result(running: list[SimulatedJob]) -> None:
+    job = await started(running, job=job_spec(strategies=("exit",)))
+    job.training.inject_fault({5: 1})
+    await stream_ended(job)
+    assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")][:2] == ["exit", "exit"]
+    assert rpcs(job, "ReportRecoverStatus") == []
+    assert "ProcessRecoverStatus" not in job.sim.podgroup(JOB)  # exit-completed is never written
+    assert not job.training.callbacks("report_result")
+
+
+async def test_pause_then_continue(running: list[SimulatedJob]) -> None:
+    job = await started(running)
+    await job.sim.pause(JOB, timeout=0)
+    await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportRecoverStatus", timeout=10)
+    stop = job.training.notifies("stop_train")
+    assert [(n.args[1], n.args[2]) for n in stop] == [("pause", 600)]  # timeout 0 -> the configured default
+    assert [n.args[0] for n in job.training.notifies("change_strategy")] == ["continue"]
+    status = rpcs(job, "ReportRecoverStatus")[0].detail
+    assert (status["status"]["code"], status["strategy"]) == (0, "continue")
+
+
+async def test_save_and_exit(running: list[SimulatedJob]) -> None:
+    job = await started(running)
+    await job.sim.save_and_exit(JOB)
+    await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportRecoverStatus", timeout=10)
+    assert len(job.training.notifies("dump")) == 1
+    status = rpcs(job, "ReportRecoverStatus")[0].detail
+    assert (status["status"]["code"], status["strategy"]) == (0, "dump")
+    assert not job.training.callbacks("report_fault_ranks")
+
+
+async def test_clusterd_first_stop_is_forwarded_once(running: list[SimulatedJob]) -> None:
+    job = await started(running)
+    await job.sim.start_clusterd_fault(JOB, {9: 1})  # a hardware fault ClusterD saw first
+    await annotation(job, "recover-success")
+    assert len(job.training.notifies("stop_train")) == 1
+    assert job.training.callbacks("report_fault_ranks")  # the controller still reports the faults
+    assert len(rpcs(job, "ReportStopComplete")) == 1
+    assert job.metrics.sample("tft_bridge_signals_refused_total", {"reason": "unexpected_step"}) == 0
+
+
+async def test_downgrade_passes_extra_params_and_isolates(running: list[SimulatedJob]) -> None:
+    job = await started(running, job=job_spec(strategies=("elastic-training", "dump", "exit")), enable_zit=True)
+    job.training.inject_fault({5: 1})
+    await job.sim.wait_for(lambda e: e.kind == "signal" and e.name == "faultNodesExit", timeout=15)
+    change = job.training.notifies("change_strategy")[0]
+    assert change.args[0] == "downgrade" and "scale-in-strategy" in change.args[1]
+    status = rpcs(job, "ReportRecoverStatus")[0].detail
+    assert status["status"]["code"] == 201 and status["strategy"] == "downgrade"
+    assert status["isolateRankIds"] == ["4", "5", "6", "7"]
+    assert job.metrics.sample("tft_bridge_hook_runs_total", {"hook": "fault_nodes_exit", "result": "no_hook"}) >= 1
+
+
+async def test_kill_master_stops_the_bridge_for_systemd_to_restart(running: list[SimulatedJob]) -> None:
+    job = await started(running)
+    await job.sim.kill_master(JOB)
+    assert await job.wait_exit(15) == 75
+    assert job.training.state in ("UNINIT", "FINAL") or job.training.controller is None
+
+
+async def test_process_recovery_off_keeps_the_controller_down_until_switched_on(running: list[SimulatedJob]) -> None:
+    spec = job_spec(process_recover=False)
+    job = SimulatedJob(spec)
+    running.append(job)
+    await job.start()
+    assert job.bridge is not None and job.bridge.controller is not None
+    assert not job.bridge.controller.started
+    assert job.metrics.sample("tft_bridge_process_recover_enabled") == 0
+    await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "Init" and e.code == 403, timeout=5)
+    assert not job.sim.journal.select(kind="stream-open")
+    spec.process_recover = True  # the operator labels the PodGroup
+    await job.subscribed(timeout=10)
+    for _ in range(100):
+        if job.bridge.controller.started:
+            break
+        await asyncio.sleep(0.05)
+    assert job.bridge.controller.started
+    assert job.metrics.sample("tft_bridge_process_recover_enabled") == 1
+
+
+async def test_duplicated_and_foreign_signals_never_reach_the_controller(running: list[SimulatedJob]) -> None:
+    job = await started(running)
+    await job.sim.send_foreign_signal(JOB, "someone-else")
+    await job.sim.wait_for(lambda e: e.kind == "signal" and e.detail.get("jobId") == "someone-else", timeout=5)
+    while not job.metrics.sample("tft_bridge_signals_refused_total", {"reason": "foreign_job"}):
+        await asyncio.sleep(0.01)
+    job.sim.duplicate_next_signal()
+    job.training.inject_fault({5: 1})
+    await annotation(job, "recover-success")
+    assert len([s for s in signals(job, "stopTrain")]) >= 2  # ClusterD really sent it twice
+    assert len(job.training.notifies("stop_train")) == 1
+    assert job.metrics.sample("tft_bridge_signals_refused_total", {"reason": "foreign_job"}) == 1
+    assert job.metrics.sample("tft_bridge_signals_refused_total", {"reason": "duplicate"}) == 1
+
+
+async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[SimulatedJob]) -> None:
+    job = await started(running, job=job_spec(world_size=2048, devices_per_pod=8))
+    assert job.bridge is not None and job.bridge.controller is not None
+    callback = job.bridge.controller.callbacks["report_fault_ranks"]
+
+    def storm() -> None:  # the controller's thread, 1 000 callbacks back to back
+        for rank in range(1000):
+            callback({rank: 0}, {rank: ""})
+
+    await asyncio.to_thread(storm)
+    for _ in range(200):
+        delivered: set[int] = set()
+        for entry in rpcs(job, "ReportProcessFault"):
+            delivered |= set(entry.detail["faults"])
+        if len(delivered) == 1000:
+            break
+        await asyncio.sleep(0.02)
+    assert delivered == set(range(1000))
+    requests = len(rpcs(job, "ReportProcessFault"))
+    assert requests <= 50, requests
+    assert job.metrics.sample("tft_bridge_fault_reports_merged_total") == 1000 - requests
