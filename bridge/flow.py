@@ -61,7 +61,8 @@ class ControllerFlow:
         self.step = Step.IDLE
         self.offered: tuple[str, ...] = ()
         self.answering: str | None = None  # uuid of the cycle the controller is answering
-        self.progress = 0  # bumped on every callback: a repeated signal after progress may be legitimate
+        self.progress = 0  # bumped on every callback
+        self.rounds = 0  # bumped on every result: ClusterD may legitimately repeat a signal after one
         self.downgraded = False
         self._since = clock()
         self._clock = clock
@@ -158,6 +159,7 @@ class ControllerFlow:
             self.offered = strategies
             self._move(Step.AWAIT_STRATEGY)
         elif callback == "report_result":
+            self.rounds += 1
             self._on_result(code, strategy)
 
     def _on_result(self, code: int | None, strategy: str) -> None:

@@ -173,6 +173,7 @@ class Relay:
         return True
 
     async def _deliver_cycle_report(self, head: Pending, backoff: Backoff) -> bool:
+        head.sending = True  # from here on this loop alone decides its fate
         while True:
             if not self.session.cycle_alive(head.cycle):
                 self._drop(head, "cycle_ended")

@@ -50,7 +50,7 @@ class SignalDispatcher:
         self._queue: asyncio.Queue[tuple[pb.ProcessManageSignal, bytes, str, float] | None] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tft-notify")
         self._seen: set[tuple[Any, ...]] = set()
-        self._seen_progress = -1
+        self._seen_round = -1
         self.notify_latencies: list[float] = []  # signal arrival -> notify returned, seconds (bounded)
         self.observer: Callable[[str], None] = lambda line: None  # the demo's timeline
 
@@ -95,15 +95,15 @@ class SignalDispatcher:
                 signal.timeout, tuple(signal.nodeRankIds), tuple((f.rankId, f.faultType) for f in signal.faultRanks))
 
     def _is_duplicate(self, signal: pb.ProcessManageSignal) -> bool:
-        """True for a repeat of a signal already handled since the controller last moved.
+        """True for a repeat of a signal already handled in this round of the flow.
 
-        A repeat after the controller reported progress can be legitimate (ClusterD sends
-        globalFault again after a failed retry, and exit notices twice); those reach the
-        flow gate instead, which refuses whatever the controller does not expect.
+        After the controller reports a result, an identical signal can be legitimate
+        (ClusterD sends globalFault again after a failed retry), so the memory starts
+        afresh; anything the controller does not expect then is refused by the flow gate.
         """
-        if self.flow.progress != self._seen_progress or len(self._seen) > 1024:
+        if self.flow.rounds != self._seen_round or len(self._seen) > 1024:
             self._seen.clear()
-            self._seen_progress = self.flow.progress
+            self._seen_round = self.flow.rounds
         key = self._fingerprint(signal)
         if key in self._seen:
             return True

@@ -262,3 +262,55 @@ async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[Si
     requests = len(rpcs(job, "ReportProcessFault"))
     assert requests <= 50, requests
     assert job.metrics.sample("tft_bridge_fault_reports_merged_total") == 1000 - requests
+
+
+def after(job: SimulatedJob, seq: int, kind: str, name: str | None = None) -> list:  # type: ignore[type-arg]
+    return [e for e in job.sim.journal.select(kind=kind, name=name) if e.seq > seq]
+
+
+async def test_stream_drop_mid_cycle_no_stale_report_reaches_the_next_cycle(running: list[SimulatedJob]) -> None:
+    job = await started(running, wait_time=30)
+    # From the moment ClusterD sends stopTrain every call bounces with "qps exceeded": the
+    # stop-complete report provably does not arrive and waits in the outbox.
+    job.sim.journal.add_listener(
+        lambda e: job.sim.fail_next_unary(10_000) if e.kind == "signal" and e.name == "stopTrain" else None)
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: bool(job.training.callbacks("report_stop_complete")), timeout=10)
+    await eventually(lambda: job.metrics.sample("tft_bridge_clusterd_rpcs_total",
+                                                {"method": "ReportStopComplete", "code": "QPS_EXCEEDED"}) >= 1)
+    cut = job.sim.journal.entries[-1].seq
+    await job.sim.drop_subscriber(JOB)  # the stream breaks: ClusterD resets mid-cycle
+    job.sim.fail_next_unary(-job.sim._fail_next)  # lift the qps wall
+    await eventually(lambda: job.metrics.sample("tft_bridge_reports_dropped_total",
+                                                {"kind": "stop_complete", "reason": "cycle_ended"}) == 1)
+    await job.sim.wait_for(lambda e: e.kind == "stream-open" and e.seq > cut, timeout=10)
+    await job.subscribed()
+    # A new cycle on the new stream must wait for a real StopComplete, not eat a stale one.
+    mark = job.sim.journal.entries[-1].seq
+    await job.sim.start_clusterd_fault(JOB, {9: 1})
+    await asyncio.sleep(0.5)
+    assert not after(job, cut, "rpc", "ReportStopComplete")
+    assert job.sim.state(JOB) == "WaitReportStopCompleteState"
+    assert not [e for e in after(job, mark, "state") if e.detail.get("event") == "receiveReport"]
+    # and the controller, still waiting for on_global_rank, was not handed a stray stop_train
+    assert len(job.training.notifies("stop_train")) == 1
+
+
+async def test_clusterd_restart_mid_cycle(running: list[SimulatedJob]) -> None:
+    job = await started(running, global_fault_delay=2.0, wait_time=30)
+    job.training.inject_fault({5: 1})
+    await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportStopComplete", timeout=10)
+    await job.sim.restart()  # all ClusterD state is gone; the stream breaks
+    marker = job.sim.journal.entries[-1].seq
+    await job.sim.wait_for(lambda e: e.kind == "stream-open" and e.seq > marker, timeout=10)
+    inits = [e for e in after(job, marker, "rpc", "Init") if e.code == 0]
+    registers = [e for e in after(job, marker, "rpc", "Register") if e.code == 0]
+    assert inits and registers and inits[0].seq < registers[0].seq  # Init before Register, again
+    await asyncio.sleep(0.3)
+    for name in ("ReportStopComplete", "ReportRecoverStrategy", "ReportRecoverStatus"):
+        assert not after(job, marker, "rpc", name), name
+    await job.subscribed()
+    assert job.metrics.sample("tft_bridge_subscription_up") == 1
+    assert sum(job.metrics.sample("tft_bridge_subscription_reconnects_total", {"reason": r})
+               for r in ("stream_unavailable", "stream_cancelled", "stream_unknown", "keepalive_timeout",
+                         "cycle_end")) >= 1
