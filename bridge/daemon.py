@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -78,6 +79,13 @@ class RecoveryClock:
         if self.stopped is not None and self.offered is None:
             self.metrics.recovery_phase_seconds.labels("stop_to_strategy").observe(at - self.stopped)
             self.offered = at
+
+    def exited(self, at: float) -> None:
+        """ClusterD chose exit: the controller goes down and reports no result."""
+        self.metrics.recovery_cycles.labels("exit", "exit").inc()
+        if self.started is not None:
+            self.metrics.recovery_seconds.labels("exit").observe(at - self.started)
+        self.started = self.stopped = self.offered = None
 
     def result(self, at: float, strategy: str, code: int) -> None:
         label = strategy if strategy in STRATEGIES else "other"
@@ -157,6 +165,7 @@ class Bridge:
                                            on_kill_master=lambda: self.request_stop(EXIT_RESCHEDULED),
                                            pause_timeout=c.controller.pause_timeout)
         self.dispatcher.observer = self.observer
+        self.dispatcher.on_exit_decided = lambda: self.clock.exited(time.monotonic())
         self.session = Session(c.job_id, self.client, self.metrics, self.dispatcher.submit, self._session_state)
         self.metrics.bind_keepalive_clock(lambda: self.session.last_message_at if self.session else None)
         self.relay = Relay(c.job_id, self.client, self.session, self.metrics, c.outbox_limit)

@@ -53,6 +53,7 @@ class SignalDispatcher:
         self._seen_round = -1
         self.notify_latencies: list[float] = []  # signal arrival -> notify returned, seconds (bounded)
         self.observer: Callable[[str], None] = lambda line: None  # the demo's timeline
+        self.on_exit_decided: Callable[[], None] = lambda: None  # ClusterD chose exit (no result follows)
 
     # ------------------------------------------------------------------ intake (session's reader)
     def submit(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
@@ -139,6 +140,7 @@ class SignalDispatcher:
             log.info("ClusterD action %r (signal %s): nothing for the controller to do", action, signal.signalType)
             return
         strategy, params = signal.changeStrategy, signal.extraParams
+        exit_decision = action == "change_strategy" and strategy == "exit" and params != "dump_exit"
         if action == "change_strategy" and strategy == "exit":
             params = ""  # "dump_exit" marks an exit notice; the controller takes no params for exit
         reason = self.flow.refusal(action, strategy, params)
@@ -156,6 +158,8 @@ class SignalDispatcher:
         self.metrics.notifies.labels(action, "ok" if rc == 0 else "refused").inc()
         self._record_latency(arrived)
         if rc == 0:
+            if exit_decision:
+                self.on_exit_decided()
             detail = f" {strategy}" if action == "change_strategy" else f" ({len(faults)} ranks)" if faults else ""
             self.observer(f"ClusterD {signal.signalType} -> controller {action}{detail}")
         else:

@@ -154,6 +154,7 @@ async def test_exit_expects_no_result(running: list[SimulatedJob]) -> None:
     assert rpcs(job, "ReportRecoverStatus") == []
     assert "ProcessRecoverStatus" not in job.sim.podgroup(JOB)  # exit-completed is never written
     assert not job.training.callbacks("report_result")
+    assert job.metrics.sample("tft_bridge_recovery_cycles_total", {"strategy": "exit", "outcome": "exit"}) == 1
 
 
 async def test_pause_then_continue(running: list[SimulatedJob]) -> None:

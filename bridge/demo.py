@@ -1,0 +1,178 @@
+"""``tft-bridge demo``: one real recovery, end to end, on this machine.
+
+A simulated ClusterD (the real server's semantics, shorter delays), the stub MindIO
+controller with sixteen simulated training ranks, and the real bridge between them with
+its metrics endpoint. A fault is injected and every step of the recovery is printed as
+it happens, from both sides of the bridge. Exit code 0 when the scenario ended as it
+should (a recovery for retry/recover/retry-fails, the job brought down cleanly for
+dump/exit) and neither peer saw a protocol violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .cli import setup_logging
+from .sim.clusterd import SimJob
+from .sim.journal import JournalEntry
+from .sim.scenario import SimulatedJob
+
+JOB = "demo-job"
+GLOBAL_FAULT_DELAY = 1.0  # the real ClusterD waits ~11 s here
+
+
+@dataclass(frozen=True)
+class Scenario:
+    description: str
+    strategies: tuple[str, ...]
+    fault: dict[int, int]
+    expect: str  # the ProcessRecoverStatus ClusterD writes, or "exit" for a clean exit
+    clusterd_sees_fault: bool = False  # a UCE also reaches ClusterD's fault centre
+    fail_repair: int | None = None
+
+
+SCENARIOS = {
+    "retry": Scenario("an on-chip memory error (UCE) on rank 5, repaired in place by retry",
+                      ("retry", "recover", "dump", "exit"), {5: 0}, "retry-success", clusterd_sees_fault=True),
+    "recover": Scenario("rank 5's process dies; its pod's ranks are restarted (recover)",
+                        ("retry", "recover", "dump", "exit"), {5: 1}, "recover-success"),
+    "retry-fails": Scenario("a UCE on rank 5 whose retry fails (405); ClusterD falls back to recover",
+                            ("retry", "recover", "dump", "exit"), {5: 0}, "recover-success",
+                            clusterd_sees_fault=True, fail_repair=405),
+    "dump": Scenario("rank 5's process dies on a job that allows only dump: save a checkpoint, then stop",
+                     ("dump", "exit"), {5: 1}, "dump-success"),
+    "exit": Scenario("rank 5's process dies on a job that allows only exit: stop cleanly",
+                     ("exit",), {5: 1}, "exit"),
+}
+
+
+class Timeline:
+    """Prints what happens with the time since the fault, from both sides."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.lines: list[str] = []
+
+    def say(self, who: str, text: str) -> None:
+        line = f"  +{time.monotonic() - self.t0:6.2f}s  {who:<9} {text}"
+        self.lines.append(line)
+        print(line, flush=True)
+
+    def clusterd(self, entry: JournalEntry) -> None:
+        if entry.job_id != JOB:
+            return
+        d = entry.detail
+        if entry.kind == "signal" and entry.name != "keep-alive":
+            extra = d.get("changeStrategy") or ""
+            if d.get("extraParams"):
+                extra += f" ({d['extraParams']})"
+            faults = ",".join(f"{r}:{t}" for r, t in sorted(d.get("faults", {}).items()))
+            self.say("ClusterD", f"sends {entry.name} {d.get('actions')} {extra} {faults}".rstrip())
+        elif entry.kind == "rpc" and entry.name.startswith("Report"):
+            status = d.get("status") or {}
+            what = d.get("strategy") or d.get("strategies") or ""
+            if entry.name == "ReportProcessFault":
+                what = ",".join(f"{r}:{t}" for r, t in sorted(d.get("faults", {}).items()))
+            code = f" code={status.get('code')}" if status else ""
+            self.say("ClusterD", f"receives {entry.name}{code} {what}".rstrip())
+        elif entry.kind == "annotation" and entry.name == "ProcessRecoverStatus":
+            self.say("ClusterD", f"writes ProcessRecoverStatus={d.get('value')} on the PodGroup")
+
+
+async def _wait(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+async def run_demo(name: str, hold: float, metrics_port: int) -> int:
+    scenario = SCENARIOS[name]
+    timeline = Timeline()
+    print(f"tft-bridge demo: {name} -- {scenario.description}")
+    print(f"  job strategies {list(scenario.strategies)}; 16 ranks, 4 per pod; ClusterD's ~11 s wait before "
+          f"globalFault shortened to {GLOBAL_FAULT_DELAY:.0f} s\n")
+    job = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4, strategies=scenario.strategies),
+                       keepalive_interval=1.0, global_fault_delay=GLOBAL_FAULT_DELAY, flush_delay=0.2,
+                       dump_exit_repeat=1.0, wait_time=10, metrics_port=metrics_port,
+                       observer=lambda line: timeline.say("bridge", line))
+    job.sim.journal.add_listener(timeline.clusterd)
+    await job.start()
+    assert job.bridge is not None
+    port = job.bridge.metrics_server.port if job.bridge.metrics_server else None
+    ok = False
+    try:
+        await job.subscribed(timeout=10)
+        if scenario.fail_repair:
+            job.training.fail_next_repair(scenario.fail_repair)
+        print("  ---- fault injected: times below are since the fault ----", flush=True)
+        timeline.t0 = time.monotonic()
+        timeline.say("training", f"rank(s) {scenario.fault} fail (type 0 = on-chip memory error, 1 = process)")
+        job.training.inject_fault(scenario.fault)
+        if scenario.clusterd_sees_fault:
+            await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault", timeout=10)
+            timeline.say("training", "the device plugin reports the same UCE to ClusterD's fault centre")
+            await job.sim.start_clusterd_fault(JOB, scenario.fault)
+        ok = await _wait(lambda: _finished(job, scenario), timeout=30)
+        await asyncio.sleep(0.3)  # let the last reports and re-subscription show
+    finally:
+        violations = job.sim.violations + job.training.violations
+        summary = _summary(job, scenario, ok and not violations, violations, port)
+        if hold > 0 and port:
+            print(f"\nholding for {hold:.0f} s: curl -s http://127.0.0.1:{port}/metrics | grep tft_bridge_", flush=True)
+            await asyncio.sleep(hold)
+        await job.stop()
+        print(summary)
+    return 0 if ok and not violations else 1
+
+
+def _finished(job: SimulatedJob, scenario: Scenario) -> bool:
+    if scenario.expect == "exit":
+        # exit: no result; the controller goes down and ClusterD ends the cycle
+        return bool(job.sim.journal.select(kind="stream-end", job_id=JOB)) and \
+            job.training.state in ("EXIT", "FINAL")
+    return job.sim.podgroup(JOB).get("ProcessRecoverStatus") == scenario.expect
+
+
+def _summary(job: SimulatedJob, scenario: Scenario, ok: bool, violations: list[str], port: int | None) -> str:
+    m = job.metrics
+    lines = ["", "summary", "-------"]
+    lines.append(f"  outcome:   {'as expected' if ok else 'NOT as expected'} "
+                 f"({scenario.expect if scenario.expect != 'exit' else 'clean exit, no result report'})")
+    lines.append(f"  ClusterD:  ProcessRecoverStatus={job.sim.podgroup(JOB).get('ProcessRecoverStatus', '(none)')}, "
+                 f"state {job.sim.state(JOB)}")
+    lines.append(f"  controller: state {job.training.state}, training steps continue: {job.training.state == 'NORMAL'}")
+    for phase in ("fault_to_stop", "stop_to_strategy", "strategy_to_result"):
+        count = m.sample("tft_bridge_recovery_phase_duration_seconds_count", {"phase": phase})
+        total = m.sample("tft_bridge_recovery_phase_duration_seconds_sum", {"phase": phase})
+        if count:
+            lines.append(f"  {phase:<19} {total / count:6.2f} s")
+    blocked = [d for _, d in job.training.callback_durations]
+    if blocked:
+        lines.append(f"  controller blocked per callback: max {max(blocked) * 1e6:.0f} us over {len(blocked)} callbacks")
+    refused = sum(v.value for metric in m.registry.collect() if metric.name == "tft_bridge_signals_refused"
+                  for v in metric.samples if v.name.endswith("_total"))
+    lines.append(f"  reports sent {int(sum(m.sample('tft_bridge_reports_sent_total', {'kind': k}) for k in ('fault', 'stop_complete', 'strategy', 'result')))}, "
+                 f"signals refused {int(refused)}, protocol violations {len(violations)}")
+    for violation in violations:
+        lines.append(f"    violation: {violation}")
+    if port:
+        lines.append(f"  metrics were served at http://127.0.0.1:{port}/metrics (use --hold to keep them up)")
+    return "\n".join(lines)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    logging.getLogger("bridge.hooks").setLevel(logging.ERROR)  # the demo has no node hook, on purpose
+    try:
+        return asyncio.run(run_demo(args.scenario, args.hold, args.metrics_port))
+    except KeyboardInterrupt:
+        return 130
+

@@ -1,0 +1,131 @@
+"""The commands as an operator runs them: ``sim-clusterd`` and ``run`` as real processes
+(READY/WATCHDOG/STOPPING on a real notify socket, SIGTERM), and ``demo``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bridge.cli import main
+from bridge.sim.scenario import free_port
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def spawn(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "bridge.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+
+
+def wait_for_line(process: subprocess.Popen[str], text: str, timeout: float = 20) -> list[str]:
+    assert process.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    os.set_blocking(process.stdout.fileno(), False)
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if line:
+            seen.append(line)
+            if text in line:
+                return seen
+        else:
+            time.sleep(0.02)
+    raise AssertionError(f"{text!r} not seen; output:\n{''.join(seen)}")
+
+
+def test_run_against_sim_clusterd_as_systemd_would(tmp_path: Path) -> None:
+    port = free_port()
+    sim = spawn("sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", "job-cli", "--world-size", "8",
+                "--devices-per-pod", "4", "--keepalive", "0.5", "--phase-delay", "0.1")
+    notify_path = str(tmp_path / "notify")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(notify_path)
+    listener.settimeout(20)
+    config = tmp_path / "job.toml"
+    config.write_text(f"""
+job_id = "job-cli"
+[clusterd]
+address = "127.0.0.1:{port}"
+keepalive_interval = 0.5
+[controller]
+module = "stub"
+port = {free_port()}
+world_size = 8
+[metrics]
+port = 0
+""")
+    bridge = None
+    try:
+        wait_for_line(sim, "listening on")
+        bridge = spawn("run", "--config", str(config), env={
+            "NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": "1000000", "JOURNAL_STREAM": "1:1"})
+        messages = []
+        while not any(m.startswith(b"READY=1") for m in messages):
+            messages.append(listener.recv(4096))
+        ready = next(m for m in messages if m.startswith(b"READY=1")).decode()
+        assert "STATUS=" in ready
+        wait_for_line(sim, "stream-open SubscribeProcessManageSignal")
+        while b"WATCHDOG=1" not in messages:
+            messages.append(listener.recv(4096))
+        bridge.send_signal(signal.SIGTERM)
+        while not any(m.startswith(b"STOPPING=1") for m in messages):
+            messages.append(listener.recv(4096))
+        output, _ = bridge.communicate(timeout=30)
+        assert bridge.returncode == 0, output
+        assert not any(line[:4].isdigit() for line in output.splitlines())  # no timestamps under journald
+    finally:
+        listener.close()
+        for process in (bridge, sim):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.communicate(timeout=30)
+    assert sim.returncode == 0  # the simulated ClusterD saw no protocol violation
+
+
+def test_run_with_a_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('job_id = "j"\n[controller]\nworld_size = 0\n')
+    assert main(["run", "--config", str(config)]) == 2
+    assert "controller.world_size: must be in 1..100000" in capsys.readouterr().err
+
+
+def test_run_fails_cleanly_when_the_controller_port_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        config = tmp_path / "job.toml"
+        config.write_text(f"""
+job_id = "j"
+[clusterd]
+address = "127.0.0.1:{free_port()}"
+startup_wait = 0.2
+[controller]
+module = "stub"
+port = {taken}
+[metrics]
+enabled = false
+""")
+        process = spawn("run", "--config", str(config))
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 1, output
+    assert "tft_start_controller(127.0.0.1:" in output and "SystemExit" in output
+
+
+@pytest.mark.parametrize("scenario", ["retry", "exit"])
+def test_demo(scenario: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--scenario", scenario]) == 0
+    out = capsys.readouterr().out
+    assert "outcome:   as expected" in out
+    assert "protocol violations 0" in out
+    assert "ClusterD  sends stopTrain" in out
+    if scenario == "retry":
+        assert "writes ProcessRecoverStatus=retry-success" in out
+        assert "metrics were served at http://127.0.0.1:" in out
