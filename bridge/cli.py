@@ -1,4 +1,5 @@
-"""``tft-bridge``: run the daemon, check a config, run the demo, work with fault strings.
+"""``tft-bridge``: run the daemon, check a config, run the demo, work with fault strings,
+run the simulated ClusterD, run the AI-platform policy agent.
 
 Exit codes: 0 ok; 1 start-up failed; 2 bad configuration or bad input; 75 ClusterD sent
 killMaster (the job is being rescheduled; the systemd unit restarts the bridge for it).
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from . import __version__
 from . import faults as codec
 from .config import ConfigError, load_config
+from .platform import add_platform_parser
 
 log = logging.getLogger("tft_bridge")
 
@@ -161,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = fsub.add_parser("format", help='canonical string of a JSON map, e.g. \'{"4": 1, "1": 0}\'')
     fmt.add_argument("json")
     faults.set_defaults(func=cmd_faults)
+    add_platform_parser(commands)
     return parser
 
 

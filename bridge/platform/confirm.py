@@ -24,7 +24,7 @@ from bridge.faults import LenientParse, format_faults, merge_faults, parse_fault
 CANONICAL = re.compile(r"\d+:[012](,\d+:[012])*")
 
 # Go's strings.TrimSpace set (unicode.IsSpace), which ClusterD applies to the whole string.
-_GO_SPACE = (
+GO_SPACE = (
     "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
     "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
@@ -46,11 +46,6 @@ class ConfirmReading:
     @property
     def poisoned(self) -> bool:
         return self.clusterd.poisoned
-
-    @property
-    def unusable(self) -> bool:
-        """No fault ClusterD can act on: poisoned, or nothing readable at all."""
-        return self.clusterd.poisoned or not self.clusterd.faults
 
     def malformed_counts(self) -> dict[str, int]:
         """Counts by kind (``dropped``, ``rejected``, ``poisoned``), zero kinds left out."""
@@ -76,7 +71,7 @@ def salvage(text: str) -> dict[int, int]:
     (duplicates are per rank text, so leaving elements out changes no other entry).
     Equal to ClusterD's reading whenever that is not poisoned.
     """
-    body = text.strip(_GO_SPACE).strip(",")
+    body = text.strip(GO_SPACE).strip(",")
     if not body:
         return {}
     kept = [element for element in body.split(",") if _convertible(element)]

@@ -1,0 +1,7 @@
+"""``python -m bridge.platform [options]``: the same as ``tft-bridge platform [options]``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

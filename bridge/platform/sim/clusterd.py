@@ -1,0 +1,302 @@
+"""ClusterD's platform mode, simulated on a :class:`PodGroupStore`, to drive the agent.
+
+It follows the real server (shared/spec/deep/clusterd-research.md section 2 and the
+state machine of section 1.7) as far as the PodGroup is concerned, with its sharp
+edges kept:
+
+* platform mode is the *presence* of ``ProcessRecoverStrategy`` at the first Init;
+* at a fault it polls the strategy until it is retry, recover or dump (after trimming
+  spaces and commas), else 508 after the wait and FaultRetry;
+* it writes ``ProcessConfirmFault`` only if the key is empty or absent, else 509 at
+  once ("plat not clear pre confirm fault"); the write is an unconditional patch;
+* it waits for the ``ProcessResultFault`` *key* (an empty value is fine), else 509;
+* it merges its in-memory confirm, the result and the confirm as re-read, with its own
+  string rules (whole-string trim, two-part elements, first rank text wins unless its
+  type is 0/2, one non-integer rank empties the list);
+* it re-reads the strategy in confirm mode (``exit`` allowed), else 509;
+* it chooses with the platform's value (plus exit) among the job's strategies; a
+  recover waits for ``RankTableReady``: "true" goes, any other non-empty value fails at
+  once, absent or empty waits and then fails; then the next choice;
+* it writes ``ProcessRecoverStatus`` with a get and an update conditioned on the
+  resourceVersion (retrying a conflict), like ``RetryUpdatePodGroup``;
+* a retry that fails with 405 goes back to the confirm step (which needs the confirm
+  cleared again); any other failed retry moves on without retry; a failed recover
+  moves on to dump/exit; ``exit`` writes no status;
+* dump, exit, 508 and 509 end in FaultRetry: the ``process-recover-enable`` label goes
+  to ``pause`` and back to ``on``;
+* it never clears ProcessConfirmFault, ProcessResultFault or RankTableReady.
+
+Not simulated: the gRPC side (stopTrain, reports: outcomes are scripted), same-node
+rank expansion, the ConfigMap, pod rescheduling, recover-in-place, downgrade. Times are
+scaled down (:class:`SimTimings`); the real polls are 3 s and the waits 300 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..annotations import CONFIRM, ENABLE_LABEL, PAUSED, RANK_TABLE_READY, RESULT, STATUS, STRATEGY
+from ..confirm import CANONICAL, GO_SPACE
+from .apiserver import ApiError, PodGroupStore
+
+log = logging.getLogger("tft_bridge.platform.sim.clusterd")
+
+STRATEGY_WAIT_TIMEOUT = 508
+CONFIRM_OR_RESULT_FAILED = 509
+
+
+@dataclass(frozen=True)
+class SimTimings:
+    poll: float = 0.02  # real: 3 s
+    wait: float = 2.0  # real: 300 s
+    reconfirm_delay: float = 0.05  # after a 405 retry failure, before the next confirm (real: ~1 s)
+    pause: float = 0.05  # how long FaultRetry keeps the label at "pause"
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Scripted results: ``retry`` success, failed (moves on) or failed-405 (re-confirm);
+    ``recover`` and ``dump`` success or failed."""
+
+    retry: str = "success"
+    recover: str = "success"
+    dump: str = "success"
+
+
+@dataclass
+class CycleReport:
+    code: int = 0
+    strategies: list[str] = field(default_factory=list)  # what changeStrategy would have carried
+    statuses: list[str] = field(default_factory=list)
+    confirms: list[str] = field(default_factory=list)  # the confirm texts written
+    results: list[str] = field(default_factory=list)  # the result texts read
+    platform_strategies: list[str] = field(default_factory=list)  # the strategy read at each confirm
+    merged: list[dict[int, int]] = field(default_factory=list)
+    poisoned: list[bool] = field(default_factory=list)
+    rank_table: list[str] = field(default_factory=list)  # ready, failed-now, timeout
+    fault_retry: bool = False
+    violations: list[str] = field(default_factory=list)
+
+
+class SimPlatformClusterD:
+    """One job's ClusterD controller in platform mode (blocking calls: run it in a thread)."""
+
+    def __init__(self, store: PodGroupStore, namespace: str, name: str,
+                 configured: Sequence[str] = ("retry", "recover", "dump", "exit"),
+                 timings: SimTimings = SimTimings(), seed: int | None = None) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.name = name
+        self.configured = tuple(configured)
+        self.timings = timings
+        self._random = random.Random(seed)
+        self.platform_mode: bool | None = None
+
+    # ----------------------------------------------------------------- public
+
+    def init(self) -> bool:
+        """Init: platform mode is frozen at the first call."""
+        if self.platform_mode is None:
+            self.platform_mode = STRATEGY in self._annotations()
+        return self.platform_mode
+
+    def fault(self, faults: Mapping[int, int] | str, outcomes: Outcomes = Outcomes()) -> CycleReport:
+        """One fault cycle. ``faults``: a map (written as ClusterD would, random order) or
+        the exact confirm text to write (ClusterD writes whatever rank ids it was given)."""
+        if not self.init():
+            raise RuntimeError("not in platform mode: ProcessRecoverStrategy was absent at Init")
+        report = CycleReport()
+        text = faults if isinstance(faults, str) else self._faults_to_string(faults)
+        if self._wait_strategy(("retry", "recover", "dump")) is None:
+            report.code = STRATEGY_WAIT_TIMEOUT
+            self._fault_retry(report)
+            return report
+        after_failed_retry = False
+        while True:
+            plat = self._confirm_exchange(text, report)
+            if plat is None:
+                report.code = CONFIRM_OR_RESULT_FAILED
+                self._fault_retry(report)
+                return report
+            merged = report.merged[-1]
+            normal = any(t == 1 for t in merged.values())
+            choices = self._choices(plat, normal, after_failed_retry)
+            again = self._run_strategies(choices, outcomes, report)
+            if not again:
+                return report
+            after_failed_retry = True
+            time.sleep(self.timings.reconfirm_delay)
+
+    # ----------------------------------------------------------------- steps
+
+    def _wait_strategy(self, accepted: tuple[str, ...]) -> str | None:
+        deadline = time.monotonic() + self.timings.wait
+        while True:
+            annotations = self._annotations()
+            if STRATEGY in annotations:
+                value = annotations[STRATEGY].strip(" ").strip(",")
+                if value in accepted:
+                    return value
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(self.timings.poll)
+
+    def _confirm_exchange(self, text: str, report: CycleReport) -> str | None:
+        """Write the confirm, wait for the result, merge, re-read the strategy."""
+        annotations = self._annotations()
+        if len(annotations.get(CONFIRM, "")) > 0:
+            report.violations.append(f"plat not clear pre confirm fault: {annotations[CONFIRM]!r}")
+            return None
+        self.store.patch_annotations(self.namespace, self.name, {CONFIRM: text})
+        report.confirms.append(text)
+        deadline = time.monotonic() + self.timings.wait
+        while True:
+            annotations = self._annotations()
+            if RESULT in annotations:
+                break
+            if time.monotonic() >= deadline:
+                report.violations.append("ProcessResultFault never appeared")
+                return None
+            time.sleep(self.timings.poll)
+        result = annotations[RESULT]
+        report.results.append(result)
+        if result and not CANONICAL.fullmatch(result):
+            report.violations.append(f"non-canonical ProcessResultFault {result!r}")
+        merged, poisoned = clusterd_merge(text, result, annotations.get(CONFIRM, ""))
+        report.merged.append(merged)
+        report.poisoned.append(poisoned)
+        plat = annotations.get(STRATEGY, "").strip(" ").strip(",")
+        report.platform_strategies.append(plat)
+        if plat not in ("retry", "recover", "dump", "exit"):
+            report.violations.append(f"confirm-step strategy {plat!r} is not retry/recover/dump/exit")
+            return None
+        return plat
+
+    def _choices(self, plat: str, normal: bool, after_failed_retry: bool) -> list[str]:
+        allowed = {plat, "exit"}
+        order: list[str] = []
+        if not after_failed_retry and "retry" in allowed and "retry" in self.configured and not normal:
+            order.append("retry")
+        for strategy in ("recover", "dump"):
+            if strategy in allowed and strategy in self.configured:
+                order.append(strategy)
+        order.append("exit")
+        return order
+
+    def _run_strategies(self, choices: list[str], outcomes: Outcomes, report: CycleReport) -> bool:
+        """Try ``choices`` in order; True when a 405 retry failure sends us back to confirm."""
+        for strategy in choices:
+            if strategy == "recover" and not self._rank_table_ready(report):
+                continue
+            report.strategies.append(strategy)
+            if strategy == "exit":
+                self._fault_retry(report)
+                return False
+            outcome = getattr(outcomes, strategy)
+            ok = outcome == "success"
+            self._write_status(f"{strategy}-{'success' if ok else 'failed'}", report)
+            if strategy == "dump":
+                report.strategies.append("exit")  # dump_exit follows either way
+                self._fault_retry(report)
+                return False
+            if ok:
+                return False
+            if strategy == "retry":
+                if outcome == "failed-405":
+                    return True
+                # KillPodForUnrecoverableRetry: the next choice excludes recover
+                rest = [s for s in choices[choices.index("retry") + 1:] if s != "recover"]
+                return self._run_strategies(rest or ["exit"], outcomes, report)
+            if strategy == "recover":
+                # after a failed recover only dump or exit remain
+                rest = [s for s in choices[choices.index("recover") + 1:] if s in ("dump", "exit")]
+                return self._run_strategies(rest or ["exit"], outcomes, report)
+        return False
+
+    def _rank_table_ready(self, report: CycleReport) -> bool:
+        deadline = time.monotonic() + self.timings.wait
+        while True:
+            value = self._annotations().get(RANK_TABLE_READY, "")
+            if value == "true":
+                report.rank_table.append("ready")
+                return True
+            if value:
+                report.rank_table.append("failed-now")
+                return False
+            if time.monotonic() >= deadline:
+                report.rank_table.append("timeout")
+                return False
+            time.sleep(self.timings.poll)
+
+    def _write_status(self, value: str, report: CycleReport) -> None:
+        """Get, set, update with the resourceVersion; a conflict is retried from a new get."""
+        for _ in range(5):
+            obj = self.store.get(self.namespace, self.name)
+            obj["metadata"].setdefault("annotations", {})[STATUS] = value
+            try:
+                self.store.update(obj)
+            except ApiError as error:
+                if error.code == 409:
+                    continue
+                raise
+            report.statuses.append(value)
+            return
+        report.violations.append(f"could not write ProcessRecoverStatus={value} (conflicts)")
+
+    def _fault_retry(self, report: CycleReport) -> None:
+        report.fault_retry = True
+        self.store.patch_labels(self.namespace, self.name, {ENABLE_LABEL: PAUSED})
+        time.sleep(self.timings.pause)
+        self.store.patch_labels(self.namespace, self.name, {ENABLE_LABEL: "on"})
+
+    # ----------------------------------------------------------------- helpers
+
+    def _annotations(self) -> dict[str, str]:
+        return self.store.annotations(self.namespace, self.name)
+
+    def _faults_to_string(self, faults: Mapping[int, int]) -> str:
+        items = list(faults.items())
+        self._random.shuffle(items)  # Go map order
+        return ",".join(f"{rank}:{fault_type}" for rank, fault_type in items).strip(",")
+
+
+def clusterd_elements(text: str) -> list[tuple[str, str]]:
+    """String2Faults: whole-string trim, split on "," then ":", two parts or dropped."""
+    body = text.strip(GO_SPACE).strip(",")
+    if not body:
+        return []
+    out = []
+    for element in body.split(","):
+        parts = element.split(":")
+        if len(parts) == 2:
+            out.append((parts[0], parts[1]))
+    return out
+
+
+def dedupe(elements: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """RemoveSliceDuplicateFaults: by rank text; a later entry replaces a stored 0/2."""
+    kept: dict[str, str] = {}
+    for rank, fault_type in elements:
+        if rank not in kept or kept[rank] in ("0", "2"):
+            kept[rank] = fault_type
+    return list(kept.items())
+
+
+def clusterd_merge(written: str, result: str, confirm: str) -> tuple[dict[int, int], bool]:
+    """``dedupe(written + dedupe(result + confirm))`` then the all-or-nothing rank
+    conversion; types other than "1" count as retryable (kept as 0 when not 0/2)."""
+    merged = dedupe(clusterd_elements(written) + dedupe(clusterd_elements(result) + clusterd_elements(confirm)))
+    faults: dict[int, int] = {}
+    for rank_text, fault_type in merged:
+        digits = rank_text[1:] if rank_text[:1] in "+-" and rank_text else rank_text
+        if not digits or not digits.isascii() or not digits.isdigit() or not -(2**63) <= int(rank_text) < 2**63:
+            return {}, True
+        rank = int(rank_text)
+        value = 1 if fault_type == "1" else (2 if fault_type == "2" else 0)
+        if faults.get(rank) != 1:
+            faults[rank] = value
+    return faults, False

@@ -1,0 +1,182 @@
+"""List-then-watch of PodGroups on a dedicated thread, surviving expiry and restarts.
+
+The official client blocks, so the watch lives on its own thread and hands what it
+receives to the agent through ``deliver`` (the agent makes that a thread-safe call
+into its event loop). The loop is the classic reflector:
+
+* list (the full state, and the resourceVersion to watch from), deliver it whole;
+* watch from that resourceVersion; deliver each event; remember the newest version
+  (BOOKMARKs included);
+* the server ends the watch (its ``timeoutSeconds``): watch again from there;
+* 410 Gone, as an ERROR event or an HTTP status: the history is compacted; list again
+  at once;
+* connection refused or broken, timeouts, 5xx (an API server restart): back off
+  (jittered exponential, capped) and list again.
+
+:meth:`PodGroupWatcher.stop` interrupts a blocked read and any backoff wait at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .kube import Expired, KubeError, PodGroupApi, RequestFailed, Unavailable, WatchStream, error_for_status
+from .metrics import PlatformMetrics
+
+log = logging.getLogger("tft_bridge.platform.watch")
+
+
+@dataclass(frozen=True)
+class Listed:
+    """The complete current state (after a start, an expiry or a reconnect)."""
+
+    items: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Changed:
+    kind: str  # ADDED, MODIFIED, DELETED
+    obj: dict[str, Any]
+
+
+Delivery = Listed | Changed
+
+
+class Backoff:
+    """Jittered exponential backoff: ``initial`` doubling up to ``maximum``, ±20 %."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._next = initial
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self.maximum, self._next * 2)
+        return delay * random.uniform(0.8, 1.2)
+
+
+class PodGroupWatcher:
+    def __init__(self, api: PodGroupApi, namespace: str | None, selector: str | None,
+                 deliver: Callable[[Delivery], None], metrics: PlatformMetrics,
+                 watch_timeout: int = 300, backoff: Backoff | None = None) -> None:
+        self._api = api
+        self._namespace = namespace
+        self._selector = selector
+        self._deliver = deliver
+        self._metrics = metrics
+        self._watch_timeout = watch_timeout
+        self._backoff = backoff or Backoff(0.2, 30.0)
+        self._stop = threading.Event()
+        self._stream: WatchStream | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run_logged, name="platform-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.error("the watch thread did not stop within %.0f s", timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run_logged(self) -> None:
+        try:
+            self._run()
+        except BaseException:
+            log.exception("the PodGroup watch thread failed")
+            self._metrics.loop_errors.inc()
+            raise
+        finally:
+            self._metrics.watch_up.set(0)
+
+    def _run(self) -> None:
+        resource_version: str | None = None
+        expired_in_a_row = 0
+        while not self._stop.is_set():
+            operation = "list"
+            try:
+                if resource_version is None:
+                    items, resource_version = self._api.list(self._namespace, self._selector)
+                    self._metrics.api_requests.labels("list", "ok").inc()
+                    self._deliver(Listed(items))
+                operation = "watch"
+                resource_version = self._watch_once(resource_version)
+                self._backoff.reset()
+                expired_in_a_row = 0
+                if not self._stop.is_set():
+                    self._metrics.watch_restarts.labels("timeout").inc()
+            except Expired as error:
+                log.info("watch expired (%s); listing again", error)
+                self._metrics.watch_restarts.labels("expired").inc()
+                resource_version = None
+                expired_in_a_row += 1
+                if expired_in_a_row > 1:  # a fresh list's version expired at once: do not spin
+                    self._stop.wait(self._backoff.next())
+            except KubeError as error:
+                if self._stop.is_set():
+                    break
+                delay = self._backoff.next()
+                level = logging.ERROR if isinstance(error, RequestFailed) else logging.WARNING
+                log.log(level, "PodGroup list/watch failed (%s); listing again in %.1f s", error, delay)
+                self._metrics.watch_restarts.labels("error").inc()
+                self._metrics.api_requests.labels(operation, type(error).__name__.lower()).inc()
+                resource_version = None
+                self._stop.wait(delay)
+            except Exception:  # a bug or a surprise from the client: never leave the agent blind
+                if self._stop.is_set():
+                    break
+                delay = self._backoff.next()
+                log.exception("PodGroup list/watch failed unexpectedly; listing again in %.1f s", delay)
+                self._metrics.loop_errors.inc()
+                self._metrics.watch_restarts.labels("error").inc()
+                resource_version = None
+                self._stop.wait(delay)
+
+    def _watch_once(self, resource_version: str) -> str:
+        """Watch until the server ends the stream; the newest resourceVersion seen."""
+        stream = self._api.watch(self._namespace, self._selector, resource_version, self._watch_timeout)
+        with self._lock:
+            self._stream = stream
+        if self._stop.is_set():
+            stream.close()
+        self._metrics.watch_up.set(1)
+        try:
+            for event in stream:
+                kind = event.get("type")
+                obj = event.get("object")
+                if not isinstance(obj, dict):
+                    continue
+                if kind == "ERROR":
+                    code = int(obj.get("code") or 0)
+                    raise error_for_status(code, f"watch ERROR event: {obj.get('message', '')}") if code else \
+                        Unavailable(f"watch ERROR event without a code: {obj}")
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+                if version:
+                    resource_version = version
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._deliver(Changed(kind, obj))
+            return resource_version
+        finally:
+            self._metrics.watch_up.set(0)
+            with self._lock:
+                self._stream = None
