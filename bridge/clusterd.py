@@ -113,6 +113,10 @@ class ClusterDClient:
 
     async def call(self, method: str, payload: bytes, timeout: float | None = None) -> int:
         """Send one pre-encoded request; the Status code, or RpcFailure."""
+        return (await self.call_status(method, payload, timeout)).code
+
+    async def call_status(self, method: str, payload: bytes, timeout: float | None = None) -> pb.Status:
+        """Send one pre-encoded request; ClusterD's whole Status, or RpcFailure."""
         name = method.rsplit("/", 1)[-1]
         was_ready = self.connected()
         started = time.monotonic()
@@ -130,7 +134,7 @@ class ClusterDClient:
             raise RpcFailure(name, code.name, detail, delivery) from None
         self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
         self.metrics.rpcs.labels(name, str(status.code)).inc()
-        return status.code
+        return status
 
     def subscribe(self, job_id: str, role: str) -> Any:
         """The signal stream; each message arrives as (ProcessManageSignal, raw bytes)."""

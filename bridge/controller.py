@@ -11,11 +11,14 @@ for every call and never touches it again, and the loop validates and copies it.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -38,6 +41,57 @@ class ControllerReport:
     callback: str
     args: tuple[Any, ...]
     at: float  # time.monotonic() on the controller's thread
+    waiter: Future[int] | None = None  # resolved with the delivery outcome (seed API callers)
+
+
+class Handoff:
+    """Controller thread -> event loop, without giving up the GIL inside the callback.
+
+    Waking the event loop directly (``call_soon_threadsafe``) writes to its self-pipe: a
+    syscall that releases the GIL, after which the woken loop takes the GIL and the
+    controller's thread waits, up to the interpreter's 5 ms switch interval, to get it
+    back and return. A ``SimpleQueue.put`` keeps the GIL; this thread, blocked in
+    ``get`` until then, does the waking once the callback has returned, and hands over
+    every report queued meanwhile in one batch.
+    """
+
+    _STOP = object()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None]) -> None:
+        self._loop = loop
+        self._handle = handle
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="tft-handoff", daemon=True)
+        self._thread.start()
+
+    def put(self, report: ControllerReport) -> None:
+        self._queue.put(report)
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(item is self._STOP for item in batch)
+            reports = [item for item in batch if item is not self._STOP]
+            if reports:
+                try:
+                    self._loop.call_soon_threadsafe(self._handle, reports)
+                except RuntimeError:  # the loop is closed: the bridge is gone
+                    log.error("dropped %d controller report(s): the event loop is closed", len(reports))
+            if stop:
+                return
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._queue.put(self._STOP)
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
 
 def load_controller_module(name: str) -> ModuleType:
@@ -81,6 +135,7 @@ class ControllerHost:
         self.module = module
         self.config = config
         self.started = False
+        self.owned = True  # False when the caller runs the controller (seed API): never destroyed here
         self.callbacks: dict[str, Callable[..., int]] = {}  # as registered (benchmarks call them directly)
         self._destroyed = threading.Event()
         self._prepare_action: Callable[..., int] | None = getattr(

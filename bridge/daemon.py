@@ -20,8 +20,9 @@ from typing import Any
 
 from . import faults as codec
 from .clusterd import ClusterDClient, Session, SessionState, run_logged
+from .codes import Code
 from .config import BridgeConfig
-from .controller import ControllerHost, ControllerReport, StartupError, load_controller_module
+from .controller import ControllerHost, ControllerReport, Handoff, StartupError, load_controller_module
 from .flow import STRATEGIES, ControllerFlow, Step
 from .hooks import NodeHooks
 from .metrics import BridgeMetrics, MetricsServer
@@ -117,6 +118,7 @@ class Bridge:
         self.relay: Relay | None = None
         self.dispatcher: SignalDispatcher | None = None
         self.metrics_server: MetricsServer | None = None
+        self.handoff: Handoff | None = None
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[Any]] = {}
@@ -156,22 +158,8 @@ class Bridge:
             log.info("metrics on http%s://%s:%d/metrics", "s" if c.metrics.certfile else "", c.metrics.address,
                      self.metrics_server.port)
         module = load_controller_module(c.controller.module)
-        self.controller = ControllerHost(module, c.controller)
-        self.metrics.bind_controller_switch(self.controller.connected)
-        self.client = ClusterDClient(c.clusterd, self.metrics)
-        await self.client.open()
-        hooks = NodeHooks(c.hooks.node_command, c.hooks.timeout, self.metrics)
-        self.dispatcher = SignalDispatcher(c.job_id, self.flow, self.controller, hooks, self.metrics,
-                                           on_kill_master=lambda: self.request_stop(EXIT_RESCHEDULED),
-                                           pause_timeout=c.controller.pause_timeout)
-        self.dispatcher.observer = self.observer
-        self.dispatcher.on_exit_decided = lambda: self.clock.exited(time.monotonic())
-        self.session = Session(c.job_id, self.client, self.metrics, self.dispatcher.submit, self._session_state)
-        self.metrics.bind_keepalive_clock(lambda: self.session.last_message_at if self.session else None)
-        self.relay = Relay(c.job_id, self.client, self.session, self.metrics, c.outbox_limit)
-        self._spawn("session", self.session.run())
-        self._spawn("dispatcher", self.dispatcher.run())
-        self._spawn("relay", self.relay.run())
+        await self.start_relaying(ControllerHost(module, c.controller))
+        assert self.session is not None
         try:
             await asyncio.wait_for(self.session.init_answered.wait(), c.clusterd.startup_wait)
         except asyncio.TimeoutError:
@@ -186,6 +174,29 @@ class Bridge:
             self.ready.set()
             return
         await self._start_controller()
+
+    async def start_relaying(self, controller: ControllerHost) -> None:
+        """Everything between a controller and ClusterD: the session, the relay, the
+        dispatcher and the hand-off. The daemon then starts the controller; the seed API
+        (bridge.recover_manager) calls this for a controller its caller runs."""
+        c = self.config
+        self.controller = controller
+        self.metrics.bind_controller_switch(controller.connected)
+        self.client = ClusterDClient(c.clusterd, self.metrics)
+        await self.client.open()
+        hooks = NodeHooks(c.hooks.node_command, c.hooks.timeout, self.metrics)
+        self.dispatcher = SignalDispatcher(c.job_id, self.flow, controller, hooks, self.metrics,
+                                           on_kill_master=lambda: self.request_stop(EXIT_RESCHEDULED),
+                                           pause_timeout=c.controller.pause_timeout)
+        self.dispatcher.observer = self.observer
+        self.dispatcher.on_exit_decided = lambda: self.clock.exited(time.monotonic())
+        self.session = Session(c.job_id, self.client, self.metrics, self.dispatcher.submit, self._session_state)
+        self.metrics.bind_keepalive_clock(lambda: self.session.last_message_at if self.session else None)
+        self.relay = Relay(c.job_id, self.client, self.session, self.metrics, c.outbox_limit)
+        self._make_sink(asyncio.get_running_loop())
+        self._spawn("session", self.session.run())
+        self._spawn("dispatcher", self.dispatcher.run())
+        self._spawn("relay", self.relay.run())
 
     async def _start_controller(self) -> None:
         c = self.config
@@ -202,13 +213,14 @@ class Bridge:
             self.ready.set()
 
     def _make_sink(self, loop: asyncio.AbstractEventLoop) -> Callable[[ControllerReport], None]:
-        """O(1) hand-off from the controller's thread to the loop."""
-        handle = self._on_report
+        """O(1) hand-off from the controller's thread to the loop (see Handoff)."""
+        if self.handoff is None:
+            self.handoff = Handoff(loop, self._on_reports)
+        return self.handoff.put
 
-        def sink(report: ControllerReport) -> None:
-            loop.call_soon_threadsafe(handle, report)
-
-        return sink
+    def _on_reports(self, reports: list[ControllerReport]) -> None:
+        for report in reports:
+            self._on_report(report)
 
     def _spawn(self, name: str, coroutine: Any) -> None:
         self._tasks[name] = asyncio.create_task(run_logged(name, coroutine), name=f"tft-bridge-{name}")
@@ -245,6 +257,9 @@ class Bridge:
             # No watchdog ping: systemd restarts the bridge (its failure is in the log).
             log.error("background task(s) %s ended unexpectedly; withholding the systemd watchdog", ", ".join(dead))
             return
+        if self.handoff is not None and not self.handoff.alive:
+            log.error("the controller hand-off thread died; withholding the systemd watchdog")
+            return
         if self.metrics_server is not None and not self.metrics_server.alive:
             log.error("the metrics endpoint thread died; withholding the systemd watchdog")
             return
@@ -277,9 +292,13 @@ class Bridge:
         except (TypeError, ValueError, IndexError) as error:
             self.metrics.bad_inputs.labels(f"controller_{report.callback}").inc()
             log.error("malformed %s from the controller %r: %s", report.callback, report.args[:2], error)
+            if report.waiter is not None and not report.waiter.done():
+                report.waiter.set_result(Code.ClientError)
         except Exception:
             self.metrics.callback_errors.inc()
             log.exception("failed to handle %s", report.callback)
+            if report.waiter is not None and not report.waiter.done():
+                report.waiter.set_result(Code.ClientError)
 
     def _fault_ranks(self, report: ControllerReport) -> None:
         raw = report.args[0] if report.args else {}
@@ -294,7 +313,7 @@ class Bridge:
             self.metrics.faulty_ranks.inc(len(faults))
         self.observer(f"controller report_fault_ranks {codec.format_faults(faults) or '(none)'}")
         assert self.relay is not None
-        self.relay.submit_faults(faults)
+        self.relay.submit_faults(faults, report.waiter)
 
     def _stop_complete(self, report: ControllerReport) -> None:
         code, msg, raw = _code(report.args[0]), str(report.args[1]), report.args[2] if len(report.args) > 2 else {}
@@ -305,7 +324,8 @@ class Bridge:
         self.observer(f"controller report_stop_complete code={code}")
         assert self.relay is not None
         self.relay.submit_cycle_report("stop_complete", cycle,
-                                       codec.encode_stop_complete_request(self.config.job_id, code, msg, faults))
+                                       codec.encode_stop_complete_request(self.config.job_id, code, msg, faults),
+                                       report.waiter)
 
     def _strategies(self, report: ControllerReport) -> None:
         faults = clean_faults(report.args[0], self.metrics, "report_strategies")
@@ -316,7 +336,8 @@ class Bridge:
         self.observer(f"controller report_strategies {strategies}")
         assert self.relay is not None
         self.relay.submit_cycle_report("strategy", cycle,
-                                       codec.encode_recover_strategy_request(self.config.job_id, faults, strategies))
+                                       codec.encode_recover_strategy_request(self.config.job_id, faults, strategies),
+                                       report.waiter)
 
     def _result(self, report: ControllerReport) -> None:
         code, msg = _code(report.args[0]), str(report.args[1])
@@ -331,7 +352,7 @@ class Bridge:
         self.observer(f"controller report_result code={code} strategy={strategy or '(none)'}")
         assert self.relay is not None
         self.relay.submit_cycle_report("result", cycle, codec.encode_recover_status_request(
-            self.config.job_id, code, msg, strategy, isolate))
+            self.config.job_id, code, msg, strategy, isolate), report.waiter)
 
     # ------------------------------------------------------------------ stop
     async def _shutdown(self) -> None:
@@ -344,7 +365,7 @@ class Bridge:
             self.relay.stop()
         if self.dispatcher is not None:
             self.dispatcher.stop()
-        if self.controller is not None and self.controller.started:
+        if self.controller is not None and self.controller.started and self.controller.owned:
             await asyncio.to_thread(self.controller.destroy, self.config.controller.destroy_timeout)
         for name, task in self._tasks.items():
             try:
@@ -357,6 +378,8 @@ class Bridge:
             if not task.done():
                 task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        if self.handoff is not None:
+            await asyncio.to_thread(self.handoff.close)
         if self.dispatcher is not None:
             self.dispatcher.close()
         if self.client is not None:

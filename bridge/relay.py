@@ -22,6 +22,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from . import faults as codec
@@ -30,6 +31,13 @@ from .codes import Code
 from .metrics import BridgeMetrics
 
 log = logging.getLogger(__name__)
+
+#: The code a caller waiting for a dropped report receives (bridge.recover_manager).
+DROP_CODES = {
+    "no_live_cycle": Code.OrderMix,  # the cycle it answers is over: out of state-machine order
+    "cycle_ended": Code.OrderMix,
+    "outbox_full": Code.EventQueueBusy,
+}
 
 METHODS = {
     "fault": "/Recover/ReportProcessFault",
@@ -47,6 +55,12 @@ class Pending:
     faults: dict[int, int] = field(default_factory=dict)  # fault reports, merged until sent
     merged: int = 1  # callback reports this entry carries
     sending: bool = False  # on the wire now: nothing may merge into it any more
+    waiters: list[Future[int]] = field(default_factory=list)  # callers waiting for the outcome
+
+    def resolve(self, code: int) -> None:
+        for waiter in self.waiters:
+            if not waiter.done():
+                waiter.set_result(code)
     at: float = field(default_factory=time.monotonic)
 
 
@@ -62,6 +76,7 @@ class Relay:
         self._wakeup = asyncio.Event()
         self._stopping = False
         self.delivered: list[tuple[str, float]] = []  # (kind, monotonic time) of code-0 deliveries, bounded
+        self.sent: list[tuple[str, float]] = []  # (kind, monotonic time) each request went on the wire, bounded
         metrics.outbox_depth.set_function(lambda: len(self._queue))
         session.cycle_listeners.append(self._cycle_over)
 
@@ -69,9 +84,11 @@ class Relay:
         return len(self._queue)
 
     # ------------------------------------------------------------------ submission (event loop)
-    def submit_faults(self, faults: dict[int, int]) -> None:
+    def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None) -> None:
         """Queue a fault report; merged into the queued one before it when possible."""
         if not faults:
+            if waiter is not None:
+                waiter.set_result(Code.OK)
             return
         tail = self._queue[-1] if self._queue else None
         if tail is not None and tail.kind == "fault" and not tail.sending:
@@ -79,14 +96,19 @@ class Relay:
             tail.merged += 1
             self.metrics.reports_merged.inc()
         else:
-            self._queue.append(Pending("fault", faults=faults))
+            tail = Pending("fault", faults=faults)
+            self._queue.append(tail)
+        if waiter is not None:
+            tail.waiters.append(waiter)
         self._wakeup.set()
 
-    def submit_cycle_report(self, kind: str, cycle: str | None, payload: bytes) -> None:
+    def submit_cycle_report(self, kind: str, cycle: str | None, payload: bytes,
+                            waiter: Future[int] | None = None) -> None:
+        pending = Pending(kind, cycle, payload, waiters=[waiter] if waiter is not None else [])
         if not self.session.cycle_alive(cycle):
-            self._drop(Pending(kind, cycle), "no_live_cycle")
+            self._drop(pending, "no_live_cycle")
             return
-        self._queue.append(Pending(kind, cycle, payload))
+        self._queue.append(pending)
         self._enforce_limit()
         self._wakeup.set()
 
@@ -102,6 +124,7 @@ class Relay:
             self._drop(victim, "outbox_full")
 
     def _drop(self, pending: Pending, reason: str) -> None:
+        pending.resolve(DROP_CODES.get(reason, Code.ServerInnerError))
         self.metrics.reports_dropped.labels(pending.kind, reason).inc()
         log.warning("dropped %s report for cycle %s: %s", pending.kind, pending.cycle, reason)
 
@@ -112,8 +135,11 @@ class Relay:
             self._drop(pending, "cycle_ended")
 
     def stop(self) -> None:
+        """Stop delivering; callers still waiting learn the report was not sent (599)."""
         self._stopping = True
         self._wakeup.set()
+        for pending in self._queue:
+            pending.resolve(Code.ServerInnerError)
 
     # ------------------------------------------------------------------ delivery
     async def run(self) -> None:
@@ -151,6 +177,7 @@ class Relay:
         head.sending = True  # later reports queue behind it
         try:
             payload = codec.encode_process_fault_request(self.job_id, head.faults)
+            self._record(self.sent, "fault")
             code = await self.client.call(METHODS["fault"], payload)
         except RpcFailure as failure:
             log.warning("fault report not delivered (%s), will retry: %s", failure.status, failure.detail)
@@ -168,8 +195,9 @@ class Relay:
         if code != Code.OK:
             log.error("ClusterD refused a fault report: %s", Code.describe(code))
             self.metrics.reports_dropped.labels("fault", f"code_{code}").inc()
+            head.resolve(code)
             return True
-        self._delivered("fault")
+        self._delivered(head)
         return True
 
     async def _deliver_cycle_report(self, head: Pending, backoff: Backoff) -> bool:
@@ -179,6 +207,7 @@ class Relay:
                 self._drop(head, "cycle_ended")
                 return True
             try:
+                self._record(self.sent, head.kind)
                 code = await self.client.call(METHODS[head.kind], head.payload)
             except RpcFailure as failure:
                 if failure.delivery is Delivery.NOT_DELIVERED:
@@ -190,20 +219,24 @@ class Relay:
                 return True
             backoff.reset()
             if code == Code.OK:
-                self._delivered(head.kind)
-            elif code in (Code.UnRegistry, Code.ServerInnerError):
-                self._drop(head, f"code_{code}")
-                if code == Code.UnRegistry:
-                    self.session.request_resubscribe("clusterd_lost_job")
-            else:
-                self._drop(head, f"code_{code}")
+                self._delivered(head)
+                return True
+            head.resolve(code)  # a waiting caller learns ClusterD's own answer
+            self._drop(head, f"code_{code}")
+            if code == Code.UnRegistry:
+                self.session.request_resubscribe("clusterd_lost_job")
             return True
 
-    def _delivered(self, kind: str) -> None:
-        self.metrics.reports_sent.labels(kind).inc()
-        self.delivered.append((kind, time.monotonic()))
-        if len(self.delivered) > 1000:
-            del self.delivered[:500]
+    def _delivered(self, pending: Pending) -> None:
+        self.metrics.reports_sent.labels(pending.kind).inc()
+        self._record(self.delivered, pending.kind)
+        pending.resolve(Code.OK)
+
+    @staticmethod
+    def _record(log: list[tuple[str, float]], kind: str) -> None:
+        log.append((kind, time.monotonic()))
+        if len(log) > 1000:
+            del log[:500]
 
     async def drain(self, timeout: float) -> bool:
         """Wait until the outbox is empty (shutdown); False on timeout."""

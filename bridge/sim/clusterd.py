@@ -147,6 +147,7 @@ class SimClusterD:
         self.rng = random.Random(seed)
         self.journal = Journal()
         self.violations: list[str] = []
+        self.server_credentials: grpc.ServerCredentials | None = None  # set for TLS / mTLS tests
         self.address: str | None = None
         # Kubernetes-side state: survives a ClusterD restart.
         self._annotations: dict[str, dict[str, str]] = {}
@@ -178,7 +179,11 @@ class SimClusterD:
         server = grpc.aio.server(options=list(SERVER_OPTIONS))
         pb_grpc.add_RecoverServicer_to_server(RecoverService(self), server)  # type: ignore[no-untyped-call]
         config_pb2_grpc.add_ConfigServicer_to_server(ConfigService(self), server)  # type: ignore[no-untyped-call]
-        port = server.add_insecure_port(listen)
+        if self.server_credentials is not None:
+            # What a TLS-terminating proxy in front of ClusterD looks like to a client.
+            port = server.add_secure_port(listen, self.server_credentials)
+        else:
+            port = server.add_insecure_port(listen)
         if not port:
             raise RuntimeError(f"SimClusterD cannot listen on {listen}")
         await server.start()

@@ -1,0 +1,302 @@
+"""Relay benchmark, on loopback against the simulated ClusterD, next to a synchronous
+relay written the way the existing MindCluster client does it, in the same run.
+
+    python bench/bench_relay.py [--quick]
+
+Figures:
+  * callback block time: how long a controller callback holds the controller's thread
+    (target p99 <= 50 us at any fault-map size up to 100 000 ranks);
+  * fault latency: callback -> the simulated server has decoded the request (p99 <= 10 ms
+    for a node's worth of ranks; for larger maps the simulated server's own decoding, in
+    Python, dominates, so the bridge's part -- callback -> request on the wire -- is
+    reported too and held to the same 10 ms up to 10 000 ranks);
+  * signal latency: ClusterD writes a signal -> the controller's notify call (p99 <= 5 ms).
+Exit status 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bridge._proto import recover_pb2 as pb
+from bridge._proto import recover_pb2_grpc
+from bridge.sim.clusterd import SimJob
+from bridge.sim.scenario import SimulatedJob
+
+sys.path.insert(0, str(Path(__file__).parent))
+from remote_sim import RemoteSim  # noqa: E402
+
+JOB = "bench-job"
+SIZES = (16, 1_000, 10_000, 100_000)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def fault_map(size: int, salt: int) -> dict[int, int]:
+    """Type-0 faults (they never start a ClusterD cycle, so reports can repeat freely)."""
+    return {(rank * 7 + salt) % 100_000: 0 for rank in range(size)}
+
+
+class SyncRelay:
+    """The existing client's shape: the callback itself builds the request item by item
+    and makes a blocking gRPC call with no deadline; signals are handled inline on the
+    stream-reading thread, with its 10 ms pause after each."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.stub = recover_pb2_grpc.RecoverStub(self.channel)
+
+    def report_fault_ranks(self, faults: dict[int, int], codes: dict[int, str] | None = None) -> int:
+        request = pb.ProcessFaultRequest(jobId=JOB)
+        for rank, fault_type in faults.items():
+            request.faultRanks.append(pb.FaultRank(rankId=str(rank), faultType=str(fault_type)))
+        return self.stub.ReportProcessFault(request).code
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+async def measure_callbacks(sim: RemoteSim, callback: Callable[..., int], size: int, rounds: int, salt0: int,
+                            wire: list[tuple[str, float]] | None = None) -> tuple[list[float], list[float], list[float]]:
+    """(block times, callback->server latencies, callback->on the wire) for sequential
+    reports; the last only when ``wire`` (the relay's send log) is given."""
+    blocks: list[float] = []
+    latencies: list[float] = []
+    on_wire: list[float] = []
+    for i in range(rounds):
+        faults = fault_map(size, salt0 + i)
+        mark = sim.last_seq
+        result: list[float] = []
+
+        def call() -> None:  # on a thread of its own, like the controller's
+            start = time.perf_counter()
+            callback(faults, {})
+            result.append(time.perf_counter() - start)
+
+        called_at = time.monotonic()
+        await asyncio.to_thread(call)
+        entry = await sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault", 60, after=mark)
+        blocks.append(result[0])
+        latencies.append(entry.at - called_at)
+        if wire:
+            on_wire.append(wire[-1][1] - called_at)
+        await asyncio.sleep(0.005)
+    return blocks, latencies, on_wire
+
+
+async def measure_signals(job: SimulatedJob, sim: RemoteSim, rounds: int) -> list[float]:
+    """ClusterD writes pause_train -> the controller's stop_train(pause) notify."""
+    latencies: list[float] = []
+    await sim.wait_for(lambda e: e.kind == "stream-open", 10)
+    for _ in range(rounds):
+        await job.subscribed()
+        mark = sim.last_seq
+        before = len(job.training.notifies("stop_train"))
+        await sim.command(f"pause {JOB}")
+        signal = await sim.wait_for(lambda e: e.kind == "signal" and e.name == "stopTrain", 10, after=mark)
+        deadline = time.monotonic() + 10
+        while len(job.training.notifies("stop_train")) == before and time.monotonic() < deadline:
+            await asyncio.sleep(0.0005)
+        latencies.append(job.training.notifies("stop_train")[-1].t - signal.at)
+        ended = await sim.wait_for(lambda e: e.kind == "stream-end", 10, after=mark)
+        await sim.wait_for(lambda e: e.kind == "stream-open", 10, after=ended.seq)
+        # the next stream must be the bridge's new one, and live, before the next pause
+        session = job.bridge.session if job.bridge else None
+        deadline = time.monotonic() + 10
+        while session is not None and session.stream_count <= ended.detail.get("stream", 0):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the bridge did not re-subscribe")
+            await asyncio.sleep(0.001)
+    return latencies
+
+
+def baseline_signals(address: str, rounds: int, pause: Callable[[], None], training: Any) -> list[float]:
+    """The existing client's reader: blocking stream iteration, the action run inline,
+    then its 10 ms pause."""
+    from bridge.sim.mindio_ttp import controller_ttp as ttp
+
+    latencies: list[float] = []
+    channel = grpc.insecure_channel(address)
+    stub = recover_pb2_grpc.RecoverStub(channel)
+    info = pb.ClientInfo(jobId=JOB, role="baseline")
+    try:
+        for _ in range(rounds):
+            stub.Init(info)
+            stub.Register(info)
+            stream = stub.SubscribeProcessManageSignal(info)
+            threading.Thread(target=pause).start()  # once the stream is open (iterating opens it)
+            for signal in stream:
+                if signal.signalType == "keep-alive":
+                    continue
+                arrived_before = len(training.notifies("stop_train"))
+                faults = {int(f.rankId): int(f.faultType) for f in signal.faultRanks}
+                for action in set(signal.actions):  # as the existing client does
+                    if action == "pause_train":
+                        ttp.tft_notify_controller_stop_train(faults, "pause", signal.timeout or 600)
+                    elif action == "change_strategy":
+                        ttp.tft_notify_controller_change_strategy(signal.changeStrategy)
+                if len(training.notifies("stop_train")) > arrived_before:
+                    latencies.append(training.notifies("stop_train")[-1].t)
+                time.sleep(0.01)
+            stream.cancel()
+    finally:
+        channel.close()
+    return latencies
+
+
+def row(label: str, values: list[float], unit: float, suffix: str) -> str:
+    return (f"  {label:<44} p50 {statistics.median(values) / unit:9.1f} {suffix}   "
+            f"p99 {pct(values, 0.99) / unit:9.1f} {suffix}   (n={len(values)})")
+
+
+async def callback_phase(quick: bool, misses: list[str]) -> None:
+    rounds = {16: 200, 1_000: 100, 10_000: 30, 100_000: 8}
+    if quick:
+        rounds = {size: max(3, n // 5) for size, n in rounds.items()}
+    job = SimulatedJob(SimJob(JOB, world_size=100_000, devices_per_pod=8), keepalive_interval=1.0,
+                       start_clusterd=False)
+    sim = RemoteSim(job._clusterd_address, JOB, 100_000)
+    await sim.start()
+    await job.start()
+    try:
+        await job.subscribed()
+        assert job.bridge is not None and job.bridge.controller is not None
+        bridge_callback = job.bridge.controller.callbacks["report_fault_ranks"]
+        print("controller callback -> ClusterD (report_fault_ranks), loopback, ClusterD in its own process")
+        for size in SIZES:
+            assert job.bridge.relay is not None
+            blocks, latencies, on_wire = await measure_callbacks(
+                sim, bridge_callback, size, rounds[size], 0, job.bridge.relay.sent)
+            sync = SyncRelay(job.config.clusterd.address)
+            try:
+                sync_blocks, sync_lat, _ = await measure_callbacks(sim, sync.report_fault_ranks, size, rounds[size], 7)
+            finally:
+                sync.close()
+            print(f" {size:>7} ranks")
+            print(row("bridge: callback blocks the controller", blocks, 1e-6, "us"))
+            print(row("sync client: callback blocks the controller", sync_blocks, 1e-6, "us"))
+            print(row("bridge: callback -> request on the wire", on_wire, 1e-3, "ms"))
+            print(row("bridge: callback -> server decoded", latencies, 1e-3, "ms"))
+            print(row("sync client: callback -> server decoded", sync_lat, 1e-3, "ms"))
+            print(f"  {'p99 block time, sync client / bridge':<44} {pct(sync_blocks, 0.99) / pct(blocks, 0.99):9.0f}x")
+            if pct(blocks, 0.99) > 50e-6:
+                misses.append(f"{size} ranks: callback block p99 {pct(blocks, 0.99) * 1e6:.1f} us > 50 us")
+            if size <= 10_000 and pct(on_wire, 0.99) > 10e-3:
+                misses.append(f"{size} ranks: callback -> wire p99 {pct(on_wire, 0.99) * 1e3:.1f} ms > 10 ms")
+            if size <= 16 and pct(latencies, 0.99) > 10e-3:
+                misses.append(f"{size} ranks: fault latency p99 {pct(latencies, 0.99) * 1e3:.1f} ms > 10 ms")
+    finally:
+        await job.stop()
+        await sim.stop()
+
+
+async def signal_phase(quick: bool, misses: list[str]) -> None:
+    rounds = 20 if quick else 100
+    job = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4), keepalive_interval=0.1, start_clusterd=False)
+    sim = RemoteSim(job._clusterd_address, JOB, 16, 4, keepalive=0.1)
+    await sim.start()
+    await job.start()
+    try:
+        bridge = await measure_signals(job, sim, rounds)
+    finally:
+        await job.stop()
+        await sim.stop()
+    # The baseline needs the job's single subscription: a fresh ClusterD, no bridge.
+    base = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4), keepalive_interval=1.0, start_clusterd=False)
+    sim = RemoteSim(base._clusterd_address, JOB, 16, 4)
+    await sim.start()
+    from bridge.sim import mindio_ttp
+    from bridge.sim.mindio_ttp import controller_ttp as ttp
+
+    mindio_ttp.install()
+    training = mindio_ttp.training
+    training.reset()
+    training.auto_step = True
+    for action in ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result"):
+        ttp.tft_register_mindx_callback(action, _baseline_reports(base.config.clusterd.address, action))
+    ttp.tft_init_controller(-1, 16, False, True, False)
+    ttp.tft_start_controller("127.0.0.1", base.config.controller.port, False, "")
+    training.connect_ranks(range(16))
+    loop = asyncio.get_running_loop()
+
+    opened = [len([e for e in sim.entries if e.kind == "stream-open"])]
+
+    async def pause_when_subscribed() -> None:
+        opened[0] += 1  # the stream this round opens
+        while len([e for e in sim.entries if e.kind == "stream-open"]) < opened[0]:
+            await sim.wait_for(lambda e: e.kind == "stream-open", 10, after=sim.last_seq)
+        await sim.command(f"pause {JOB}")
+
+    try:
+        mark = sim.last_seq
+        notified = await asyncio.to_thread(
+            baseline_signals, base.config.clusterd.address, rounds,
+            lambda: asyncio.run_coroutine_threadsafe(pause_when_subscribed(), loop).result(), training)
+        sent = [e.at for e in sim.entries if e.seq > mark and e.kind == "signal" and e.name == "stopTrain"]
+        baseline = [n - s for n, s in zip(notified, sent)]
+    finally:
+        training.reset()
+        await sim.stop()
+    print("\nClusterD signal -> controller notify (pause_train -> stop_train(pause)), loopback")
+    print(row("bridge", bridge, 1e-3, "ms"))
+    print(row("sync client (inline action, 10 ms pause after each)", baseline, 1e-3, "ms"))
+    if pct(bridge, 0.99) > 5e-3:
+        misses.append(f"signal latency p99 {pct(bridge, 0.99) * 1e3:.2f} ms > 5 ms")
+
+
+async def main_async(quick: bool, phases: str) -> int:
+    misses: list[str] = []
+    if "callbacks" in phases:
+        await callback_phase(quick, misses)
+    if "signals" in phases:
+        await signal_phase(quick, misses)
+    print()
+    if misses:
+        print("targets MISSED:\n  " + "\n  ".join(misses))
+        return 1
+    print("targets met: callback block p99 <= 50 us at every size; callback -> wire p99 <= 10 ms up to 10 000 "
+          "ranks; callback -> server p99 <= 10 ms for 16 ranks; signal latency p99 <= 5 ms")
+    return 0
+
+
+def _baseline_reports(address: str, action: str) -> Callable[..., int]:
+    """The baseline's callbacks: blocking calls, as the existing client makes them."""
+    channel = grpc.insecure_channel(address)
+    stub = recover_pb2_grpc.RecoverStub(channel)
+
+    def report(*args: object) -> int:
+        if action == "report_stop_complete":
+            code, msg = args[0], args[1]
+            stub.ReportStopComplete(pb.StopCompleteRequest(jobId=JOB, status=pb.Status(code=code, info=msg)))
+        elif action == "report_result":
+            code, msg, _, strategy = args
+            stub.ReportRecoverStatus(pb.RecoverStatusRequest(jobId=JOB, status=pb.Status(code=code, info=msg),
+                                                             strategy=strategy))
+        return 0
+
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--phases", default="callbacks,signals", help="callbacks, signals or both")
+    args = parser.parse_args()
+    return asyncio.run(main_async(args.quick, args.phases))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The simulated ClusterD in a process of its own, for benchmarks.
+
+In production ClusterD is another process (usually another machine); sharing the
+bridge's interpreter would make the server's decoding compete with the bridge for the
+GIL and distort every latency. The child prints each journal entry as one JSON line
+(CLOCK_MONOTONIC is shared by all processes of a machine, so its times compare with the
+parent's ``time.monotonic()``) and takes commands on stdin: ``pause JOB``,
+``fault JOB RANK:TYPE,...``.
+
+    python bench/remote_sim.py --child --listen 127.0.0.1:PORT --job JOB [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Entry:
+    seq: int
+    at: float
+    kind: str
+    name: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class RemoteSim:
+    """Parent side: start the child, collect its journal, send commands."""
+
+    def __init__(self, listen: str, job: str, world_size: int, devices_per_pod: int = 8,
+                 keepalive: float = 1.0, phase_delay: float = 0.05, dump_exit_repeat: float = 0.5) -> None:
+        self.argv = [sys.executable, __file__, "--child", "--listen", listen, "--job", job,
+                     "--world-size", str(world_size), "--devices-per-pod", str(devices_per_pod),
+                     "--keepalive", str(keepalive), "--phase-delay", str(phase_delay),
+                     "--dump-exit-repeat", str(dump_exit_repeat)]
+        self.entries: list[Entry] = []
+        self._changed = asyncio.Event()
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self.violations: list[str] = []
+
+    async def start(self) -> None:
+        self._process = await asyncio.create_subprocess_exec(
+            *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=64 * 1024 * 1024)
+        self._reader = asyncio.create_task(self._read())
+        await self.wait_for(lambda e: e.kind == "listening", timeout=20)
+
+    async def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        async for line in self._process.stdout:
+            data = json.loads(line)
+            if data["kind"] == "violation":
+                self.violations.append(data["name"])
+            self.entries.append(Entry(data["seq"], data["at"], data["kind"], data["name"], data.get("detail", {})))
+            self._changed.set()
+
+    async def wait_for(self, predicate: Callable[[Entry], bool], timeout: float = 10.0, after: int = -1) -> Entry:
+        """The first entry with ``seq > after`` matching ``predicate``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        checked = 0
+        while True:
+            for entry in self.entries[checked:]:
+                if entry.seq > after and predicate(entry):
+                    return entry
+            checked = len(self.entries)
+            self._changed.clear()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError("no matching entry from the simulated ClusterD")
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    @property
+    def last_seq(self) -> int:
+        return self.entries[-1].seq if self.entries else -1
+
+    async def command(self, line: str) -> None:
+        assert self._process is not None and self._process.stdin is not None
+        self._process.stdin.write(line.encode() + b"\n")
+        await self._process.stdin.drain()
+
+    async def stop(self) -> None:
+        if self._process is None:
+            return
+        if self._process.returncode is None:
+            assert self._process.stdin is not None
+            self._process.stdin.close()
+            try:
+                await asyncio.wait_for(self._process.wait(), 10)
+            except asyncio.TimeoutError:
+                self._process.kill()
+                await self._process.wait()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+
+# --------------------------------------------------------------------------- child
+
+async def _child(args: argparse.Namespace) -> None:
+    from bridge.sim.clusterd import SimClusterD, SimJob
+
+    sim = SimClusterD([SimJob(args.job, world_size=args.world_size, devices_per_pod=args.devices_per_pod)],
+                      keepalive_interval=args.keepalive, global_fault_delay=args.phase_delay, flush_delay=0.01,
+                      dump_exit_repeat=args.dump_exit_repeat)
+    out = sys.stdout
+
+    def emit(kind: str, name: str, seq: int, at: float, detail: dict[str, Any]) -> None:
+        out.write(json.dumps({"seq": seq, "at": at, "kind": kind, "name": name, "detail": detail}) + "\n")
+        out.flush()
+
+    def on_entry(entry: Any) -> None:
+        detail = {k: v for k, v in entry.detail.items() if k in ("uuid", "actions", "changeStrategy", "stream", "value")}
+        if "faults" in entry.detail:
+            detail["ranks"] = len(entry.detail["faults"])
+            detail["rank_set"] = sorted(entry.detail["faults"]) if entry.name == "ReportProcessFault" else []
+        if "status" in entry.detail and entry.detail["status"]:
+            detail["code"] = entry.detail["status"].get("code")
+        emit(entry.kind, entry.name, entry.seq, entry.at, detail)
+
+    sim.journal.add_listener(on_entry)
+    await sim.start(args.listen)
+    emit("listening", sim.address or "", 0, time.monotonic(), {})
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while True:
+        line = (await reader.readline()).decode().split()
+        if not line:
+            break
+        try:
+            if line[0] == "pause":
+                await sim.pause(line[1], timeout=60)
+            elif line[0] == "fault":
+                from bridge.faults import parse_faults
+
+                await sim.start_clusterd_fault(line[1], parse_faults(line[2]))
+        except Exception as error:  # report it; the benchmark decides what it means
+            emit("error", f"{line[0]}: {error}", 0, time.monotonic(), {})
+    for violation in sim.violations:
+        emit("violation", violation, -1, time.monotonic(), {})
+    await sim.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child", action="store_true", required=True)
+    parser.add_argument("--listen", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--world-size", type=int, default=8)
+    parser.add_argument("--devices-per-pod", type=int, default=8)
+    parser.add_argument("--keepalive", type=float, default=1.0)
+    parser.add_argument("--phase-delay", type=float, default=0.05)
+    parser.add_argument("--dump-exit-repeat", type=float, default=0.5)
+    asyncio.run(_child(parser.parse_args()))

@@ -1,0 +1,218 @@
+"""The seed API (seeds 000/001) against the simulated ClusterD and the stub controller:
+a launcher script written against the seed documentation, return codes, TLS and mTLS."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bridge import recover_manager
+from bridge.codes import Code
+from bridge.recover_manager import (
+    CertificateError,
+    ClusterDError,
+    ClusterDUnavailable,
+    DLRecoverManager,
+    ProcessRecoveryOff,
+    pb,
+    report_process_fault,
+    report_recover_status,
+    report_recover_strategy,
+    report_stop_complete,
+)
+from bridge.sim import mindio_ttp
+from bridge.sim.clusterd import SimClusterD, SimJob
+from bridge.sim.scenario import free_port
+
+pytestmark = pytest.mark.timeout(60)
+JOB = "seed-job"
+
+
+class ServerThread:
+    """The simulated ClusterD on a loop of its own: the seed API is synchronous."""
+
+    def __init__(self, jobs: list[SimJob], credentials: grpc.ServerCredentials | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.sim = self.run(self._make(jobs))
+        self.sim.server_credentials = credentials
+        self.address = self.run(self.sim.start("127.0.0.1:0"))
+
+    async def _make(self, jobs: list[SimJob]) -> SimClusterD:
+        return SimClusterD(jobs, keepalive_interval=0.2, global_fault_delay=0.05, flush_delay=0.01)
+
+    def run(self, coroutine):  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
+
+    def wait_for(self, predicate, timeout: float = 10):  # type: ignore[no-untyped-def]
+        return self.run(self.sim.wait_for(predicate, timeout))
+
+    def close(self) -> None:
+        self.run(self.sim.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def server() -> Iterator[ServerThread]:
+    srv = ServerThread([SimJob(JOB, world_size=16, devices_per_pod=4)])
+    yield srv
+    violations = list(srv.sim.violations)
+    srv.close()
+    assert violations == []
+
+
+@pytest.fixture
+def training() -> Iterator[object]:
+    mindio_ttp.install()
+    mindio_ttp.training.reset()
+    mindio_ttp.training.auto_step = True
+    mindio_ttp.training.wait_time = 5
+    yield mindio_ttp.training
+    mindio_ttp.training.reset()
+
+
+def test_a_script_written_against_the_seed_runs_unchanged(server: ServerThread, training) -> None:  # type: ignore[no-untyped-def]
+    import mindio_ttp.controller_ttp as ttp
+
+    # --- as a launcher following seeds 000/001 would write it -----------------------
+    info = pb.ClientInfo(ip="", port="", taskId=JOB, role="master agent")
+    manager = DLRecoverManager(info, server.address, secure_conn=False)
+    manager.init_clusterd()
+    status = manager.register(info)
+    assert status.code == 0
+    manager.start_subscribe()
+    ttp.tft_register_mindx_callback("report_fault_ranks", report_process_fault)
+    ttp.tft_register_mindx_callback("report_stop_complete", report_stop_complete)
+    ttp.tft_register_mindx_callback("report_strategies", report_recover_strategy)
+    ttp.tft_register_mindx_callback("report_result", report_recover_status)
+    ttp.tft_init_controller(-1, 16, False, True, False)
+    ttp.tft_start_controller("127.0.0.1", free_port(), False, "")
+    # -------------------------------------------------------------------------------
+    try:
+        training.connect_ranks(range(16))
+        server.wait_for(lambda e: e.kind == "stream-open")
+        server.wait_for(lambda e: e.kind == "signal" and e.name == "keep-alive")
+        training.inject_fault({5: 1})
+        server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "recover-success")
+        assert [n.args[0] for n in training.notifies("change_strategy")] == ["recover"]
+        assert recover_manager.__version__
+    finally:
+        manager.close()
+
+
+def test_return_codes(server: ServerThread, training) -> None:  # type: ignore[no-untyped-def]
+    assert report_process_fault({1: 1}) == Code.UnRegistry  # no manager subscribed yet
+    info = pb.ClientInfo(taskId=JOB, role="agent")
+    manager = DLRecoverManager(info, server.address, secure_conn=False, controller_module="stub")
+    try:
+        assert manager.register(info).code == Code.UnInit  # Register before Init: 408
+        manager.init_clusterd()
+        assert manager.register(info).code == 0
+        manager.start_subscribe()
+        server.wait_for(lambda e: e.kind == "signal" and e.name == "keep-alive")
+        assert report_process_fault({"x": 1}) == Code.ClientError  # bad input, named in the log
+        assert report_stop_complete(True, "x", {}) == Code.ClientError
+        assert report_recover_strategy({}, "retry") == Code.ClientError
+        # no cycle is running: the report answers nothing and is dropped, never queued for the next
+        assert report_stop_complete(0, "stop ok", {1: 1}, wait=5) == Code.OrderMix
+        assert report_process_fault({3: 0}, {3: ""}, wait=5) == Code.OK  # delivered, ClusterD's 0
+        server.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault")
+        assert not server.sim.journal.rpcs("ReportStopComplete")
+    finally:
+        manager.close()
+
+
+def test_init_errors_are_documented_exceptions(training) -> None:  # type: ignore[no-untyped-def]
+    srv = ServerThread([SimJob("off", process_recover=False)])
+    try:
+        with pytest.raises(ProcessRecoveryOff) as off:
+            DLRecoverManager(pb.ClientInfo(taskId="off"), srv.address, secure_conn=False).init_clusterd()
+        assert off.value.code == 403
+        with pytest.raises(ClusterDError) as unknown:
+            DLRecoverManager(pb.ClientInfo(taskId="nobody"), srv.address, secure_conn=False).init_clusterd()
+        assert unknown.value.code == 502
+    finally:
+        srv.close()
+    closed = DLRecoverManager(pb.ClientInfo(taskId="j"), f"127.0.0.1:{free_port()}", secure_conn=False, rpc_timeout=0.5)
+    with pytest.raises(ClusterDUnavailable):
+        closed.init_clusterd()
+    with pytest.raises(ValueError, match="no job id"):
+        DLRecoverManager(pb.ClientInfo(), "127.0.0.1:1", secure_conn=False)
+
+
+# --------------------------------------------------------------------------- TLS
+
+trustme = pytest.importorskip("trustme")
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    directory = tmp_path_factory.mktemp("pki")
+    ca, other_ca = trustme.CA(), trustme.CA()
+    server_cert = ca.issue_cert("localhost", "127.0.0.1")
+    client_cert = ca.issue_cert("tft-bridge-client")
+    files = {}
+    for name, blob in {"ca.pem": ca.cert_pem.bytes(), "other-ca.pem": other_ca.cert_pem.bytes(),
+                       "client.pem": client_cert.cert_chain_pems[0].bytes(),
+                       "client.key": client_cert.private_key_pem.bytes()}.items():
+        (directory / name).write_bytes(blob)
+        files[name] = str(directory / name)
+    return {"ca": ca, "server_cert": server_cert, **files}
+
+
+def server_credentials(pki: dict[str, object], require_client_auth: bool) -> grpc.ServerCredentials:
+    cert = pki["server_cert"]
+    ca = pki["ca"]
+    return grpc.ssl_server_credentials(
+        [(cert.private_key_pem.bytes(), b"".join(p.bytes() for p in cert.cert_chain_pems))],  # type: ignore[attr-defined]
+        root_certificates=ca.cert_pem.bytes() if require_client_auth else None,  # type: ignore[attr-defined]
+        require_client_auth=require_client_auth)
+
+
+def test_tls_with_the_named_ca(pki: dict[str, object], training) -> None:  # type: ignore[no-untyped-def]
+    srv = ServerThread([SimJob(JOB)], server_credentials(pki, require_client_auth=False))
+    try:
+        manager = DLRecoverManager(pb.ClientInfo(taskId=JOB), srv.address.replace("127.0.0.1", "localhost"),
+                                   secure_conn=True, cert_path=str(pki["ca.pem"]))
+        manager.init_clusterd()
+        assert manager.register(pb.ClientInfo(taskId=JOB)).code == 0
+        wrong = DLRecoverManager(pb.ClientInfo(taskId=JOB), srv.address.replace("127.0.0.1", "localhost"),
+                                 secure_conn=True, cert_path=str(pki["other-ca.pem"]), rpc_timeout=1)
+        with pytest.raises(ClusterDUnavailable):
+            wrong.init_clusterd()
+        plain = DLRecoverManager(pb.ClientInfo(taskId=JOB), srv.address, secure_conn=False, rpc_timeout=1)
+        with pytest.raises(ClusterDUnavailable):
+            plain.init_clusterd()
+    finally:
+        srv.close()
+
+
+def test_mutual_tls(pki: dict[str, object], training) -> None:  # type: ignore[no-untyped-def]
+    srv = ServerThread([SimJob(JOB)], server_credentials(pki, require_client_auth=True))
+    address = srv.address.replace("127.0.0.1", "localhost")
+    try:
+        manager = DLRecoverManager(pb.ClientInfo(taskId=JOB), address, cert_path=str(pki["ca.pem"]),
+                                   client_cert=str(pki["client.pem"]), client_key=str(pki["client.key"]))
+        manager.init_clusterd()
+        no_cert = DLRecoverManager(pb.ClientInfo(taskId=JOB), address, cert_path=str(pki["ca.pem"]), rpc_timeout=1)
+        with pytest.raises(ClusterDUnavailable):
+            no_cert.init_clusterd()
+    finally:
+        srv.close()
+
+
+def test_a_missing_certificate_is_an_error_not_plaintext(tmp_path: Path) -> None:
+    with pytest.raises(CertificateError, match="CA bundle .* cannot be read"):
+        DLRecoverManager(pb.ClientInfo(taskId=JOB), "127.0.0.1:1", cert_path=str(tmp_path / "none.pem"))
+    unreadable = tmp_path / "ca.pem"
+    unreadable.write_text("x")
+    with pytest.raises(CertificateError, match="both client_cert and client_key"):
+        DLRecoverManager(pb.ClientInfo(taskId=JOB), "127.0.0.1:1", cert_path=str(unreadable),
+                         client_cert=str(unreadable))
