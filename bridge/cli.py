@@ -67,6 +67,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     return asyncio.run(main())
 
 
+def cmd_ranktable(args: argparse.Namespace) -> int:
+    """The rank table subscription alone (the [ranktable] section of a job config)."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if not config.ranktable.job_id or not config.ranktable.path:
+        print("invalid configuration:\n  ranktable: needs ranktable.job_id and ranktable.path", file=sys.stderr)
+        return 2
+    setup_logging(args.log_level or config.log_level)
+    from .metrics import BridgeMetrics
+    from .ranktable import RankTableSubscriber
+
+    async def main() -> int:
+        subscriber = RankTableSubscriber(config.ranktable, config.clusterd, BridgeMetrics())
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, subscriber.stop)
+        await subscriber.run()
+        return 0
+
+    return asyncio.run(main())
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.file)
@@ -128,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", required=True, help="the job's TOML configuration file")
     run.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides log_level")
     run.set_defaults(func=cmd_run)
+
+    ranktable = commands.add_parser("ranktable", help="only subscribe to the rank table and keep its file current")
+    ranktable.add_argument("--config", required=True, help="a job config with a [ranktable] section")
+    ranktable.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    ranktable.set_defaults(func=cmd_ranktable)
 
     check = commands.add_parser("check-config", help="validate a config file and print the effective configuration")
     check.add_argument("file")

@@ -26,6 +26,7 @@ from .controller import ControllerHost, ControllerReport, Handoff, StartupError,
 from .flow import STRATEGIES, ControllerFlow, Step
 from .hooks import NodeHooks
 from .metrics import BridgeMetrics, MetricsServer
+from .ranktable import RankTableSubscriber
 from .relay import Relay
 from .signals import SignalDispatcher
 from .systemd import Notifier
@@ -119,6 +120,7 @@ class Bridge:
         self.dispatcher: SignalDispatcher | None = None
         self.metrics_server: MetricsServer | None = None
         self.handoff: Handoff | None = None
+        self.ranktable: RankTableSubscriber | None = None
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[Any]] = {}
@@ -157,6 +159,9 @@ class Bridge:
                 raise StartupError(f"metrics endpoint {c.metrics.address}:{c.metrics.port}: {error}") from error
             log.info("metrics on http%s://%s:%d/metrics", "s" if c.metrics.certfile else "", c.metrics.address,
                      self.metrics_server.port)
+        if c.ranktable.enabled:
+            self.ranktable = RankTableSubscriber(c.ranktable, c.clusterd, self.metrics)
+            self._spawn("ranktable", self.ranktable.run())
         module = load_controller_module(c.controller.module)
         await self.start_relaying(ControllerHost(module, c.controller))
         assert self.session is not None
@@ -365,6 +370,8 @@ class Bridge:
             self.relay.stop()
         if self.dispatcher is not None:
             self.dispatcher.stop()
+        if self.ranktable is not None:
+            self.ranktable.stop()
         if self.controller is not None and self.controller.started and self.controller.owned:
             await asyncio.to_thread(self.controller.destroy, self.config.controller.destroy_timeout)
         for name, task in self._tasks.items():

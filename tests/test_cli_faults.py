@@ -40,7 +40,8 @@ def test_lenient_parse_shows_what_clusterd_does(capsys: pytest.CaptureFixture[st
 
 def test_help_on_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["--help"], ["run", "--help"], ["check-config", "--help"], ["demo", "--help"],
-                 ["faults", "--help"], ["faults", "merge", "--help"], ["sim-clusterd", "--help"]):
+                 ["faults", "--help"], ["faults", "merge", "--help"], ["sim-clusterd", "--help"],
+                 ["ranktable", "--help"], ["platform", "--help"]):
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 0

@@ -1,0 +1,156 @@
+"""The rank table subscription against the simulated ClusterD's config.Config service."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bridge.config import ClusterDConfig, RankTableConfig
+from bridge.metrics import BridgeMetrics
+from bridge.ranktable import RankTableSubscriber
+from bridge.sim.clusterd import SimClusterD, SimJob
+
+from .test_ranktable_validation import V10, V12
+
+pytestmark = pytest.mark.timeout(30)
+RT_JOB = "mindie-7"
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimClusterD]:
+    server = SimClusterD([SimJob("uid-1", rank_table_job_id=RT_JOB)], rank_table_delay=0.01)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def running(sim: SimClusterD, path: Path, metrics: BridgeMetrics,
+                  hook: tuple[str, ...] = ()) -> tuple[RankTableSubscriber, asyncio.Task[None]]:
+    assert sim.address is not None
+    subscriber = RankTableSubscriber(
+        RankTableConfig(enabled=True, job_id=RT_JOB, path=str(path), hook_command=hook),
+        ClusterDConfig(address=sim.address, reconnect_initial=0.02, reconnect_max=0.2), metrics)
+    task = asyncio.create_task(subscriber.run())
+    await sim.wait_for(lambda e: e.kind == "stream-open" and e.name == "SubscribeRankTable", timeout=5)
+    return subscriber, task
+
+
+async def until(predicate, timeout: float = 5) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def updates(metrics: BridgeMetrics, result: str) -> float:
+    return metrics.sample("tft_bridge_ranktable_updates_total", {"result": result})
+
+
+async def test_tables_of_both_versions_land_atomically_and_only_on_change(sim: SimClusterD, tmp_path: Path) -> None:
+    path = tmp_path / "ranktable.json"
+    metrics = BridgeMetrics()
+    subscriber, task = await running(sim, path, metrics)
+    try:
+        await sim.push_rank_table(RT_JOB, json.dumps(V10))
+        await until(lambda: path.exists())
+        assert json.loads(path.read_text()) == V10
+        await sim.push_rank_table(RT_JOB, json.dumps(V10, indent=1))  # the same table again, other spacing
+        await until(lambda: updates(metrics, "unchanged") >= 1)
+        await sim.push_rank_table(RT_JOB, json.dumps(V12))
+        await until(lambda: json.loads(path.read_text()) == V12)
+        assert updates(metrics, "written") == 2
+        assert oct(path.stat().st_mode & 0o777) == "0o640"
+    finally:
+        subscriber.stop()
+        await task
+
+
+@pytest.mark.parametrize("bad", ["{garbage", json.dumps({**V10, "status": "pending"}),
+                                 json.dumps({k: v for k, v in V10.items() if k != "server_group_list"})])
+async def test_bad_tables_never_replace_the_good_one(sim: SimClusterD, tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "ranktable.json"
+    metrics = BridgeMetrics()
+    subscriber, task = await running(sim, path, metrics)
+    try:
+        await sim.push_rank_table(RT_JOB, json.dumps(V10))
+        await until(lambda: path.exists())
+        await sim.push_rank_table(RT_JOB, bad)
+        await until(lambda: updates(metrics, "rejected") >= 1)
+        assert json.loads(path.read_text()) == V10
+        assert metrics.sample("tft_bridge_bad_inputs_total", {"kind": "rank_table"}) == updates(metrics, "rejected")
+    finally:
+        subscriber.stop()
+        await task
+
+
+async def test_a_table_for_another_job_is_rejected(sim: SimClusterD, tmp_path: Path) -> None:
+    path = tmp_path / "ranktable.json"
+    metrics = BridgeMetrics()
+    subscriber, task = await running(sim, path, metrics)
+    try:
+        from bridge._proto import config_pb2
+
+        assert await subscriber.handle(config_pb2.RankTableStream(jobId="someone-else", rankTable=json.dumps(V10))) \
+            == "rejected"
+        assert not path.exists()
+    finally:
+        subscriber.stop()
+        await task
+
+
+async def test_a_second_register_ends_the_stream_and_we_register_again(sim: SimClusterD, tmp_path: Path) -> None:
+    path = tmp_path / "ranktable.json"
+    metrics = BridgeMetrics()
+    subscriber, task = await running(sim, path, metrics)
+    try:
+        first = len(sim.journal.select(kind="stream-open", name="SubscribeRankTable"))
+        assert sim.address is not None
+        import grpc
+
+        from bridge._proto import config_pb2, config_pb2_grpc
+
+        async with grpc.aio.insecure_channel(sim.address) as channel:  # another client registers the job
+            await config_pb2_grpc.ConfigStub(channel).Register(config_pb2.ClientInfo(jobId=RT_JOB, role="intruder"))
+        await sim.wait_for(lambda e: e.kind == "stream-end" and e.name == "SubscribeRankTable", timeout=5)
+        await until(lambda: len(sim.journal.select(kind="stream-open", name="SubscribeRankTable")) > first)
+        roles = [e.detail.get("role") for e in sim.journal.rpcs("config.Register")]
+        assert roles[:2] == ["tft-bridge", "intruder"] and "tft-bridge" in roles[2:]  # registered again
+        changed = copy.deepcopy(V12)
+        await sim.push_rank_table(RT_JOB, json.dumps(changed))
+        await until(lambda: path.exists() and json.loads(path.read_text()) == V12)
+    finally:
+        subscriber.stop()
+        await task
+
+
+async def test_hook_runs_on_change(sim: SimClusterD, tmp_path: Path) -> None:
+    path = tmp_path / "ranktable.json"
+    marker = tmp_path / "hook-ran"
+    metrics = BridgeMetrics()
+    subscriber, task = await running(sim, path, metrics, hook=("/bin/sh", "-c", f'echo "$1 $2" > {marker}', "hook"))
+    try:
+        await sim.push_rank_table(RT_JOB, json.dumps(V10))
+        await until(lambda: marker.exists())
+        assert marker.read_text().split() == ["ranktable_changed", str(path)]
+        assert metrics.sample("tft_bridge_hook_runs_total", {"hook": "ranktable_changed", "result": "ok"}) == 1
+    finally:
+        subscriber.stop()
+        await task
+
+
+async def test_run_keeps_the_rank_table_file_current(tmp_path: Path) -> None:
+    from bridge.sim.scenario import SimulatedJob
+
+    path = tmp_path / "rt.json"
+    job = SimulatedJob(SimJob("uid-2", rank_table_job_id=RT_JOB),
+                       config_overrides={"ranktable": {"enabled": True, "job_id": RT_JOB, "path": str(path)}})
+    async with job:
+        await job.sim.wait_for(lambda e: e.kind == "stream-open" and e.name == "SubscribeRankTable", timeout=5)
+        await job.sim.push_rank_table("uid-2", json.dumps(V12))
+        await until(lambda: path.exists())
+        assert json.loads(path.read_text()) == V12
