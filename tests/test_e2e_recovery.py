@@ -315,3 +315,29 @@ async def test_clusterd_restart_mid_cycle(running: list[SimulatedJob]) -> None:
     assert sum(job.metrics.sample("tft_bridge_subscription_reconnects_total", {"reason": r})
                for r in ("stream_unavailable", "stream_cancelled", "stream_unknown", "keepalive_timeout",
                          "cycle_end")) >= 1
+
+
+async def test_malformed_signal_is_refused_without_resetting_the_subscription(running: list[SimulatedJob]) -> None:
+    job = await started(running)
+    opened = len(job.sim.journal.select(kind="stream-open"))
+    await job.sim.send_signal(JOB, jobId=JOB, uuid="bad-1", signalType="stopTrain", actions=["stop_train"],
+                              faultRanks=[("x", "1")])
+    await job.sim.send_signal(JOB, jobId=JOB, uuid="bad-2", signalType="stopTrain", actions=["stop_train"],
+                              faultRanks=[("3", "9")])
+    await eventually(lambda: job.metrics.sample("tft_bridge_signals_refused_total", {"reason": "malformed"}) == 2)
+    assert job.metrics.sample("tft_bridge_bad_inputs_total", {"kind": "signal_fault_ranks"}) == 2
+    assert not job.training.notifies("stop_train")
+    assert len(job.sim.journal.select(kind="stream-open")) == opened  # the stream was not reset
+    job.training.inject_fault({5: 1})  # and the next real cycle still works
+    await annotation(job, "recover-success")
+
+
+async def test_node_hook_runs_with_the_node_ranks(running: list[SimulatedJob], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    record = tmp_path / "hook.log"
+    job = await started(running, config_overrides={"hooks": {
+        "node_command": ["/bin/sh", "-c", f'echo "$@" >> {record}', "hook"], "timeout": 5}})
+    job.training.inject_fault({5: 1})
+    await annotation(job, "recover-success")
+    await eventually(lambda: record.exists())
+    assert record.read_text().split() == ["fault_nodes_exit", "1"]  # rank 5 lives on pod 1
+    assert job.metrics.sample("tft_bridge_hook_runs_total", {"hook": "fault_nodes_exit", "result": "ok"}) == 1
