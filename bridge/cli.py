@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from . import faults as codec
-from .config import ConfigError, load_config
+from .config import BridgeConfig, ConfigError, load_config
 from .platform import add_platform_parser
 
 log = logging.getLogger("tft_bridge")
@@ -33,11 +33,18 @@ def setup_logging(level: str) -> None:
 
 # --------------------------------------------------------------------------- run / check-config
 
-def cmd_run(args: argparse.Namespace) -> int:
+def load_or_report(path: str) -> BridgeConfig | None:
+    """The configuration, or None after printing every problem (the caller exits 2)."""
     try:
-        config = load_config(args.config)
+        return load_config(path)
     except ConfigError as error:
         print(error, file=sys.stderr)
+        return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = load_or_report(args.config)
+    if config is None:
         return 2
     setup_logging(args.log_level or config.log_level)
     from .daemon import Bridge
@@ -69,10 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_ranktable(args: argparse.Namespace) -> int:
     """The rank table subscription alone (the [ranktable] section of a job config)."""
-    try:
-        config = load_config(args.config)
-    except ConfigError as error:
-        print(error, file=sys.stderr)
+    config = load_or_report(args.config)
+    if config is None:
         return 2
     if not config.ranktable.job_id or not config.ranktable.path:
         print("invalid configuration:\n  ranktable: needs ranktable.job_id and ranktable.path", file=sys.stderr)
@@ -93,10 +98,8 @@ def cmd_ranktable(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.file)
-    except ConfigError as error:
-        print(error, file=sys.stderr)
+    config = load_or_report(args.file)
+    if config is None:
         return 2
     print(json.dumps(config.as_dict(), indent=2, sort_keys=False))
     return 0
