@@ -129,3 +129,19 @@ def test_demo(scenario: str, capsys: pytest.CaptureFixture[str]) -> None:
     if scenario == "retry":
         assert "writes ProcessRecoverStatus=retry-success" in out
         assert "metrics were served at http://127.0.0.1:" in out
+
+
+def test_demo_hold_serves_non_zero_recovery_metrics() -> None:
+    import urllib.request
+
+    port = free_port()
+    demo = spawn("demo", "--scenario", "retry", "--hold", "10", "--metrics-port", str(port))
+    try:
+        wait_for_line(demo, "holding for", timeout=40)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'tft_bridge_recovery_cycles_total{outcome="success",strategy="retry"} 1.0' in body
+        assert 'tft_bridge_reports_sent_total{kind="result"} 1.0' in body
+        assert "tft_bridge_recovery_duration_seconds_count" in body
+    finally:
+        demo.send_signal(signal.SIGINT)
+        demo.communicate(timeout=30)
