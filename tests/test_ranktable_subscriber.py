@@ -135,9 +135,9 @@ async def test_hook_runs_on_change(sim: SimClusterD, tmp_path: Path) -> None:
     subscriber, task = await running(sim, path, metrics, hook=("/bin/sh", "-c", f'echo "$1 $2" > {marker}', "hook"))
     try:
         await sim.push_rank_table(RT_JOB, json.dumps(V10))
-        await until(lambda: marker.exists())
+        # the shell creates the file before echo writes it: wait for the hook to finish
+        await until(lambda: metrics.sample("tft_bridge_hook_runs_total", {"hook": "ranktable_changed", "result": "ok"}) == 1)
         assert marker.read_text().split() == ["ranktable_changed", str(path)]
-        assert metrics.sample("tft_bridge_hook_runs_total", {"hook": "ranktable_changed", "result": "ok"}) == 1
     finally:
         subscriber.stop()
         await task
