@@ -52,6 +52,11 @@ def channel_options(config: ClusterDConfig) -> list[tuple[str, Any]]:
         ("grpc.max_receive_message_length", 8 * 1024 * 1024),
         ("grpc.max_send_message_length", 4 * 1024 * 1024),
         ("grpc.enable_retries", 0),  # retries are decided here, per report kind
+        # Reconnecting follows the session's own backoff, not gRPC's default (1 s growing
+        # to 120 s), which could keep the bridge away longer than the controller waits.
+        ("grpc.initial_reconnect_backoff_ms", max(1, int(config.reconnect_initial * 1000))),
+        ("grpc.min_reconnect_backoff_ms", max(1, int(config.reconnect_initial * 1000))),
+        ("grpc.max_reconnect_backoff_ms", max(1, int(config.reconnect_max * 1000))),
     ]
 
 
@@ -204,6 +209,7 @@ class Session:
         self._resubscribe = asyncio.Event()
         self._call: Any = None
         self._end_reason = "start"
+        self._ended: dict[str, None] = {}  # uuids of cycles that are over, oldest first (bounded)
 
     def _set_state(self, state: SessionState) -> None:
         if state is not self.state:
@@ -320,6 +326,8 @@ class Session:
                     self._set_state(SessionState.SUBSCRIBED)
                 self.last_message_at = time.monotonic()
                 signal, raw = item
+                if self._is_stale(signal):
+                    continue
                 self._track_cycle(signal)
                 self.on_signal(signal, raw, signal.uuid or self.stream_token())
         except asyncio.CancelledError:
@@ -340,6 +348,19 @@ class Session:
             log.info("ClusterD ended the signal stream (end of a recovery cycle or a server-side reset)")
         return reason
 
+    def _is_stale(self, signal: pb.ProcessManageSignal) -> bool:
+        """A signal of a cycle that is already over (reordered, or repeated by a ClusterD
+        that lost track) must neither reach the controller nor be adopted as the running
+        cycle: ClusterD never resumes a cycle once it ended."""
+        if not signal.uuid or signal.uuid not in self._ended:
+            return False
+        if signal.signalType != "keep-alive":
+            self.metrics.signals_received.labels(signal.signalType or "empty").inc()
+            self.metrics.signals_refused.labels("stale_cycle").inc()
+            log.warning("not forwarding %s %s: its cycle %s is already over", signal.signalType,
+                        list(signal.actions), signal.uuid)
+        return True
+
     def _track_cycle(self, signal: pb.ProcessManageSignal) -> None:
         uuid = signal.uuid
         if signal.jobId and signal.jobId != self.job_id:
@@ -358,6 +379,9 @@ class Session:
     def _end_cycle(self) -> None:
         ended, self.current_uuid = self.current_uuid, None
         if ended:
+            self._ended[ended] = None
+            while len(self._ended) > 256:
+                del self._ended[next(iter(self._ended))]
             for listener in self.cycle_listeners:
                 listener(ended)
 

@@ -110,6 +110,7 @@ class Bridge:
         self.metrics = metrics or BridgeMetrics()
         self.notifier = notifier or Notifier()
         self.observer = observer or (lambda line: None)
+        self._observed = observer is not None  # formatting a 100 000-rank timeline line costs ms
         self.flow = ControllerFlow(wait_timeout=config.controller.wait_mindx_time)
         self.clock = RecoveryClock(self.metrics)
         self.exit_code = EXIT_OK
@@ -121,6 +122,7 @@ class Bridge:
         self.metrics_server: MetricsServer | None = None
         self.handoff: Handoff | None = None
         self.ranktable: RankTableSubscriber | None = None
+        self._flow_faults: dict[int, int] = {}  # the controller's faults in the running flow
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[Any]] = {}
@@ -274,6 +276,14 @@ class Bridge:
 
     def _session_state(self, state: SessionState) -> None:
         self.observer(f"ClusterD session: {state.value}")
+        if state is SessionState.SUBSCRIBED and self.flow.step is Step.AWAIT_STOP and self._flow_faults \
+                and self.relay is not None:
+            # Every subscription resets ClusterD's job, fault cache included, and a fault
+            # reported as a cycle ended may have been lost with code 0. The controller
+            # still waits for stop_train: only a fresh report can start the cycle.
+            log.warning("re-reporting %d fault rank(s) on the new stream: ClusterD forgot them",
+                        len(self._flow_faults))
+            self.relay.submit_faults(dict(self._flow_faults))
         self._publish_status()
 
     def _status_line(self) -> str:
@@ -313,10 +323,13 @@ class Bridge:
         self.metrics.count_faults(faults)
         if first_of_flow:
             self.clock.fault(report.at)
+            self._flow_faults = dict(faults)
             self.metrics.faulty_ranks.set(len(faults))
         else:
-            self.metrics.faulty_ranks.inc(len(faults))
-        self.observer(f"controller report_fault_ranks {codec.format_faults(faults) or '(none)'}")
+            self._flow_faults = codec.merge_faults(self._flow_faults, faults)
+            self.metrics.faulty_ranks.set(len(self._flow_faults))
+        if self._observed:
+            self.observer(f"controller report_fault_ranks {codec.format_faults(faults) or '(none)'}")
         assert self.relay is not None
         self.relay.submit_faults(faults, report.waiter)
 
@@ -362,14 +375,14 @@ class Bridge:
     # ------------------------------------------------------------------ stop
     async def _shutdown(self) -> None:
         self.notifier.stopping("stopping: draining reports, then destroying the controller")
+        if self.dispatcher is not None:
+            self.dispatcher.stop()  # hand the controller no new action while it is going down
         if self.relay is not None and self.session is not None and self.session.live.is_set():
             await self.relay.drain(timeout=min(5.0, self.config.clusterd.rpc_timeout))
         if self.session is not None:
             self.session.stop()
         if self.relay is not None:
             self.relay.stop()
-        if self.dispatcher is not None:
-            self.dispatcher.stop()
         if self.ranktable is not None:
             self.ranktable.stop()
         if self.controller is not None and self.controller.started and self.controller.owned:

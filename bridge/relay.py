@@ -37,6 +37,7 @@ DROP_CODES = {
     "no_live_cycle": Code.OrderMix,  # the cycle it answers is over: out of state-machine order
     "cycle_ended": Code.OrderMix,
     "outbox_full": Code.EventQueueBusy,
+    "shutdown": Code.ServerInnerError,  # never sent
 }
 
 METHODS = {
@@ -139,7 +140,8 @@ class Relay:
         self._stopping = True
         self._wakeup.set()
         for pending in self._queue:
-            pending.resolve(Code.ServerInnerError)
+            if not pending.sending:
+                self._drop(pending, "shutdown")
 
     # ------------------------------------------------------------------ delivery
     async def run(self) -> None:

@@ -51,6 +51,7 @@ class SignalDispatcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tft-notify")
         self._seen: set[tuple[Any, ...]] = set()
         self._seen_round = -1
+        self._stopped = False
         self.notify_latencies: list[float] = []  # signal arrival -> notify returned, seconds (bounded)
         self.observer: Callable[[str], None] = lambda line: None  # the demo's timeline
         self.on_exit_decided: Callable[[], None] = lambda: None  # ClusterD chose exit (no result follows)
@@ -67,6 +68,8 @@ class SignalDispatcher:
         self._queue.put_nowait((signal, raw, token, time.monotonic()))
 
     def stop(self) -> None:
+        """Forward nothing more, not even signals already queued."""
+        self._stopped = True
         self._queue.put_nowait(None)
 
     def close(self) -> None:
@@ -82,7 +85,7 @@ class SignalDispatcher:
     async def run(self) -> None:
         while True:
             item = await self._queue.get()
-            if item is None:
+            if item is None or self._stopped:
                 return
             signal, raw, token, arrived = item
             try:

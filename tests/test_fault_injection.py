@@ -449,10 +449,6 @@ async def test_a_fault_reported_while_clusterd_is_down_starts_the_cycle_after_re
     assert m(job, "recovery_cycles_total", strategy="recover", outcome="success") == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bridge/clusterd.py channel_options() sets no grpc.*_reconnect_backoff_ms: after ClusterD comes back "
-    "the channel waits out gRPC's own connection backoff (1 s, x1.6, up to 120 s) and ignores "
-    "clusterd.reconnect_initial / reconnect_max"))
 async def test_the_bridge_reconnects_within_its_own_backoff_after_clusterd_returns(
         running: list[SimulatedJob]) -> None:
     job = await started(running, config_overrides={"clusterd": {"reconnect_max": 0.1}})
@@ -657,14 +653,8 @@ async def test_out_of_phase_signal_of_the_running_cycle_is_refused(running: list
     assert m(job, "recovery_cycles_total", strategy="recover", outcome="success") == 1
 
 
-STALE_REASON = (
-    "bridge/signals.py SignalDispatcher._dispatch and bridge/clusterd.py Session._track_cycle never look at "
-    "whether a signal's uuid belongs to a cycle that is already over: a stopTrain carrying the finished "
-    "cycle's uuid is forwarded at IDLE as a new ClusterD-first stop, and the session adopts the stale uuid "
-    "as the running cycle")
 
 
-@pytest.mark.xfail(strict=True, reason=STALE_REASON)
 async def test_a_stop_train_with_the_finished_cycles_uuid_is_refused(running: list[SimulatedJob]) -> None:
     """The cycle succeeded; then a stopTrain with its uuid shows up (reordered, or a
     repeat from a ClusterD that lost track). ClusterD starts no cycle with it: forwarding
@@ -682,7 +672,7 @@ async def test_a_stop_train_with_the_finished_cycles_uuid_is_refused(running: li
     assert sum(refused(job, r) for r in ("stale_cycle", "duplicate", "unexpected_step")) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=STALE_REASON)
+
 async def test_a_global_fault_of_an_older_cycle_is_refused_mid_cycle(running: list[SimulatedJob]) -> None:
     """Cycle 2 waits for its globalFault; one from cycle 1 arrives first. Forwarded, the
     controller decides on cycle 1's fault set and the bridge ties its answers to cycle 1."""
@@ -834,12 +824,6 @@ enabled = false
     assert sim.violations == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bridge/relay.py + bridge/daemon.py: a fault report answered 0 is never sent again, but every new "
-    "subscription resets ClusterD's job (its fault cache with it); while the controller still waits for "
-    "stop_train (flow step AWAIT_STOP) nobody re-reports its faults on the new stream, so ClusterD never "
-    "starts the cycle and the controller's wait runs out (job killed). Same root cause as a fault reported "
-    "in the instant a cycle ends: ClusterD has already reset, journals fault-lost, answers 0"))
 async def test_faults_clusterd_forgot_on_a_new_stream_are_reported_again(running: list[SimulatedJob]) -> None:
     """The fault reached ClusterD, then the stream broke before stopTrain: the new
     subscription wiped ClusterD's fault cache while the controller still waits for
