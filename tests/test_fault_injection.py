@@ -718,7 +718,8 @@ async def test_callback_storm_while_clusterd_is_down(running: list[SimulatedJob]
         await asyncio.to_thread(storm)
         await eventually(lambda: m(job, "controller_callbacks_total", callback="report_fault_ranks") == calls,
                          10, "every callback handled")
-        assert m(job, "outbox_depth") == 1  # everything merged into one pending report
+        # everything merged into one pending report (two if a send to the dead server was in flight)
+        assert 1 <= m(job, "outbox_depth") <= 2
         assert len(job.sim.journal.rpcs("ReportProcessFault", JOB)) == before  # nothing sent into the void
 
     await kill_clusterd(job, while_down=while_down)
@@ -731,7 +732,9 @@ async def test_callback_storm_while_clusterd_is_down(running: list[SimulatedJob]
     await eventually(lambda: m(job, "reports_sent_total", kind="fault") == requests, what="the answer counted")
     assert sum(m(job, "faults_reported_total", fault_type=t) for t in ("uce", "hccl", "other")) == \
         sum(len(faults) for faults in maps)
-    assert max(blocked) < 0.05, max(blocked)  # never blocked on ClusterD (generous: a noisy 2-core machine)
+    # Never waited for ClusterD: a relay that did would block for its RPC deadline (seconds)
+    # on every call here. The microsecond figures are the benchmarks' business.
+    assert max(blocked) < 1.0, max(blocked)
     await check_invariants(job)
 
 
