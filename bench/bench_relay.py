@@ -82,14 +82,15 @@ async def measure_callbacks(sim: RemoteSim, callback: Callable[..., int], size: 
         result: list[float] = []
 
         def call() -> None:  # on a thread of its own, like the controller's
+            result.append(time.monotonic())  # the callback starts: latencies count from here
             start = time.perf_counter()
             callback(faults, {})
             result.append(time.perf_counter() - start)
 
-        called_at = time.monotonic()
         await asyncio.to_thread(call)
+        called_at, block = result
         entry = await sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault", 60, after=mark)
-        blocks.append(result[0])
+        blocks.append(block)
         latencies.append(entry.at - called_at)
         if wire:
             on_wire.append(wire[-1][1] - called_at)
