@@ -35,38 +35,17 @@ from bridge.sim.scenario import SimulatedJob
 
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_sim import RemoteSim  # noqa: E402
+from baseline import SyncRelay, pct  # noqa: E402
 
 JOB = "bench-job"
 SIZES = (16, 1_000, 10_000, 100_000)
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def fault_map(size: int, salt: int) -> dict[int, int]:
     """Type-0 faults (they never start a ClusterD cycle, so reports can repeat freely)."""
     return {(rank * 7 + salt) % 100_000: 0 for rank in range(size)}
-
-
-class SyncRelay:
-    """The existing client's shape: the callback itself builds the request item by item
-    and makes a blocking gRPC call with no deadline; signals are handled inline on the
-    stream-reading thread, with its 10 ms pause after each."""
-
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.insecure_channel(address)
-        self.stub = recover_pb2_grpc.RecoverStub(self.channel)
-
-    def report_fault_ranks(self, faults: dict[int, int], codes: dict[int, str] | None = None) -> int:
-        request = pb.ProcessFaultRequest(jobId=JOB)
-        for rank, fault_type in faults.items():
-            request.faultRanks.append(pb.FaultRank(rankId=str(rank), faultType=str(fault_type)))
-        return self.stub.ReportProcessFault(request).code
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 async def measure_callbacks(sim: RemoteSim, callback: Callable[..., int], size: int, rounds: int, salt0: int,
@@ -181,7 +160,7 @@ async def callback_phase(quick: bool, misses: list[str]) -> None:
             assert job.bridge.relay is not None
             blocks, latencies, on_wire = await measure_callbacks(
                 sim, bridge_callback, size, rounds[size], 0, job.bridge.relay.sent)
-            sync = SyncRelay(job.config.clusterd.address)
+            sync = SyncRelay(job.config.clusterd.address, JOB)
             try:
                 sync_blocks, sync_lat, _ = await measure_callbacks(sim, sync.report_fault_ranks, size, rounds[size], 7)
             finally:

@@ -33,41 +33,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 
-from bridge._proto import recover_pb2 as pb
-from bridge._proto import recover_pb2_grpc
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
 
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_sim import Entry, RemoteSim  # noqa: E402
+from baseline import SyncRelay, pct  # noqa: E402
 
 JOB = "scale-job"
 WORLD = 100_000
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-class SyncRelay:
-    """The existing client's shape: the callback builds the request item by item and makes
-    a blocking gRPC call (no deadline) before it returns to the controller."""
-
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.insecure_channel(address)
-        self.stub = recover_pb2_grpc.RecoverStub(self.channel)
-
-    def report_fault_ranks(self, faults: dict[int, int], codes: dict[int, str] | None = None) -> int:
-        request = pb.ProcessFaultRequest(jobId=JOB)
-        for rank, fault_type in faults.items():
-            request.faultRanks.append(pb.FaultRank(rankId=str(rank), faultType=str(fault_type)))
-        return self.stub.ReportProcessFault(request).code
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 @dataclass
@@ -230,7 +207,7 @@ async def main_async(rounds_10k: int, rounds_100k: int, storm_count: int) -> int
         await job.subscribed()
         assert job.bridge is not None and job.bridge.controller is not None
         bridge_callback = job.bridge.controller.callbacks["report_fault_ranks"]
-        sync = SyncRelay(job.config.clusterd.address)
+        sync = SyncRelay(job.config.clusterd.address, JOB)
         print("fault reports through the whole path (callback -> merge -> encode -> RPC -> server decoded), "
               "loopback, ClusterD in its own process; type-0 ranks")
         try:

@@ -128,15 +128,20 @@ class BridgeMetrics:
             self.faults_reported.labels(FAULT_TYPE_NAMES[fault_type]).inc(count)
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """A sample's value, 0.0 when absent; for tests, the demo and status lines."""
-        value = self.registry.get_sample_value(name, labels or {})
-        return 0.0 if value is None else value
+        return sample(self.registry, name, labels)
+
+
+def sample(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
+    """A sample's value, 0.0 when absent; for tests, the demo and status lines."""
+    value = registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
 
 
 class MetricsServer:
-    """The HTTP(S) endpoint, on a daemon thread of prometheus_client's own."""
+    """The HTTP(S) endpoint of one registry, on a daemon thread of prometheus_client's own;
+    ``close`` joins it. Used by the bridge and by the platform agent."""
 
-    def __init__(self, metrics: BridgeMetrics, address: str, port: int, **tls: Any) -> None:
+    def __init__(self, metrics: Any, address: str, port: int, **tls: Any) -> None:
         self._server, self._thread = start_http_server(
             port, addr=address, registry=metrics.registry, **{k: v for k, v in tls.items() if v}
         )

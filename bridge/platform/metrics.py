@@ -9,11 +9,11 @@ names them). State owned elsewhere (PodGroups watched, watch up) is read at scra
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from bridge import __version__
+from bridge.metrics import MetricsServer, sample
 
 #: ClusterD polls for the answer every 3 s and gives up after 300 s.
 ANSWER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120, 300)
@@ -91,20 +91,4 @@ class PlatformMetrics:
         self.cycle_ends.labels(status if status in STATUS_LABELS else "other").inc()
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """A sample's value, 0.0 when absent (tests and status lines)."""
-        value = self.registry.get_sample_value(name, labels or {})
-        return 0.0 if value is None else value
-
-
-class MetricsServer:
-    """The HTTP endpoint on prometheus_client's own daemon thread; ``close`` joins it."""
-
-    def __init__(self, metrics: PlatformMetrics, address: str, port: int, **tls: Any) -> None:
-        self._server, self._thread = start_http_server(
-            port, addr=address, registry=metrics.registry, **{k: v for k, v in tls.items() if v})
-        self.port: int = self._server.server_port
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        return sample(self.registry, name, labels)
