@@ -28,7 +28,7 @@ from .flow import STRATEGIES, ControllerFlow, Step
 from .hooks import NodeHooks
 from .metrics import BridgeMetrics, MetricsServer
 from .ranktable import RankTableSubscriber
-from .relay import Relay
+from .relay import Relay, merge_into
 from .signals import SignalDispatcher
 from .systemd import Notifier
 
@@ -335,7 +335,7 @@ class Bridge:
             self._flow_faults = dict(faults)
             self.metrics.faulty_ranks.set(len(faults))
         else:
-            self._flow_faults = codec.merge_faults(self._flow_faults, faults)
+            self._flow_faults = merge_into(self._flow_faults, faults)
             self.metrics.faulty_ranks.set(len(self._flow_faults))
         if self._observed:
             self.observer(f"controller report_fault_ranks {codec.format_faults(faults) or '(none)'}")
