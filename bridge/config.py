@@ -30,8 +30,10 @@ CLUSTERD_PORT = 8899
 class ConfigError(ValueError):
     """Raised with every problem found; ``problems`` holds one message per key."""
 
+    title = "invalid configuration"
+
     def __init__(self, problems: list[str]) -> None:
-        super().__init__("invalid configuration:\n  " + "\n  ".join(problems))
+        super().__init__(f"{self.title}:\n  " + "\n  ".join(problems))
         self.problems = problems
 
 

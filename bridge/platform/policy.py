@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from ..config import ConfigError
 from .annotations import FAULT_TIME_STRATEGIES
 
 if sys.version_info >= (3, 11):
@@ -55,12 +56,10 @@ MALFORMED_CHOICES = ("dump", "exit")
 RankTableWrite = Literal["true", "delete", "keep"]
 
 
-class PolicyError(ValueError):
+class PolicyError(ConfigError):
     """Every problem of a policy file at once, one line per key."""
 
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("invalid platform policy:\n  " + "\n  ".join(problems))
-        self.problems = problems
+    title = "invalid platform policy"
 
 
 @dataclass(frozen=True)

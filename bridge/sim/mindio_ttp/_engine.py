@@ -127,17 +127,7 @@ class MindXEngine:
         True at once when the callbacks are not all registered, like the real one."""
         if not self.is_registered:
             return True
-        deadline = time.monotonic() + seconds
-        with self.cond:
-            while not self.flag and not self.halted:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self.cond.wait(remaining)
-            if self.halted:
-                raise Halt
-            woken = self.flag
-            self.flag = False
+        woken = self._consume("flag", seconds)
         if not woken:
             self.note("wait timed out", expecting, seconds)
         return woken
@@ -145,16 +135,23 @@ class MindXEngine:
     def checker_wait(self, seconds: float) -> None:
         """The NORMAL-loop timed wait, cut short by a heartbeat with a bad status or by
         stop_train / pause / dump / continue / hot switch."""
+        self._consume("checker_flag", seconds)
+
+    def _consume(self, flag: str, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the named flag, then clear it; whether it was set.
+        Raises Halt when the controller is being destroyed meanwhile."""
         deadline = time.monotonic() + seconds
         with self.cond:
-            while not self.checker_flag and not self.halted:
+            while not getattr(self, flag) and not self.halted:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self.cond.wait(remaining)
             if self.halted:
                 raise Halt
-            self.checker_flag = False
+            was_set = bool(getattr(self, flag))
+            setattr(self, flag, False)
+        return was_set
 
     def sleep(self, seconds: float) -> None:
         """An uninterruptible sleep of the real controller (only a reset cuts it short)."""
