@@ -300,13 +300,18 @@ def build_config(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -
     return config
 
 
-def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> BridgeConfig:
-    """Read and validate a TOML file; unreadable or unparsable files are a ConfigError too."""
+def read_toml(path: str | os.PathLike[str], error: type[ConfigError] = ConfigError) -> dict[str, Any]:
+    """A TOML file's contents; an unreadable or unparsable file raises ``error`` (a
+    ConfigError kind) naming the file, like any other configuration problem."""
     try:
         with open(path, "rb") as handle:
-            raw = tomllib.load(handle)
-    except OSError as error:
-        raise ConfigError([f"{path}: cannot read: {error.strerror or error}"]) from error
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError([f"{path}: not valid TOML: {error}"]) from error
-    return build_config(raw, env)
+            return tomllib.load(handle)
+    except OSError as failure:
+        raise error([f"{path}: cannot read: {failure.strerror or failure}"]) from failure
+    except tomllib.TOMLDecodeError as failure:
+        raise error([f"{path}: not valid TOML: {failure}"]) from failure
+
+
+def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> BridgeConfig:
+    """Read and validate a TOML file; unreadable or unparsable files are a ConfigError too."""
+    return build_config(read_toml(path), env)

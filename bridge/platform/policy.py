@@ -35,19 +35,13 @@ PodGroups of one namespace. See ``contrib/platform-policy.example.toml``.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from ..config import ConfigError
+from ..config import ConfigError, read_toml
 from .annotations import FAULT_TIME_STRATEGIES
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 PREFERABLE = ("retry", "recover", "dump", "exit")
 RANK_TABLE_MODES = ("assert", "external", "never")
@@ -160,14 +154,7 @@ def load_policy(path: str | Path | None) -> Policy:
     """The policy in ``path`` (TOML), or the built-in defaults when ``path`` is None."""
     if path is None:
         return Policy()
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except OSError as error:
-        raise PolicyError([f"{path}: {error.strerror or error}"]) from error
-    except tomllib.TOMLDecodeError as error:
-        raise PolicyError([f"{path}: {error}"]) from error
-    return policy_from_dict(data, origin=str(path))
+    return policy_from_dict(read_toml(path, PolicyError), origin=str(path))
 
 
 def policy_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Policy:
