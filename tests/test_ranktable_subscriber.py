@@ -6,6 +6,7 @@ import asyncio
 import copy
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -29,15 +30,21 @@ async def sim() -> AsyncIterator[SimClusterD]:
     await server.stop()
 
 
+@asynccontextmanager
 async def running(sim: SimClusterD, path: Path, metrics: BridgeMetrics,
-                  hook: tuple[str, ...] = ()) -> tuple[RankTableSubscriber, asyncio.Task[None]]:
+                  hook: tuple[str, ...] = ()) -> AsyncIterator[RankTableSubscriber]:
+    """A subscriber, subscribed; stopped (and its task awaited) on exit."""
     assert sim.address is not None
     subscriber = RankTableSubscriber(
         RankTableConfig(enabled=True, job_id=RT_JOB, path=str(path), hook_command=hook),
         ClusterDConfig(address=sim.address, reconnect_initial=0.02, reconnect_max=0.2), metrics)
     task = asyncio.create_task(subscriber.run())
-    await sim.wait_for(lambda e: e.kind == "stream-open" and e.name == "SubscribeRankTable", timeout=5)
-    return subscriber, task
+    try:
+        await sim.wait_for(lambda e: e.kind == "stream-open" and e.name == "SubscribeRankTable", timeout=5)
+        yield subscriber
+    finally:
+        subscriber.stop()
+        await task
 
 
 async def until(predicate, timeout: float = 5) -> None:  # type: ignore[no-untyped-def]
@@ -54,8 +61,7 @@ def updates(metrics: BridgeMetrics, result: str) -> float:
 async def test_tables_of_both_versions_land_atomically_and_only_on_change(sim: SimClusterD, tmp_path: Path) -> None:
     path = tmp_path / "ranktable.json"
     metrics = BridgeMetrics()
-    subscriber, task = await running(sim, path, metrics)
-    try:
+    async with running(sim, path, metrics) as subscriber:
         await sim.push_rank_table(RT_JOB, json.dumps(V10))
         await until(lambda: path.exists())
         assert json.loads(path.read_text()) == V10
@@ -65,9 +71,6 @@ async def test_tables_of_both_versions_land_atomically_and_only_on_change(sim: S
         await until(lambda: json.loads(path.read_text()) == V12)
         assert updates(metrics, "written") == 2
         assert oct(path.stat().st_mode & 0o777) == "0o640"
-    finally:
-        subscriber.stop()
-        await task
 
 
 @pytest.mark.parametrize("bad", ["{garbage", json.dumps({**V10, "status": "pending"}),
@@ -75,39 +78,30 @@ async def test_tables_of_both_versions_land_atomically_and_only_on_change(sim: S
 async def test_bad_tables_never_replace_the_good_one(sim: SimClusterD, tmp_path: Path, bad: str) -> None:
     path = tmp_path / "ranktable.json"
     metrics = BridgeMetrics()
-    subscriber, task = await running(sim, path, metrics)
-    try:
+    async with running(sim, path, metrics) as subscriber:
         await sim.push_rank_table(RT_JOB, json.dumps(V10))
         await until(lambda: path.exists())
         await sim.push_rank_table(RT_JOB, bad)
         await until(lambda: updates(metrics, "rejected") >= 1)
         assert json.loads(path.read_text()) == V10
         assert metrics.sample("tft_bridge_bad_inputs_total", {"kind": "rank_table"}) == updates(metrics, "rejected")
-    finally:
-        subscriber.stop()
-        await task
 
 
 async def test_a_table_for_another_job_is_rejected(sim: SimClusterD, tmp_path: Path) -> None:
     path = tmp_path / "ranktable.json"
     metrics = BridgeMetrics()
-    subscriber, task = await running(sim, path, metrics)
-    try:
+    async with running(sim, path, metrics) as subscriber:
         from bridge._proto import config_pb2
 
         assert await subscriber.handle(config_pb2.RankTableStream(jobId="someone-else", rankTable=json.dumps(V10))) \
             == "rejected"
         assert not path.exists()
-    finally:
-        subscriber.stop()
-        await task
 
 
 async def test_a_second_register_ends_the_stream_and_we_register_again(sim: SimClusterD, tmp_path: Path) -> None:
     path = tmp_path / "ranktable.json"
     metrics = BridgeMetrics()
-    subscriber, task = await running(sim, path, metrics)
-    try:
+    async with running(sim, path, metrics) as subscriber:
         first = len(sim.journal.select(kind="stream-open", name="SubscribeRankTable"))
         assert sim.address is not None
         import grpc
@@ -123,24 +117,17 @@ async def test_a_second_register_ends_the_stream_and_we_register_again(sim: SimC
         changed = copy.deepcopy(V12)
         await sim.push_rank_table(RT_JOB, json.dumps(changed))
         await until(lambda: path.exists() and json.loads(path.read_text()) == V12)
-    finally:
-        subscriber.stop()
-        await task
 
 
 async def test_hook_runs_on_change(sim: SimClusterD, tmp_path: Path) -> None:
     path = tmp_path / "ranktable.json"
     marker = tmp_path / "hook-ran"
     metrics = BridgeMetrics()
-    subscriber, task = await running(sim, path, metrics, hook=("/bin/sh", "-c", f'echo "$1 $2" > {marker}', "hook"))
-    try:
+    async with running(sim, path, metrics, hook=("/bin/sh", "-c", f'echo "$1 $2" > {marker}', "hook")) as subscriber:
         await sim.push_rank_table(RT_JOB, json.dumps(V10))
         # the shell creates the file before echo writes it: wait for the hook to finish
         await until(lambda: metrics.sample("tft_bridge_hook_runs_total", {"hook": "ranktable_changed", "result": "ok"}) == 1)
         assert marker.read_text().split() == ["ranktable_changed", str(path)]
-    finally:
-        subscriber.stop()
-        await task
 
 
 async def test_run_keeps_the_rank_table_file_current(tmp_path: Path) -> None:
