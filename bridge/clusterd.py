@@ -12,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from ._proto import recover_pb2 as pb
+from .backoff import Backoff
 from .codes import Code
 from .config import ClusterDConfig
 from .metrics import BridgeMetrics
@@ -156,23 +155,6 @@ class SessionState(enum.Enum):
     SUBSCRIBED = "subscribed"
     BACKOFF = "reconnecting"
     STOPPED = "stopped"
-
-
-@dataclass
-class Backoff:
-    """Capped exponential backoff with full jitter."""
-
-    initial: float
-    cap: float
-    attempt: int = 0
-
-    def next(self) -> float:
-        delay = min(self.cap, self.initial * (2 ** self.attempt))
-        self.attempt += 1
-        return random.uniform(delay / 2, delay)
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 #: (signal, raw bytes, cycle token): the token is the signal's uuid, or for the signals

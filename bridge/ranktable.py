@@ -21,7 +21,8 @@ from typing import Any
 import grpc
 
 from ._proto import config_pb2
-from .clusterd import Backoff, ClusterDClient, RpcFailure, client_info
+from .backoff import Backoff
+from .clusterd import ClusterDClient, RpcFailure, client_info
 from .codes import Code
 from .config import ClusterDConfig, RankTableConfig
 from .hooks import NodeHooks

@@ -26,7 +26,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from . import faults as codec
-from .clusterd import Backoff, ClusterDClient, Delivery, RpcFailure, Session
+from .backoff import Backoff
+from .clusterd import ClusterDClient, Delivery, RpcFailure, Session
 from .codes import Code
 from .metrics import BridgeMetrics
 

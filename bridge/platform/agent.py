@@ -37,7 +37,8 @@ from .kube import Conflict, KubeError, NotFound, PodGroupApi, RequestFailed
 from .metrics import PlatformMetrics
 from .policy import Policy, Situation, decide
 from .sources import FaultSource, FaultSourceError, NoFaults, ask
-from .watcher import Backoff, Changed, Delivery, Listed, PodGroupWatcher
+from ..backoff import Backoff
+from .watcher import Changed, Delivery, Listed, PodGroupWatcher
 
 log = logging.getLogger("tft_bridge.platform")
 

@@ -19,12 +19,12 @@ into its event loop). The loop is the classic reflector:
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..backoff import Backoff
 from .kube import Expired, KubeError, PodGroupApi, RequestFailed, Unavailable, WatchStream, error_for_status
 from .metrics import PlatformMetrics
 
@@ -45,23 +45,6 @@ class Changed:
 
 
 Delivery = Listed | Changed
-
-
-class Backoff:
-    """Jittered exponential backoff: ``initial`` doubling up to ``maximum``, ±20 %."""
-
-    def __init__(self, initial: float, maximum: float) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self._next = initial
-
-    def reset(self) -> None:
-        self._next = self.initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self.maximum, self._next * 2)
-        return delay * random.uniform(0.8, 1.2)
 
 
 class PodGroupWatcher:
