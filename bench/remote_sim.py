@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import sys
 import time
@@ -65,9 +66,13 @@ class RemoteSim:
         """The first entry with ``seq > after`` matching ``predicate``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        checked = 0
+        # Entries arrive in seq order: start past ``after`` instead of rescanning the whole
+        # journal, which grows all run long and shares the event loop with the bridge
+        # being measured (a full scan per wait stalled it for milliseconds).
+        checked = bisect.bisect_right(self.entries, after, key=lambda e: e.seq)
         while True:
-            for entry in self.entries[checked:]:
+            for index in range(checked, len(self.entries)):
+                entry = self.entries[index]
                 if entry.seq > after and predicate(entry):
                     return entry
             checked = len(self.entries)

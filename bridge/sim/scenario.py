@@ -37,7 +37,7 @@ class SimulatedJob:
                  global_fault_delay: float = 0.05, flush_delay: float = 0.01, dump_exit_repeat: float = 0.5,
                  report_timeout: float = 30.0, wait_time: float = 5.0, enable_arf: bool = True,
                  enable_zit: bool = False, auto_step: bool = True, metrics_port: int | None = None,
-                 observer: Callable[[str], None] | None = None, connect_ranks: bool = True,
+                 observer: Callable[[str], None] | None = None, connected_ranks: int | None = None,
                  config_overrides: dict[str, Any] | None = None, start_clusterd: bool = True) -> None:
         self.job = job or SimJob("job-sim", world_size=16, devices_per_pod=4)
         self.sim = SimClusterD([self.job], keepalive_interval=keepalive_interval,
@@ -46,7 +46,10 @@ class SimulatedJob:
         self.training = mindio_ttp.training
         self.wait_time = wait_time
         self.auto_step = auto_step
-        self.connect = connect_ranks
+        # Ranks that connect to the controller once it runs (default: the whole world). The
+        # stub checks every connected rank in Python under the GIL, where the real
+        # controller does it in C++: benchmarks with a huge world connect one node's worth.
+        self.connected_ranks = self.job.world_size if connected_ranks is None else connected_ranks
         self.start_clusterd = start_clusterd
         self.metrics = BridgeMetrics()
         self.observer = observer
@@ -93,8 +96,7 @@ class SimulatedJob:
         if not self.bridge.ready.is_set():
             ready.cancel()
             raise RuntimeError(f"the bridge did not become ready (exit code {await self._run if self._run.done() else '?'})")
-        if self.connect:
-            self.training.connect_ranks(range(self.job.world_size))
+        self.training.connect_ranks(range(self.connected_ranks))
 
     async def subscribed(self, timeout: float = 10.0) -> None:
         """Wait for a live subscription (the bridge's session)."""
