@@ -23,7 +23,7 @@ from . import faults as codec
 from .clusterd import ClusterDClient, Session, SessionState, run_logged
 from .codes import Code
 from .config import BridgeConfig
-from .controller import ControllerHost, ControllerReport, Handoff, StartupError, load_controller_module
+from .controller import ControllerHost, ControllerReport, Handoff, ReportFields, StartupError, load_controller_module
 from .flow import STRATEGIES, ControllerFlow, Step
 from .hooks import NodeHooks
 from .metrics import BridgeMetrics, MetricsServer
@@ -228,7 +228,7 @@ class Bridge:
             self.notifier.ready(self._status_line())
             self.ready.set()
 
-    def _make_sink(self, loop: asyncio.AbstractEventLoop) -> Callable[[ControllerReport], None]:
+    def _make_sink(self, loop: asyncio.AbstractEventLoop) -> Callable[[ReportFields], None]:
         """O(1) hand-off from the controller's thread to the loop (see Handoff)."""
         if self.handoff is None:
             self.handoff = Handoff(loop, self._on_reports)
