@@ -3,6 +3,8 @@ of relaying a fault report, and the percentile helper they share."""
 
 from __future__ import annotations
 
+import math
+
 import grpc
 
 from bridge._proto import recover_pb2 as pb
@@ -10,9 +12,11 @@ from bridge._proto import recover_pb2_grpc
 
 
 def pct(values: list[float], q: float) -> float:
-    """The ``q`` quantile (nearest rank) of ``values``."""
+    """The ``q`` quantile of ``values`` by the nearest-rank method: the smallest value with
+    at least ``q`` of the samples at or below it (p99 of 100 samples is the 99th)."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    rank = math.ceil(q * len(ordered))  # 1-based
+    return ordered[min(len(ordered), max(rank, 1)) - 1]
 
 
 class SyncRelay:
