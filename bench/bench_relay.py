@@ -87,18 +87,21 @@ BURSTS = {16: (1000, 0.005), 1_000: (1000, 0.005), 10_000: (500, 0.02), 100_000:
 
 
 def callback_burst(callback: Callable[..., int], maps: list[dict[int, int]], count: int,
-                   spacing: float) -> list[float]:
+                   spacing: float) -> tuple[list[float], list[float]]:
     """Block times of ``count`` callbacks, one every ``spacing`` seconds, from this one
     thread (the controller's state machine calls every callback from its own thread,
-    asleep in between). The bridge copies each map, so a few are enough to rotate."""
+    asleep in between), and how late the thread ran again after each sleep. The bridge
+    copies each map, so a few are enough to rotate."""
     blocks: list[float] = []
+    late: list[float] = []
     for i in range(count):
+        asleep = time.perf_counter()
         time.sleep(spacing)
-        faults = maps[i % len(maps)]
-        start = time.perf_counter()
-        callback(faults, {})
+        start = time.perf_counter()  # holding the GIL again
+        late.append(start - asleep - spacing)
+        callback(maps[i % len(maps)], {})
         blocks.append(time.perf_counter() - start)
-    return blocks
+    return blocks, late
 
 
 async def measure_signals(job: SimulatedJob, sim: RemoteSim, rounds: int) -> list[float]:
@@ -177,7 +180,7 @@ async def callback_phase(quick: bool, misses: list[str]) -> None:
     # declaring the controller gone to EXIT halfway through.
     job = SimulatedJob(SimJob(JOB, world_size=100_000, devices_per_pod=8), keepalive_interval=1.0,
                        start_clusterd=False, connected_ranks=NODE_RANKS, wait_time=3600)
-    sim = RemoteSim(job._clusterd_address, JOB, 100_000)
+    sim = RemoteSim(job._clusterd_address, JOB, 100_000, rank_sets=False)
     await sim.start()
     await job.start()
     try:
@@ -198,12 +201,13 @@ async def callback_phase(quick: bool, misses: list[str]) -> None:
             if quick:
                 count //= 5
             maps = [fault_map(size, 1000 + salt) for salt in range(4)]
-            blocks = await asyncio.to_thread(callback_burst, bridge_callback, maps, count, spacing)
+            blocks, late = await asyncio.to_thread(callback_burst, bridge_callback, maps, count, spacing)
             if not await relay.drain(120):
                 misses.append(f"{size} ranks: the bridge did not deliver its burst within 120 s")
             print(f" {size:>7} ranks")
             print(row("bridge: callback blocks the controller", blocks, 1e-6, "us")
                   + f" one every {spacing * 1e3:.0f} ms, max {max(blocks) * 1e6:.0f} us")
+            print(row("  controller thread back from sleep, late by", late, 1e-6, "us"))
             print(row("sync client: callback blocks the controller", sync_blocks, 1e-6, "us"))
             print(row("bridge: callback -> request on the wire", on_wire, 1e-3, "ms"))
             print(row("bridge: callback -> server decoded", latencies, 1e-3, "ms"))
@@ -215,6 +219,13 @@ async def callback_phase(quick: bool, misses: list[str]) -> None:
                 misses.append(f"{size} ranks: callback -> wire p99 {pct(on_wire, 0.99) * 1e3:.1f} ms > 10 ms")
             if size <= 16 and pct(latencies, 0.99) > 10e-3:
                 misses.append(f"{size} ranks: fault latency p99 {pct(latencies, 0.99) * 1e3:.1f} ms > 10 ms")
+        # The same thread, a callback that does nothing, the bridge idle: what waking up
+        # costs on this machine (timer slack, cold caches) without the bridge.
+        noop_blocks, idle_late = await asyncio.to_thread(callback_burst, lambda *_: 0, [{}],
+                                                          200 if quick else 1000, 0.005)
+        print(" baseline: a no-op callback, the same way, the bridge idle")
+        print(row("no-op callback blocks", noop_blocks, 1e-6, "us"))
+        print(row("  thread back from sleep, late by", idle_late, 1e-6, "us"))
     finally:
         await job.stop()
         await sim.stop()
