@@ -143,8 +143,8 @@ async def test_the_handoff_thread_never_preempts_the_controller_on_wakeup() -> N
     try:
         handoff.put(("report_fault_ranks", ({1: 0},), 0.0, None))
         await collected.wait_for(1)  # the thread has set its policy before its first get
-        thread = next(t for t in threading.enumerate() if t.name == "tft-handoff")
-        assert thread.native_id is not None
+        thread = handoff._thread
+        assert thread.name == "tft-handoff" and thread.native_id is not None
         assert handoff.batch_policy
         assert os.sched_getscheduler(thread.native_id) == os.SCHED_BATCH
         assert os.sched_getscheduler(threading.get_native_id()) != os.SCHED_BATCH  # only that thread

@@ -228,3 +228,38 @@ def test_parse_unit_helpers() -> None:
     assert parsed == {"A": [("X", "1"), ("X", "2 3")], "B": [("Y", "a=b")]}
     assert seconds("90s") == 90 and seconds("1min 30s") == 90 and seconds("30") == 30
     assert systemd_quote("/a b/%p") == '"/a b/%%p"'
+
+
+def syscall_group(name: str, seen: set[str] | None = None) -> set[str]:
+    """The system calls of a systemd filter group, nested groups expanded."""
+    seen = set() if seen is None else seen
+    if not name.startswith("@"):
+        return {name}
+    if name in seen:
+        return set()
+    seen.add(name)
+    out = analyze("syscall-filter", name).stdout.splitlines()
+    calls: set[str] = set()
+    for line in out[1:]:  # the first line repeats the group's name
+        entry = line.strip()
+        if entry and not entry.startswith("#"):
+            calls |= syscall_group(entry, seen)
+    return calls
+
+
+@needs_systemd_analyze
+def test_the_handoff_thread_may_lower_its_own_scheduling_policy(unit: dict[str, list[tuple[str, str]]]) -> None:
+    """The hand-off thread calls sched_setscheduler(SCHED_BATCH) (bridge/controller.py);
+    @resources holds that call, and the unit denies @resources. Applied in systemd's
+    order (the first line sets allow-list mode, later lines add or remove), the call
+    must end up allowed, and nothing else of @resources with it."""
+    lines = values(unit, "Service", "SystemCallFilter")
+    assert lines and not lines[0].startswith("~"), "an allow-list filter is expected"
+    allowed: set[str] = set()
+    for line in lines:
+        deny = line.startswith("~")
+        names = set().union(*(syscall_group(name) for name in line.lstrip("~").split()))
+        allowed = allowed - names if deny else allowed | names
+    assert "sched_setscheduler" in allowed
+    assert not (syscall_group("@resources") - {"sched_setscheduler"}) & allowed
+    assert "setrlimit" not in allowed
