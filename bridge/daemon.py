@@ -41,9 +41,12 @@ EXIT_RESCHEDULED = 75  # killMaster: the job is rescheduled; systemd restarts th
 
 #: The bridge runs several threads that each have little to do but must do it at once
 #: (the controller's callbacks, the hand-off, the notify thread, gRPC's poller). With
-#: CPython's default 5 ms switch interval a thread that wants the GIL can wait 5 ms for
-#: one that is busy; 1 ms bounds that wait, at a cost that is negligible here. Measured
-#: with bench/bench_relay.py: the callback-to-wire p99 tail went from ~12 ms to < 10 ms.
+#: CPython's default 5 ms switch interval a thread that wants the GIL -- the controller's,
+#: before it can even enter a callback -- can wait 5 ms behind the event loop's Python
+#: code; 1 ms bounds that wait, at a cost that is negligible here. (It cannot cut a
+#: single long C call short: see bench/README.md on 100 000-rank reports.) The benchmark
+#: gain first measured for it (callback-to-wire p99 ~12 -> < 10 ms) was mostly a harness
+#: artefact fixed since; on the fixed harness 1 ms and 5 ms measure alike within noise.
 GIL_SWITCH_INTERVAL = 0.001
 
 
