@@ -21,11 +21,8 @@ pytestmark = pytest.mark.timeout(20)
 
 @pytest.fixture
 def server() -> Iterator[StandInApiServer]:
-    srv = StandInApiServer().start()
-    try:
+    with StandInApiServer() as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture

@@ -70,11 +70,8 @@ def test_the_platform_package_does_not_import_the_client() -> None:
 
 @pytest.fixture
 def server() -> Iterator[StandInApiServer]:
-    srv = StandInApiServer().start()
-    try:
+    with StandInApiServer() as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_the_agent_process_end_to_end(server: StandInApiServer, tmp_path: Path) -> None:
