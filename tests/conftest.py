@@ -1,13 +1,26 @@
-"""Shared fixtures. ``codec`` runs a test once per fault-codec implementation
-(the aio-libs propcache/yarl pattern): the compiled twin and the Python reference."""
+"""Shared fixtures and the one way a test waits.
+
+``codec`` runs a test once per fault-codec implementation (the aio-libs
+propcache/yarl pattern): the compiled twin and the Python reference.
+
+``eventually`` (and ``eventually_sync`` for threads without a loop) is the only way a
+test waits for the bridge, which works asynchronously: it polls the very thing the test
+asserts, so a loaded 2-core machine only makes a test slower, never red. A test never
+sleeps and then acts; where a fixed delay is itself the behaviour under test, a
+comment says so.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -56,3 +69,36 @@ def codec(request: pytest.FixtureRequest) -> ModuleType:
     if not impl.is_pure_python:
         pytest.importorskip("bridge._faults_c", reason="C extension not built")
     return impl.module
+
+
+POLL_INTERVAL = 0.01
+
+
+def _awaited(what: str, timeout: float, last: Any) -> AssertionError:
+    return AssertionError(f"{what}: not reached within {timeout} s (last value seen: {last!r})")
+
+
+async def eventually(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` on the running loop until it returns a truthy value, and return
+    that value; fail naming ``what`` and the last value seen."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if loop.time() > deadline:
+            raise _awaited(what, timeout, last)
+        await asyncio.sleep(POLL_INTERVAL)
+
+
+def eventually_sync(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
+    """``eventually`` for plain threads (no event loop in the test)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise _awaited(what, timeout, last)
+        time.sleep(POLL_INTERVAL)
