@@ -3,13 +3,41 @@
 Precedence, lowest first: built-in defaults, the MindCluster environment variables a
 training pod or an ``EnvironmentFile=`` provides, then the per-job TOML file, which is
 the operator's explicit word. Every problem is collected and reported at once, one
-line per key, so an operator fixes a bad file in one pass (``tft-bridge check-config``).
+line per key, so an operator fixes a bad file in one pass (``tft-bridge check-config``);
+a value that came from the environment is named by its variable as well, because that
+is where the operator has to fix it.
+
+Why every value is checked this strictly (each rule is a failure seen, not a taste):
+
+* Numbers must be finite and inside a documented range (``RANGES``): ``inf`` for
+  ``grpc_keepalive`` or ``reconnect_max`` crashed the daemon at run time with exit 1,
+  which systemd restarts forever instead of stopping on exit 2; ``nan`` compares false
+  with everything, so ``rpc_timeout = nan`` made every RPC fail at once and
+  ``keepalive_interval = nan`` re-subscribed every second.
+* Integers from the environment must be plain ASCII decimals: Python's ``int()``
+  accepts full-width and other Unicode digits and ``1_000``, which no other MindCluster
+  component reads the same way.
+* ``PROCESS_RECOVER`` must be a recognisable on/off value: taskd compares it with "on",
+  so a typo silently turned process-level recovery off.
+* Addresses must be IP literals or syntactically valid host names; an all-numeric
+  dotted name (``999.1.1.1``) is a broken IPv4 address, not a host name. The metrics
+  endpoint is never bound to the unspecified address (``0.0.0.0``/``::``/empty): it
+  would publish the job's state on every interface, and the controller itself refuses
+  those addresses (``tft_start_controller`` exits 2).
+* ``clusterd.reconnect_max`` must be at most half of ``controller.wait_mindx_time``:
+  the controller gives a ClusterD decision ``wait_mindx_time`` seconds and then kills
+  the cycle; one back-off sleep after a ClusterD restart must leave room for the
+  re-subscription, the re-report and ClusterD's own reaction (about 1 s for type-0/2
+  faults).
+* A file that is not UTF-8 is a configuration error naming the byte, not a traceback.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping
@@ -46,7 +74,7 @@ class ClusterDConfig:
     watchdog_intervals: float = 3.0  # silence of this many intervals = dead stream
     grpc_keepalive: float = 30.0  # HTTP/2 pings; ClusterD sends GOAWAY below 3 s, so >= 10
     reconnect_initial: float = 0.2
-    reconnect_max: float = 30.0
+    reconnect_max: float = 10.0  # at most half the controller's wait: see the module docstring
     recheck_disabled: float = 60.0  # how often a 403 (process recovery off) is re-checked
     startup_wait: float = 10.0  # how long start-up waits for Init before starting the controller anyway
     tls: bool = False
@@ -119,32 +147,87 @@ _SECTIONS: dict[str, type] = {
 }
 _TOP_LEVEL = {"job_id", "outbox_limit", "log_level"}
 
+#: The accepted range of every numeric key, inclusive, with the reason for its bounds.
+#: systemd/example-job.toml documents each one; a test checks both stay complete.
+RANGES: dict[str, tuple[float, float, str]] = {
+    "outbox_limit": (16, 10_000_000, "reports kept while ClusterD is away"),
+    "clusterd.rpc_timeout": (0.1, 300, "seconds; a unary RPC on a LAN"),
+    "clusterd.keepalive_interval": (0.01, 600, "seconds; ClusterD's own cadence is 5 s"),
+    "clusterd.watchdog_intervals": (1, 100, "keep-alive intervals of silence"),
+    "clusterd.grpc_keepalive": (10, 3600, "seconds; ClusterD answers faster pings with GOAWAY"),
+    "clusterd.reconnect_initial": (0.001, 60, "seconds, and at most clusterd.reconnect_max"),
+    "clusterd.reconnect_max": (0.01, 1800, "seconds, and at most half of controller.wait_mindx_time"),
+    "clusterd.recheck_disabled": (0.1, 86_400, "seconds"),
+    "clusterd.startup_wait": (0, 3600, "seconds; keep TimeoutStartSec above it"),
+    "controller.port": (1024, 65535, "the controller's own limit; the unit grants no capabilities"),
+    "controller.world_size": (1, 100_000, "training ranks"),
+    "controller.wait_mindx_time": (1, 3600, "seconds; the controller's own limit"),
+    "controller.pause_timeout": (1, 3600, "seconds"),
+    "controller.destroy_timeout": (0.1, 600, "seconds; keep TimeoutStopSec above it"),
+    "hooks.timeout": (0.1, 3600, "seconds"),
+    "metrics.port": (0, 65535, "0 picks a free port"),
+}
 
-def _from_environment(env: Mapping[str, str]) -> dict[str, Any]:
-    """The MindCluster variables a training pod sets, as raw (unvalidated) TOML-shaped values."""
+#: Environment variable -> the key it sets (the README's table).
+ENVIRONMENT: dict[str, str] = {
+    "MINDX_TASK_ID": "job_id",
+    "MINDX_SERVER_IP": "clusterd.address",
+    "POD_IP": "controller.bind_ip",
+    "TTP_PORT": "controller.port",
+    "WORLD_SIZE": "controller.world_size",
+    "PROCESS_RECOVER": "controller.enable_arf",
+    "HIGH_AVAILABILITY": "controller.enable_zit",
+    "MINDIO_WAIT_MINDX_TIME": "controller.wait_mindx_time",
+}
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+class _Problems:
+    """Collects problems; a key whose value came from the environment is named with its variable."""
+
+    def __init__(self, from_env: Mapping[str, str]) -> None:
+        self.from_env = from_env  # dotted key -> environment variable, only where the file did not override
+        self.lines: list[str] = []
+
+    def name(self, key: str) -> str:
+        variable = self.from_env.get(key)
+        return f"{key} (from environment variable {variable})" if variable else key
+
+    def add(self, key: str, message: str) -> None:
+        self.lines.append(f"{self.name(key)}: {message}")
+
+    def plain(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def _from_environment(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The MindCluster variables a training pod sets, as raw (unvalidated) TOML-shaped
+    values, and which dotted key each variable set."""
     raw: dict[str, Any] = {}
+    sources: dict[str, str] = {}
 
-    def put(section: str | None, key: str, value: Any) -> None:
-        (raw.setdefault(section, {}) if section else raw)[key] = value
+    def put(variable: str, value: Any) -> None:
+        key = ENVIRONMENT[variable]
+        section, _, name = key.rpartition(".")
+        (raw.setdefault(section, {}) if section else raw)[name] = value
+        sources[key] = variable
 
-    if "MINDX_TASK_ID" in env:
-        put(None, "job_id", env["MINDX_TASK_ID"])
+    for variable in ("MINDX_TASK_ID", "POD_IP", "TTP_PORT", "WORLD_SIZE", "MINDIO_WAIT_MINDX_TIME"):
+        if variable in env:
+            put(variable, env[variable])
     if "MINDX_SERVER_IP" in env:
-        host = env["MINDX_SERVER_IP"]
-        put("clusterd", "address", f"[{host}]:{CLUSTERD_PORT}" if ":" in host else f"{host}:{CLUSTERD_PORT}")
-    if "POD_IP" in env:
-        put("controller", "bind_ip", env["POD_IP"])
-    if "TTP_PORT" in env:
-        put("controller", "port", env["TTP_PORT"])
-    if "WORLD_SIZE" in env:
-        put("controller", "world_size", env["WORLD_SIZE"])
+        host = env["MINDX_SERVER_IP"].strip()
+        put("MINDX_SERVER_IP", f"[{host}]:{CLUSTERD_PORT}" if ":" in host else f"{host}:{CLUSTERD_PORT}")
     if "PROCESS_RECOVER" in env:
-        put("controller", "enable_arf", env["PROCESS_RECOVER"].strip().lower() == "on")
+        put("PROCESS_RECOVER", env["PROCESS_RECOVER"])  # a string: _coerce refuses what is not on/off
     if "HIGH_AVAILABILITY" in env:
-        put("controller", "enable_zit", "elastic-training" in env["HIGH_AVAILABILITY"])
-    if "MINDIO_WAIT_MINDX_TIME" in env:
-        put("controller", "wait_mindx_time", env["MINDIO_WAIT_MINDX_TIME"])
-    return raw
+        put("HIGH_AVAILABILITY", "elastic-training" in env["HIGH_AVAILABILITY"].split(","))
+    return raw, sources
 
 
 def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,26 +240,42 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _coerce(name: str, value: Any, default: Any, problems: list[str]) -> Any:
+def _overridden(raw: Mapping[str, Any], key: str) -> bool:
+    section, _, name = key.rpartition(".")
+    table = raw.get(section) if section else raw
+    return isinstance(table, Mapping) and name in table
+
+
+def _coerce(name: str, value: Any, default: Any, problems: _Problems) -> Any:
     """Convert ``value`` to the type of ``default``; env values arrive as strings."""
     kind = type(default)
     try:
         if kind is bool:
             if isinstance(value, bool):
                 return value
-            if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+            if isinstance(value, str) and value.strip().lower() in _TRUE:
                 return True
-            if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+            if isinstance(value, str) and value.strip().lower() in _FALSE:
                 return False
             raise ValueError
         if kind is int:
-            if isinstance(value, bool) or isinstance(value, float):
-                raise ValueError
-            return int(value)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if isinstance(value, str) and _INT.fullmatch(value.strip()):  # ASCII digits only, no "1_000"
+                return int(value.strip())
+            raise ValueError
         if kind is float:
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            if isinstance(value, str):
+                if not _FLOAT.fullmatch(value.strip()):
+                    raise ValueError
+                value = float(value.strip())
+            number = float(value)  # a TOML int or float; a huge int raises OverflowError
+            if not math.isfinite(number):
+                problems.add(name, f"expected a finite number, got {value!r}")
+                return default
+            return number
         if kind is tuple:
             if isinstance(value, str):
                 return tuple(shlex.split(value))
@@ -187,107 +286,143 @@ def _coerce(name: str, value: Any, default: Any, problems: list[str]) -> Any:
             if not isinstance(value, str):
                 raise ValueError
             return value
-    except ValueError:
+    except (ValueError, TypeError, OverflowError):
         pass
-    expected = {bool: "a boolean", int: "an integer", float: "a number", tuple: "a list of strings or a command line", str: "a string"}
-    problems.append(f"{name}: expected {expected.get(kind, kind.__name__)}, got {value!r}")
+    expected = {bool: "a boolean (on/off, true/false, yes/no, 1/0)", int: "an integer in ASCII digits",
+                float: "a number", tuple: "a list of strings or a command line", str: "a string"}
+    problems.add(name, f"expected {expected.get(kind, kind.__name__)}, got {value!r}")
     return default
 
 
-def _build_section(name: str, cls: type, raw: Any, problems: list[str]) -> Any:
+def _build_section(name: str, cls: type, raw: Any, problems: _Problems) -> Any:
     if not isinstance(raw, Mapping):
-        problems.append(f"[{name}]: expected a table, got {raw!r}")
+        problems.plain(f"[{name}]: expected a table, got {raw!r}")
         return cls()
     known = {f.name: f for f in fields(cls)}
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in known:
-            problems.append(f"{name}.{key}: unknown key (known: {', '.join(sorted(known))})")
+            problems.add(f"{name}.{key}", f"unknown key (known: {', '.join(sorted(known))})")
             continue
         default = known[key].default
         values[key] = _coerce(f"{name}.{key}", value, default, problems)
     return cls(**values)
 
 
-def _check_host_port(name: str, address: str, problems: list[str]) -> None:
+def host_problem(host: str, *, allow_unspecified: bool = True) -> str | None:
+    """Why ``host`` is neither an IP literal nor a valid host name, or None if it is one."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        if ip.is_unspecified and not allow_unspecified:
+            return f"never the unspecified address {host!r} (every interface): use loopback or this node's IP"
+        return None
+    if not host:
+        return "empty (an empty address means every interface)" if not allow_unspecified else "empty"
+    name = host[:-1] if host.endswith(".") else host
+    labels = name.split(".")
+    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        return f"expected an IP address or host name, got {host!r}"
+    if labels[-1].isdigit():
+        return f"not a valid IP address (and a host name cannot end in a number), got {host!r}"
+    return None
+
+
+def _check_host_port(key: str, address: str, problems: _Problems) -> None:
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        problems.append(f"{name}: expected HOST:PORT, got {address!r}")
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        problems.add(key, f"expected HOST:PORT, got {address!r}")
+        return
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            problems.add(key, f"[{host}] is not an IPv6 address, in {address!r}")
+        return
+    if ":" in host:
+        problems.add(key, f"write an IPv6 host in brackets, [addr]:port, got {address!r}")
+        return
+    why = host_problem(host)
+    if why:
+        problems.add(key, f"host {why}")
 
 
-def _validate(config: BridgeConfig, problems: list[str]) -> None:
+def range_text(key: str) -> str:
+    """``low..high`` of a numeric key, as the messages and systemd/example-job.toml write it."""
+    low, high, _ = RANGES[key]
+    return "..".join(str(int(v)) if v == int(v) else f"{v:g}" for v in (low, high))
+
+
+def _check_ranges(config: BridgeConfig, problems: _Problems) -> None:
+    for key, (low, high, why) in RANGES.items():
+        section, _, name = key.rpartition(".")
+        value = getattr(getattr(config, section) if section else config, name)
+        if not low <= value <= high:  # also false for nan, which _coerce already refused
+            problems.add(key, f"must be in {range_text(key)} ({why}), got {value!r}")
+
+
+def _validate(config: BridgeConfig, problems: _Problems) -> None:
     c, k = config.controller, config.clusterd
     if not config.job_id.strip():
-        problems.append("job_id: missing (set it in the file or through MINDX_TASK_ID)")
+        problems.add("job_id", "missing (set it in the file or through MINDX_TASK_ID)")
     _check_host_port("clusterd.address", k.address, problems)
-    if k.rpc_timeout <= 0:
-        problems.append(f"clusterd.rpc_timeout: must be > 0, got {k.rpc_timeout}")
-    if k.keepalive_interval <= 0:
-        problems.append(f"clusterd.keepalive_interval: must be > 0, got {k.keepalive_interval}")
-    if k.watchdog_intervals < 1:
-        problems.append(f"clusterd.watchdog_intervals: must be >= 1, got {k.watchdog_intervals}")
-    if k.grpc_keepalive < 10:
-        problems.append(
-            f"clusterd.grpc_keepalive: must be >= 10 s (ClusterD answers faster pings with GOAWAY), got {k.grpc_keepalive}"
-        )
-    if not 0 < k.reconnect_initial <= k.reconnect_max:
-        problems.append("clusterd.reconnect_initial: must be > 0 and <= clusterd.reconnect_max")
-    if k.recheck_disabled <= 0 or k.startup_wait < 0:
-        problems.append("clusterd.recheck_disabled must be > 0 and clusterd.startup_wait >= 0")
+    _check_ranges(config, problems)
+    if k.reconnect_initial > k.reconnect_max:
+        problems.add("clusterd.reconnect_initial", f"must be <= clusterd.reconnect_max ({k.reconnect_max:g}), "
+                     f"got {k.reconnect_initial:g}")
+    if k.reconnect_max > c.wait_mindx_time / 2:
+        problems.plain(
+            f"{problems.name('clusterd.reconnect_max')} = {k.reconnect_max:g} and "
+            f"{problems.name('controller.wait_mindx_time')} = {c.wait_mindx_time}: clusterd.reconnect_max must be "
+            f"at most half of controller.wait_mindx_time, or one back-off sleep after a ClusterD restart can "
+            f"use up the controller's whole wait for ClusterD's decision")
     for key in ("ca_file", "cert_file", "key_file"):
         path = getattr(k, key)
         if path and not Path(path).is_file():
-            problems.append(f"clusterd.{key}: no such file {path!r}")
+            problems.add(f"clusterd.{key}", f"no such file {path!r}")
     if bool(k.cert_file) != bool(k.key_file):
-        problems.append("clusterd.cert_file and clusterd.key_file: give both for mutual TLS, or neither")
+        problems.plain("clusterd.cert_file and clusterd.key_file: give both for mutual TLS, or neither")
     if c.module not in (STUB_CONTROLLER, REAL_CONTROLLER):
-        problems.append(f"controller.module: expected {REAL_CONTROLLER!r} or {STUB_CONTROLLER!r}, got {c.module!r}")
-    try:
-        ip = ipaddress.ip_address(c.bind_ip)
-        if ip.is_unspecified:
-            problems.append(f"controller.bind_ip: the controller refuses an all-zero address, got {c.bind_ip!r}")
-    except ValueError:
-        if not c.bind_ip.strip() or " " in c.bind_ip:
-            problems.append(f"controller.bind_ip: expected an IP address or host name, got {c.bind_ip!r}")
-    if not 1024 <= c.port <= 65535:
-        problems.append(f"controller.port: must be in 1024..65535 (the controller's own limit), got {c.port}")
-    if not 1 <= c.world_size <= 100_000:
-        problems.append(f"controller.world_size: must be in 1..100000, got {c.world_size}")
-    if not 1 <= c.wait_mindx_time <= 3600:
-        problems.append(f"controller.wait_mindx_time: must be in 1..3600, got {c.wait_mindx_time}")
-    if not 1 <= c.pause_timeout <= 3600:
-        problems.append(f"controller.pause_timeout: must be in 1..3600, got {c.pause_timeout}")
-    if c.destroy_timeout <= 0:
-        problems.append(f"controller.destroy_timeout: must be > 0, got {c.destroy_timeout}")
-    if config.hooks.timeout <= 0:
-        problems.append(f"hooks.timeout: must be > 0, got {config.hooks.timeout}")
+        problems.add("controller.module", f"expected {REAL_CONTROLLER!r} or {STUB_CONTROLLER!r}, got {c.module!r}")
+    why = host_problem(c.bind_ip.strip(), allow_unspecified=False)
+    if why:
+        problems.add("controller.bind_ip", why if "got" in why else f"{why}; the controller refuses it")
     m = config.metrics
-    if not 0 <= m.port <= 65535:
-        problems.append(f"metrics.port: must be in 0..65535, got {m.port}")
+    why = host_problem(m.address.strip(), allow_unspecified=False)
+    if why:
+        problems.add("metrics.address", why)
     if bool(m.certfile) != bool(m.keyfile):
-        problems.append("metrics.certfile and metrics.keyfile: give both to serve HTTPS, or neither")
+        problems.plain("metrics.certfile and metrics.keyfile: give both to serve HTTPS, or neither")
+    for key in ("certfile", "keyfile", "client_cafile") if bool(m.certfile) == bool(m.keyfile) else ():
+        path = getattr(m, key)
+        if path and not Path(path).is_file():
+            problems.add(f"metrics.{key}", f"no such file {path!r}")
+    if m.client_cafile and not m.certfile:
+        problems.add("metrics.client_cafile", "client certificates need HTTPS: set metrics.certfile and keyfile")
     r = config.ranktable
     if r.enabled and (not r.job_id or not r.path):
-        problems.append("ranktable: enabled needs both ranktable.job_id (the jobID label) and ranktable.path")
-    if config.outbox_limit < 16:
-        problems.append(f"outbox_limit: must be >= 16, got {config.outbox_limit}")
+        problems.plain("ranktable: enabled needs both ranktable.job_id (the jobID label) and ranktable.path")
     if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        problems.append(f"log_level: expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got {config.log_level!r}")
+        problems.add("log_level", f"expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got {config.log_level!r}")
 
 
 def build_config(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> BridgeConfig:
     """Validate a TOML-shaped mapping (layered over ``env``) into a ``BridgeConfig``."""
-    layered = _merge(_from_environment(os.environ if env is None else env), raw)
-    problems: list[str] = []
+    from_env, sources = _from_environment(os.environ if env is None else env)
+    layered = _merge(from_env, raw)
+    problems = _Problems({key: var for key, var in sources.items() if not _overridden(raw, key)})
     sections: dict[str, Any] = {}
     for key, value in layered.items():
         if key in _SECTIONS:
             sections[key] = _build_section(key, _SECTIONS[key], value, problems)
         elif key not in _TOP_LEVEL:
-            problems.append(f"{key}: unknown key (known: {', '.join(sorted(_TOP_LEVEL | set(_SECTIONS)))})")
+            problems.add(key, f"unknown key (known: {', '.join(sorted(_TOP_LEVEL | set(_SECTIONS)))})")
     job_id = layered.get("job_id", "")
     if not isinstance(job_id, str):
-        problems.append(f"job_id: expected a string, got {job_id!r}")
+        problems.add("job_id", f"expected a string, got {job_id!r}")
         job_id = ""
     top = {
         "outbox_limit": _coerce("outbox_limit", layered.get("outbox_limit", 10_000), 10_000, problems),
@@ -295,19 +430,22 @@ def build_config(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -
     }
     config = BridgeConfig(job_id=job_id, **sections, **top)
     _validate(config, problems)
-    if problems:
-        raise ConfigError(problems)
+    if problems.lines:
+        raise ConfigError(problems.lines)
     return config
 
 
 def read_toml(path: str | os.PathLike[str], error: type[ConfigError] = ConfigError) -> dict[str, Any]:
-    """A TOML file's contents; an unreadable or unparsable file raises ``error`` (a
-    ConfigError kind) naming the file, like any other configuration problem."""
+    """A TOML file's contents; an unreadable, non-UTF-8 or unparsable file raises ``error``
+    (a ConfigError kind) naming the file, like any other configuration problem."""
     try:
         with open(path, "rb") as handle:
             return tomllib.load(handle)
     except OSError as failure:
         raise error([f"{path}: cannot read: {failure.strerror or failure}"]) from failure
+    except UnicodeDecodeError as failure:
+        bad = failure.object[failure.start:failure.start + 1].hex()
+        raise error([f"{path}: not UTF-8 text (byte 0x{bad} at offset {failure.start}); TOML files are UTF-8"]) from failure
     except tomllib.TOMLDecodeError as failure:
         raise error([f"{path}: not valid TOML: {failure}"]) from failure
 
