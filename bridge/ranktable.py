@@ -186,7 +186,7 @@ class RankTableSubscriber:
         log.info("rank table version %s written to %s", table["version"], self.path)
         self.on_written(self.path)
         if self.config.hook_command:
-            await self.hooks.run("ranktable_changed", [str(self.path)])
+            await self.hooks.run_command("ranktable_changed", [str(self.path)])
         return "written"
 
     def _reject(self, reason: str) -> str:
