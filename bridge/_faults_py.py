@@ -11,6 +11,18 @@ with the same results and the same exceptions, and one test suite runs against b
 The C twin reuses ``clusterd_parse`` and the ``*_error`` helpers below for the rare
 paths (lenient parsing of annotation strings, building an error message), so that an
 error reads the same whichever implementation detected it.
+
+ClusterD's rules have one home each in the product, here (the simulations in
+``bridge/sim`` keep their own copy on purpose, so a shared bug cannot hide):
+
+- the duplicate rule of ``RemoveSliceDuplicateFaults`` (a stored type 1 is sticky, a
+  stored 0 or 2 is replaced by a later one): ``_REPLACEABLE`` and ``_merge_into``; the C
+  twin derives its sticky type from ``_REPLACEABLE`` when it is imported;
+- Go's ``strings.TrimSpace`` set, which ClusterD applies to a whole annotation: ``GO_SPACE``
+  (and ``clusterd_elements``, ClusterD's split of an annotation);
+- Go's ``strconv.Atoi``, which converts ClusterD's rank strings: ``go_atoi``; and the
+  stricter rank text this codec writes and accepts, ASCII digits up to ``MAX_RANK``:
+  ``_is_digits`` and ``_rank_or_none``.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from typing import Any, NamedTuple
 MAX_RANK = 2**31 - 1
 FAULT_TYPES = (0, 1, 2)
 _TYPE_TEXT = ("0", "1", "2")
+_TYPE_OF_TEXT = {text: fault_type for fault_type, text in enumerate(_TYPE_TEXT)}
 _DIGITS = frozenset("0123456789")
 
 
@@ -95,10 +108,33 @@ def _items(faults: Mapping[Any, Any]) -> Iterable[tuple[int, int]]:
         yield _checked(key, value)
 
 
-def _merge_into(merged: dict[int, int], rank: int, fault_type: int) -> None:
-    """ClusterD's duplicate rule: a stored type 1 is sticky, otherwise the later one wins."""
-    if merged.get(rank) != 1:
-        merged[rank] = fault_type
+#: ClusterD's duplicate rule: a later fault replaces the stored one only while the stored
+#: type is retryable (0 UCE, 2 HCCL); a stored 1 is sticky. ClusterD compares the type
+#: *strings* before converting them (so an unknown type string is sticky too); this codec
+#: stores ints: the set holds both forms of the same two types.
+_REPLACEABLE_TYPES = frozenset({0, 2})
+_REPLACEABLE: frozenset[object] = _REPLACEABLE_TYPES | {str(t) for t in _REPLACEABLE_TYPES}
+
+
+def _merge_into(merged: dict[Any, Any], key: Any, fault_type: Any) -> None:
+    """Store ``fault_type`` for ``key`` under ClusterD's duplicate rule (an absent key
+    takes it like a replaceable one). Works on int maps and on ClusterD's string pairs."""
+    if merged.get(key, 0) in _REPLACEABLE:
+        merged[key] = fault_type
+
+
+def _is_digits(text: str) -> bool:
+    """Non-empty ASCII decimal digits (``str.isdigit`` also accepts other scripts' digits)."""
+    return bool(text) and _DIGITS.issuperset(text)
+
+
+def _rank_or_none(text: str) -> int | None:
+    """The rank written as ``text`` in the form this codec writes: ASCII digits, at most
+    ``MAX_RANK``; None otherwise."""
+    if not _is_digits(text):
+        return None
+    rank = int(text)
+    return rank if rank <= MAX_RANK else None
 
 
 # --------------------------------------------------------------------------- strings
@@ -134,11 +170,11 @@ def _element_problem(element: str) -> str:
     rank_text, colon, type_text = element.partition(":")
     if not colon:
         return "missing ':' between rank and fault type"
-    if not rank_text or not _DIGITS.issuperset(rank_text):
+    if not _is_digits(rank_text):
         return "rank must be ASCII decimal digits"
     if type_text not in _TYPE_TEXT:
         return "fault type must be 0, 1 or 2"
-    if int(rank_text) > MAX_RANK:
+    if _rank_or_none(rank_text) is None:
         return f"rank exceeds {MAX_RANK}"
     return ""
 
@@ -162,10 +198,12 @@ def parse_faults(text: str, *, strict: bool = True) -> Any:
     if not text:
         return faults
     for element in text.split(","):
-        if _element_problem(element):
+        rank_text, colon, type_text = element.partition(":")
+        rank = _rank_or_none(rank_text)
+        fault_type = _TYPE_OF_TEXT.get(type_text)
+        if rank is None or fault_type is None or not colon:
             raise strict_error(text)
-        rank_text, _, type_text = element.partition(":")
-        _merge_into(faults, int(rank_text), int(type_text))
+        _merge_into(faults, rank, fault_type)
     return faults
 
 
@@ -178,21 +216,15 @@ def clusterd_parse(text: str) -> LenientParse:
     the entry and a later one replaces it only while the stored type is "0" or "2".
     Ranks are then converted as one list (Go ``strconv.Atoi``): one failure empties it.
     """
-    if not isinstance(text, str):
-        raise not_a_string_error(text)
-    body = text.strip(_GO_SPACE).strip(",")
     dropped: list[str] = []
     kept: dict[str, str] = {}
-    if body:
-        for element in body.split(","):
-            parts = element.split(":")
-            if len(parts) != 2:
-                dropped.append(element)
-                continue
-            rank_text, type_text = parts
-            if rank_text not in kept or kept[rank_text] in ("0", "2"):
-                kept[rank_text] = type_text
-    ranks = {rank_text: _go_atoi(rank_text) for rank_text in kept}
+    for element in clusterd_elements(text):
+        parts = element.split(":")
+        if len(parts) != 2:
+            dropped.append(element)
+            continue
+        _merge_into(kept, parts[0], parts[1])
+    ranks = {rank_text: go_atoi(rank_text) for rank_text in kept}
     if any(rank is None for rank in ranks.values()):
         return LenientParse({}, tuple(dropped), (), True)
     faults: dict[int, int] = {}
@@ -207,14 +239,27 @@ def clusterd_parse(text: str) -> LenientParse:
     return LenientParse(faults, tuple(dropped), tuple(rejected), False)
 
 
-# Go's strings.TrimSpace trims Unicode white space; these are its members.
-_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+#: Go's ``strings.TrimSpace`` set (``unicode.IsSpace``), which ClusterD applies to a whole
+#: annotation string (never to its elements).
+GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
 
 
-def _go_atoi(text: str) -> int | None:
+def clusterd_elements(text: str) -> list[str]:
+    """ClusterD's String2Faults split: Go white space and then commas trimmed from the
+    whole string, the rest split on ``,``; elements are not trimmed. ``[]`` when empty."""
+    if not isinstance(text, str):
+        raise not_a_string_error(text)
+    body = text.strip(GO_SPACE).strip(",")
+    return body.split(",") if body else []
+
+
+def go_atoi(text: str) -> int | None:
     """``strconv.Atoi`` on 64-bit: optional sign, ASCII digits, int64 range; else None."""
     digits = text[1:] if text[:1] in ("+", "-") else text
-    if not digits or not _DIGITS.issuperset(digits):
+    if not _is_digits(digits):
         return None
     value = int(text)
     if not -(2**63) <= value < 2**63:
@@ -230,6 +275,23 @@ def merge_faults(*maps: Mapping[int, int]) -> dict[int, int]:
         for rank, fault_type in _items(faults):
             _merge_into(merged, rank, fault_type)
     return merged
+
+
+def merge_faults_into(target: dict[int, int], *maps: Mapping[int, int]) -> dict[int, int]:
+    """``merge_faults(target, *maps)`` written into ``target`` itself, which is returned.
+
+    In place, so that a storm of one-rank reports merged into one queued report costs
+    O(1) each, not a copy of everything merged so far. ``target`` must hold valid
+    entries (it is not re-checked); ``maps`` are validated first, and an invalid entry
+    raises before ``target`` is touched.
+    """
+    if not isinstance(target, dict):
+        raise TypeError(f"the merge target must be a dict, not {type(target).__name__}")
+    checked = [list(_items(faults)) for faults in maps]
+    for items in checked:
+        for rank, fault_type in items:
+            _merge_into(target, rank, fault_type)
+    return target
 
 
 # --------------------------------------------------------------------------- protobuf wire
@@ -422,13 +484,9 @@ def decode_signal_faults(data: bytes) -> dict[int, int]:
                 rank_id = text
             else:
                 fault_type = text
-        if (
-            not rank_id
-            or not _DIGITS.issuperset(rank_id)
-            or fault_type not in _TYPE_TEXT
-            or int(rank_id) > MAX_RANK
-        ):
+        rank = _rank_or_none(rank_id)
+        if rank is None or fault_type not in _TYPE_TEXT:
             raise signal_fault_error(index, rank_id, fault_type)
-        _merge_into(faults, int(rank_id), int(fault_type))
+        _merge_into(faults, rank, int(fault_type))
         index += 1
     return faults

@@ -5,7 +5,8 @@ Only the per-rank loops live here (validation, formatting, strict parsing, mergi
 FaultRank encoding and decoding). Whenever an input is not on the fast path (a non-dict
 mapping, an int subclass, anything invalid) the work or the error message is handed to
 the reference module, so both implementations accept exactly the same inputs and say
-exactly the same thing about bad ones.
+exactly the same thing about bad ones. ClusterD's duplicate rule is not restated here:
+the sticky type is read from the reference module's ``_REPLACEABLE`` at import.
 """
 
 from libc.stdint cimport uint32_t, uint64_t
@@ -68,11 +69,24 @@ cdef enum:
 
 cdef object _TYPES = (0, 1, 2)
 # Borrowed pointers to CPython's cached 0, 1 and 2 (kept alive by _TYPES): merged values
-# are always these objects, so "stored type is 1" is a pointer comparison.
+# are always these objects, so "stored type is sticky" is a pointer comparison.
 cdef PyObject* _TYPE_OBJ[3]
 _TYPE_OBJ[0] = <PyObject*>_TYPES[0]
 _TYPE_OBJ[1] = <PyObject*>_TYPES[1]
 _TYPE_OBJ[2] = <PyObject*>_TYPES[2]
+
+
+def _sticky_type():
+    """The one fault type ClusterD's duplicate rule never replaces, read from the rule's
+    home in the reference module, so the twins cannot disagree about it."""
+    sticky = [t for t in _TYPES if t not in _py._REPLACEABLE]
+    if len(sticky) != 1:
+        raise ImportError(f"the C fault codec handles exactly one sticky fault type, not {sticky}")
+    return sticky[0]
+
+
+cdef int _STICKY = _sticky_type()
+cdef PyObject* _STICKY_OBJ = _TYPE_OBJ[_STICKY]
 
 
 # --------------------------------------------------------------------------- entries
@@ -117,10 +131,11 @@ cdef dict _as_dict(object faults):
 
 
 cdef inline int _merge_one(dict merged, object rank_obj, int ftype) except -1:
-    """ClusterD's rule: a stored 1 is sticky, otherwise the later type wins."""
+    """ClusterD's rule (``_py._merge_into``): a stored sticky type stays, otherwise the
+    later type wins."""
     cdef PyObject* value = _TYPE_OBJ[ftype]
     cdef PyObject* stored = _set_default(merged, <PyObject*>rank_obj, value)
-    if stored != value and stored != _TYPE_OBJ[1]:
+    if stored != value and stored != _STICKY_OBJ:
         _dict_set(merged, <PyObject*>rank_obj, value)
     return 0
 
@@ -247,7 +262,7 @@ def format_faults(faults):
             ftype = <int>(items[i] & 3)
             i += 1
             while i < count and <long long>(items[i] >> 2) == rank:  # int-likes collided
-                if ftype != 1:
+                if ftype != _STICKY:
                     ftype = <int>(items[i] & 3)
                 i += 1
             if length:
@@ -333,6 +348,28 @@ def merge_faults(*maps):
             _entry(key, value, &rank, &ftype)
             _merge_one(merged, _rank_object(key, rank), ftype)
     return merged
+
+
+def merge_faults_into(target, *maps):
+    cdef dict source
+    cdef Py_ssize_t pos
+    cdef PyObject* key
+    cdef PyObject* value
+    cdef long long rank
+    cdef int ftype = 0
+    if type(target) is not dict:
+        return _py.merge_faults_into(target, *maps)  # raises the reference error
+    for faults in maps:
+        if type(faults) is not dict or not _all_fast(<dict>faults):
+            # Validate everything before touching ``target``, as the reference does.
+            return merge_faults_into(target, merge_faults(*maps))
+    for faults in maps:
+        source = <dict>faults
+        pos = 0
+        while _dict_next(source, &pos, &key, &value):
+            _fast(key, value, &rank, &ftype)
+            _merge_one(target, <object>key, ftype)
+    return target
 
 
 # --------------------------------------------------------------------------- protobuf wire

@@ -240,6 +240,35 @@ def test_merge_returns_a_new_dict(codec: ModuleType) -> None:
     assert source == {1: 0}
 
 
+def test_merge_into_writes_the_target_in_place(codec: ModuleType) -> None:
+    target = {1: 0, 4: 1, 6: 2}
+    result = codec.merge_faults_into(target, {1: 2, 4: 0}, {6: 1, 9: 0})
+    assert result is target
+    assert target == {1: 2, 4: 1, 6: 1, 9: 0}
+
+
+def test_merge_into_equals_merge_faults(codec: ModuleType) -> None:
+    maps = [{r: (r * 7) % 3 for r in range(0, 300, step)} for step in (1, 2, 5)]
+    target = dict(maps[0])
+    assert codec.merge_faults_into(target, *maps[1:]) == codec.merge_faults(*maps)
+
+
+def test_merge_into_normalises_int_likes(codec: ModuleType) -> None:
+    target = {5: 0}
+    codec.merge_faults_into(target, {IntLike(5): IntLike(2), IntLike(7): 1})
+    assert target == {5: 2, 7: 1}
+    assert all(type(k) is int and type(v) is int for k, v in target.items())
+
+
+def test_merge_into_bad_entry_leaves_the_target_untouched(codec: ModuleType) -> None:
+    target = {1: 0}
+    with pytest.raises(ValueError, match="fault type 7"):
+        codec.merge_faults_into(target, {2: 1}, {3: 7})
+    assert target == {1: 0}
+    with pytest.raises(TypeError, match="must be a dict"):
+        codec.merge_faults_into([], {2: 1})
+
+
 # --------------------------------------------------------------------------- encoding
 
 

@@ -80,6 +80,20 @@ def test_merge_agrees_and_follows_the_rule(maps: list[dict[int, int]]) -> None:
         assert fault_type == (1 if 1 in seen else seen[-1])
 
 
+@given(fault_maps, st.lists(st.one_of(fault_maps, wild_maps), max_size=3))
+def test_merge_into_agrees_with_merge_and_leaves_the_target_alone_on_error(
+    target: dict[int, int], maps: list[dict[Any, Any]]
+) -> None:
+    expected = outcome(lambda: _faults_py.merge_faults(target, *maps))
+    for implementation in (_faults_py, compiled):
+        copy = dict(target)
+        got = outcome(lambda: implementation.merge_faults_into(copy, *maps))
+        if expected[0] == "ok":
+            assert got == expected and copy == expected[1]
+        else:
+            assert got == expected and copy == target
+
+
 @given(wild_maps)
 def test_validation_errors_agree_on_arbitrary_maps(faults: dict[Any, Any]) -> None:
     agree("format_faults", faults)

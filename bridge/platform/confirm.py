@@ -18,17 +18,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# ClusterD's text rules (its split of an annotation, Go's Atoi) have one home, the
+# reference codec; lenient parsing runs there whichever twin is active.
+from bridge._faults_py import clusterd_elements, go_atoi
 from bridge.faults import LenientParse, format_faults, merge_faults, parse_faults
 
 #: The only form the agent ever writes (or the empty string).
 CANONICAL = re.compile(r"\d+:[012](,\d+:[012])*")
-
-# Go's strings.TrimSpace set (unicode.IsSpace), which ClusterD applies to the whole string.
-GO_SPACE = (
-    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
-    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-)
-_ATOI = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -71,19 +67,14 @@ def salvage(text: str) -> dict[int, int]:
     (duplicates are per rank text, so leaving elements out changes no other entry).
     Equal to ClusterD's reading whenever that is not poisoned.
     """
-    body = text.strip(GO_SPACE).strip(",")
-    if not body:
-        return {}
-    kept = [element for element in body.split(",") if _convertible(element)]
-    return dict(parse_faults(",".join(kept), strict=False).faults)
+    kept = [element for element in clusterd_elements(text) if _convertible(element)]
+    return dict(parse_faults(",".join(kept), strict=False).faults) if kept else {}
 
 
 def _convertible(element: str) -> bool:
     """Exactly one ``:`` and a rank Go's ``strconv.Atoi`` accepts (int64)."""
     parts = element.split(":")
-    if len(parts) != 2 or not _ATOI.fullmatch(parts[0]):
-        return False
-    return -(2**63) <= int(parts[0]) < 2**63
+    return len(parts) == 2 and go_atoi(parts[0]) is not None
 
 
 def result_for(confirm: Mapping[int, int], platform: Mapping[int, int]) -> tuple[dict[int, int], str]:
