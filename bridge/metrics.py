@@ -2,8 +2,18 @@
 
 Counters end in ``_total``, durations are in seconds, and labels stay low-cardinality:
 never a rank, a uuid or a job id (one bridge serves one job; the scrape target says
-which). State owned elsewhere (keep-alive age, the controller's HA switch, the outbox
-depth) is read at scrape time through callbacks, so it is never stale.
+which). A label that comes from ClusterD's wire (a signal's type string, a Status code,
+an int32 any server or proxy can fill) goes through ``signal_type_label`` or
+``code_label``: the known values pass, anything else becomes ``other``, so a buggy or
+hostile peer cannot grow the series count. State owned elsewhere (keep-alive age, the
+controller's HA switch, the outbox depth) is read at scrape time through callbacks, so
+it is never stale.
+
+Every labelled series whose label values are known in advance is created at start with
+value 0 (``_precreate``): a dashboard panel or an ``increase()`` shows 0 for "did not
+happen", not "No data", and an alert comparing with an offset has a series to compare.
+Labels whose values are open-ended (reasons built from a peer's answer, hook names from
+the config) are left to appear when first used.
 """
 
 from __future__ import annotations
@@ -16,7 +26,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from . import __version__
+from .codes import Code
 from .faults import IMPLEMENTATION
+from .flow import CALLBACKS, Step
 
 #: Recovery takes seconds to many minutes (ClusterD alone waits ~11 s before globalFault).
 RECOVERY_BUCKETS = (0.5, 1, 2.5, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800)
@@ -24,6 +36,39 @@ RECOVERY_BUCKETS = (0.5, 1, 2.5, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 6
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 FAULT_TYPE_NAMES = {0: "uce", 1: "other", 2: "hccl"}
+
+#: The label for a wire value outside the known set.
+OTHER = "other"
+#: ClusterD's signal types (clusterd-protocol.md section 4); ``empty`` for a signal without one.
+SIGNAL_TYPES = ("keep-alive", "stopTrain", "globalFault", "changeStrategy", "saveAndExit", "faultNodesExit",
+                "preExitProcess", "killMaster", "hot-switch", "pauseStartAgent", "continueStartAgent")
+_SIGNAL_TYPES = frozenset(SIGNAL_TYPES)
+#: The Status codes of the protocol (bridge/codes.py), as label values.
+_CODES = frozenset(int(code) for code in Code)
+#: The unary RPCs the bridge makes, by the name the ``method`` label carries.
+RPC_METHODS = ("Init", "Register", "ReportProcessFault", "ReportStopComplete", "ReportRecoverStrategy",
+               "ReportRecoverStatus")
+#: Report kinds of the relay (``kind`` label) and the recovery phases.
+REPORT_KINDS = ("fault", "stop_complete", "strategy", "result")
+RECOVERY_PHASES = ("fault_to_stop", "stop_to_strategy", "strategy_to_result")
+
+
+def signal_type_label(signal_type: str) -> str:
+    """The ``signal_type`` label: a known ClusterD signal type, ``empty``, or ``other``."""
+    if not signal_type:
+        return "empty"
+    return signal_type if signal_type in _SIGNAL_TYPES else OTHER
+
+
+def code_label(code: int) -> str:
+    """The ``code`` label of a ClusterD Status code: the decimal code when the protocol
+    knows it (bridge/codes.py), else ``other`` (the int32 is the peer's to fill)."""
+    return str(code) if code in _CODES else OTHER
+
+
+def drop_reason_for_code(code: int) -> str:
+    """The ``reason`` of a report ClusterD refused with ``code``: ``code_<n>`` or ``code_other``."""
+    return f"code_{code_label(code)}"
 
 
 class BridgeMetrics:
@@ -102,8 +147,41 @@ class BridgeMetrics:
         self.ranktable_updates = Counter(
             "tft_bridge_ranktable_updates", "Rank tables received, by result (written, unchanged, rejected)",
             ["result"], registry=r)
+        self.recorder_errors = Counter(
+            "tft_bridge_recorder_errors",
+            "Flight-recorder events or writes lost (queue_full, disk_full, unwritable, corrupt, write_failed, "
+            "events_truncated, otel_export, otel_queue_full); the bridge itself carries on", ["reason"], registry=r)
+        self.flow_desync = Counter(
+            "tft_bridge_flow_desync",
+            "Controller callbacks the tracked flow step did not expect (the tracker then follows the controller), "
+            "by callback and the step it arrived at", ["callback", "step"], registry=r)
         self.keepalive_age.set_function(lambda: 0.0)
         self.controller_connected.set_function(lambda: 0.0)
+        self._precreate()
+
+    def _precreate(self) -> None:
+        """Create every child whose labels are known, at 0 (see the module docstring)."""
+        for name in FAULT_TYPE_NAMES.values():
+            self.faults_reported.labels(name)
+        for signal_type in (*SIGNAL_TYPES, OTHER):
+            self.signals_received.labels(signal_type)
+        for method in RPC_METHODS:
+            self.rpcs.labels(method, str(int(Code.OK)))
+            self.rpc_seconds.labels(method)
+        for kind in REPORT_KINDS:
+            self.reports_sent.labels(kind)
+        for phase in RECOVERY_PHASES:
+            self.recovery_phase_seconds.labels(phase)
+        for callback in CALLBACKS:
+            self.callbacks.labels(callback)
+            for step in Step:
+                self.flow_desync.labels(callback, step.value)
+        for result in ("written", "unchanged", "rejected", "write_failed"):
+            self.ranktable_updates.labels(result)
+
+    def count_desync(self, callback: str, step: Step) -> None:
+        """The ``on_desync`` hook of ``ControllerFlow``: one unexpected callback."""
+        self.flow_desync.labels(callback, step.value).inc()
 
     def bind_keepalive_clock(self, last_message_at: Callable[[], float | None]) -> None:
         """Read the keep-alive age from the session at scrape time (-1 before any message)."""

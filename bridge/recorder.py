@@ -1,0 +1,584 @@
+"""The recovery flight recorder: every cycle's timeline, kept on disk beside the bridge.
+
+Nobody else sees the whole of a recovery: ClusterD logs its side on another machine, the
+controller logs in the training pods. The bridge sees both directions, so it records,
+per recovery cycle, each controller callback (fault ranks by type, codes, strategies),
+each ClusterD RPC with its code and latency, each signal (uuid, type, actions,
+strategy), each notify with the controller's return, every refusal and drop with its
+reason, and the final outcome. ``tft-bridge history`` reads it back; the phases and who
+was waited on are derived by ``bridge.recorder_model``.
+
+Two halves, because the peers forbid the obvious one:
+
+* ``Recorder`` runs on the event loop, called from the report path and the dispatcher.
+  The controller blocks on every callback and ClusterD's decisions race the
+  controller's own timeout, so recording must never delay a report or a notify: each
+  call builds one small tuple and appends it to a bounded deque (O(1); fault maps above
+  64 ranks are counted later, by the writer). A full deque drops the event and counts
+  ``tft_bridge_recorder_errors_total{reason="queue_full"}``. The controller's own
+  thread never runs any of this: its callbacks reach the loop through the hand-off.
+* ``RecorderWriter`` is a thread that wakes on its own every ``poll`` seconds (the loop
+  never wakes it: a wake-up is a syscall that can hand the GIL away mid-report), writes
+  the batch to the SQLite store in one transaction (``bridge.recorder_store``), keeps
+  the store inside its bounds and hands each closed cycle to the optional OpenTelemetry
+  exporter. A full disk, an unwritable directory or a corrupt file never stops the
+  bridge: the failure is counted by reason, logged once per kind (then at most every
+  five minutes, with the count), and the store is re-opened later.
+
+How events group into cycles (ClusterD's uuid is not on the controller's reports, and a
+flow may start from either side): a cycle opens at the controller's first fault report
+or ClusterD's first signal of a flow, takes ClusterD's uuid when a signal brings one
+(a later different uuid is recorded as a change, not a new cycle: the controller is
+still in the same flow), and closes when the controller's flow reaches a final outcome:
+back to idle after a result (success, isolated), or exit decided. It lingers briefly
+(``grace``) so the final report's RPC, a drop or a repeated signal of the same cycle
+land in it. A signal refused while the controller is idle closes its own cycle as
+``not_forwarded``; a fault report ClusterD never answered stays open until the bridge
+stops (``unfinished``), and a cycle a crash left open is ``interrupted`` at the next
+start.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .flow import ControllerFlow, Step
+from .recorder_config import RecorderConfig
+from .recorder_model import summarise
+from .recorder_store import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+FAULT_TYPE_NAMES = {0: "uce", 1: "other", 2: "hccl"}
+#: Fault maps up to this size are summarised on the loop (exact, microseconds); larger
+#: ones are counted by the writer thread (a 100 000-rank map would cost the loop a ms).
+INLINE_FAULTS = 64
+#: How long a closed cycle still takes the final report's RPC, a drop or a repeated signal.
+GRACE = 2.0
+LOG_EVERY = 300.0  # seconds between repeated log lines of one failure kind
+
+
+class _LateFaults:
+    """A large fault map, summarised by the writer (off the loop)."""
+
+    __slots__ = ("faults",)
+
+    def __init__(self, faults: dict[int, int]) -> None:
+        self.faults = faults
+
+    def summary(self) -> dict[str, Any]:
+        for _ in range(3):
+            try:
+                # One C-level copy (atomic under the GIL): the relay may merge later
+                # reports into this very dict in place, so the counts can include ranks
+                # reported just after; marked approximate.
+                snapshot = dict(self.faults)
+                break
+            except RuntimeError:
+                continue
+        else:
+            return {"ranks": len(self.faults), "by_type": {}, "approximate": True}
+        counts = collections.Counter(snapshot.values())
+        return {"ranks": len(snapshot), "approximate": True,
+                "by_type": {FAULT_TYPE_NAMES.get(k, str(k)): n for k, n in counts.items()}}
+
+
+def summarise_faults(faults: dict[int, int]) -> dict[str, Any] | _LateFaults:
+    if len(faults) > INLINE_FAULTS:
+        return _LateFaults(faults)
+    by_type: dict[str, int] = {}
+    for fault_type in faults.values():
+        name = FAULT_TYPE_NAMES.get(fault_type, str(fault_type))
+        by_type[name] = by_type.get(name, 0) + 1
+    return {"ranks": len(faults), "by_type": by_type,
+            "list": ",".join(f"{rank}:{kind}" for rank, kind in sorted(faults.items()))}
+
+
+class ErrorLog:
+    """Counts recorder failures by reason; logs each kind once, then at most every
+    LOG_EVERY seconds with how many happened meanwhile."""
+
+    def __init__(self, metrics: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self._counter = getattr(metrics, "recorder_errors", None)
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._since: dict[str, int] = {}
+        self._lock = threading.Lock()  # the loop (queue_full) and the writer both report
+
+    def __call__(self, reason: str, detail: str = "", count: int = 1) -> None:
+        if self._counter is not None:
+            self._counter.labels(reason).inc(count)
+        now = self._clock()
+        with self._lock:
+            last = self._last.get(reason)
+            if last is not None and now - last < LOG_EVERY:
+                self._since[reason] = self._since.get(reason, 0) + count
+                return
+            missed = self._since.pop(reason, 0)
+            self._last[reason] = now
+        more = f" ({missed} more since the last message)" if missed else ""
+        log.error("flight recorder: %s%s%s; the bridge carries on without this record",
+                  reason, f": {detail}" if detail else "", more)
+
+
+# --------------------------------------------------------------------------- loop side
+
+@dataclass
+class _Cycle:
+    key: str
+    opened_by: str
+    uuid: str | None = None
+    progressed: bool = False  # a callback or an accepted notify: the controller is in it
+    exit_decided: bool = False
+    result_code: int | None = None
+    strategy: str = ""
+    rescheduled: bool = False
+    closing_at: float | None = None  # monotonic time the final outcome was reached
+    outcome: str | None = None  # forced outcome (not_forwarded)
+    last: float = field(default_factory=time.monotonic)
+
+
+class NullRecorder:
+    """The recorder switched off: every hook is a no-op."""
+
+    enabled = False
+
+    def callback(self, name: str, at: float, faults: dict[int, int] | None = None, **fields: Any) -> None: ...
+    def rpc(self, method: str, code: str | int, started: float, duration: float) -> None: ...
+    def signal(self, signal_type: str, uuid: str, actions: list[str], strategy: str = "", params: str = "",
+               ranks: int = 0) -> None: ...
+    def notify(self, action: str, rc: int, started: float, duration: float, strategy: str = "") -> None: ...
+    def refused(self, reason: str, signal_type: str, uuid: str, actions: list[str], detail: str = "") -> None: ...
+    def dropped(self, report: str, cycle: str | None, reason: str) -> None: ...
+    def session(self, state: str) -> None: ...
+    def hook(self, action: str, result: str) -> None: ...
+    def tick(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Recorder(NullRecorder):
+    """Loop-side hooks. Each call is O(1) and never raises into its caller."""
+
+    enabled = True
+
+    def __init__(self, job_id: str, flow: ControllerFlow, writer: RecorderWriter, *, grace: float = GRACE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.job_id = job_id
+        self.flow = flow
+        self.writer = writer
+        self.grace = grace
+        self._clock = clock
+        self._offset = time.time() - clock()  # monotonic -> Unix time, fixed at start
+        self._boot = f"{int(time.time() * 1000):x}"
+        self._count = 0
+        self._cycle: _Cycle | None = None
+        self._last_key: str | None = None  # the cycle closed last, for late RPCs and drops
+        self._last_closed = 0.0
+
+    @property
+    def current(self) -> str | None:
+        """The open cycle's key (tests, the demo)."""
+        return self._cycle.key if self._cycle else None
+
+    @property
+    def last_key(self) -> str | None:
+        return self._cycle.key if self._cycle else self._last_key
+
+    # ------------------------------------------------------------------ plumbing
+    def _wall(self, mono: float) -> float:
+        return mono + self._offset
+
+    def _open(self, opened_by: str, at: float) -> _Cycle:
+        self._count += 1
+        cycle = _Cycle(f"{self._boot}-{self._count}", opened_by, last=at)
+        self._cycle = cycle
+        self.writer.put(("open", cycle.key, opened_by, self._wall(at), self.job_id))
+        return cycle
+
+    def _emit(self, cycle: _Cycle | str, at: float, kind: str, data: dict[str, Any]) -> None:
+        key = cycle if isinstance(cycle, str) else cycle.key
+        if not isinstance(cycle, str):
+            cycle.last = max(cycle.last, at)
+        self.writer.put(("event", key, self._wall(at), kind, data))
+
+    def _finish(self, cycle: _Cycle, at: float | None = None) -> None:
+        if cycle.outcome is not None:
+            outcome = cycle.outcome
+        elif cycle.exit_decided:
+            outcome = "exit"
+        elif cycle.result_code is not None:
+            outcome = {0: "success", 201: "isolated"}.get(cycle.result_code, "failed")
+        elif cycle.rescheduled:
+            outcome = "rescheduled"
+        elif not cycle.progressed:
+            outcome = "not_forwarded"
+        else:
+            outcome = "unfinished"
+        ended = cycle.closing_at if cycle.closing_at is not None else (at if at is not None else cycle.last)
+        self.writer.put(("close", cycle.key, self._wall(ended), outcome, cycle.strategy))
+        self._last_key, self._last_closed = cycle.key, self._clock()
+        if self._cycle is cycle:
+            self._cycle = None
+
+    def _closing(self, cycle: _Cycle, at: float, outcome: str | None = None) -> None:
+        if cycle.closing_at is None:
+            cycle.closing_at = at
+        if outcome is not None:
+            cycle.outcome = outcome
+
+    def _check_flow(self, cycle: _Cycle, at: float) -> None:
+        """Close the cycle when the controller's flow reached a final outcome."""
+        step = self.flow.step
+        if step is Step.EXITED or step is Step.IDLE and cycle.progressed:
+            self._closing(cycle, at)
+        elif cycle.closing_at is not None and cycle.outcome is None and cycle.progressed:
+            cycle.closing_at = None  # the flow went on (e.g. a second action of the signal)
+
+    def _late_target(self) -> _Cycle | str | None:
+        if self._cycle is not None:
+            return self._cycle
+        if self._last_key is not None and self._clock() - self._last_closed < 60.0:
+            return self._last_key
+        return None
+
+    def _guard(self, what: str, error: BaseException) -> None:
+        self.writer.errors("record_failed", f"{what}: {error!r}")
+
+    # ------------------------------------------------------------------ hooks (event loop)
+    def callback(self, name: str, at: float, faults: dict[int, int] | None = None, **fields: Any) -> None:
+        """A controller callback, after the bridge handled it (``at``: the controller's
+        monotonic time). ``fields``: code, strategies, strategy -- small values only."""
+        try:
+            cycle = self._cycle
+            if cycle is not None and cycle.closing_at is not None and name == "report_fault_ranks":
+                self._finish(cycle)
+                cycle = None
+            if cycle is None:
+                cycle = self._open("fault" if name == "report_fault_ranks" else "callback", at)
+            data: dict[str, Any] = {"name": name, **fields}
+            if faults is not None:
+                data["faults"] = summarise_faults(faults)
+            self._emit(cycle, at, "callback", data)
+            cycle.progressed = True
+            if name == "report_result":
+                cycle.result_code = fields.get("code")
+                cycle.strategy = fields.get("strategy") or cycle.strategy
+            self._check_flow(cycle, at)
+        except Exception as error:  # noqa: BLE001 - recording must never break the report path
+            self._guard("callback", error)
+
+    def rpc(self, method: str, code: str | int, started: float, duration: float) -> None:
+        """A ClusterD unary RPC (``code``: ClusterD's Status code or the gRPC status)."""
+        try:
+            target = self._late_target()
+            if target is None:
+                return
+            self._emit(target, started, "rpc", {"method": method, "code": code, "latency": round(duration, 6)})
+            cycle = self._cycle
+            if cycle is not None and cycle.closing_at is not None and method == "ReportRecoverStatus":
+                self._finish(cycle)
+        except Exception as error:  # noqa: BLE001
+            self._guard("rpc", error)
+
+    def signal(self, signal_type: str, uuid: str, actions: list[str], strategy: str = "", params: str = "",
+               ranks: int = 0) -> None:
+        """A signal for this job about to be dispatched (keep-alives are not recorded)."""
+        try:
+            at = self._clock()
+            cycle = self._cycle
+            if cycle is not None and cycle.closing_at is not None and (not uuid or uuid != cycle.uuid):
+                self._finish(cycle)
+                cycle = None
+            if cycle is None:
+                cycle = self._open("signal", at)
+            if uuid and uuid != cycle.uuid:
+                if cycle.uuid is not None:
+                    self._emit(cycle, at, "uuid", {"old": cycle.uuid, "new": uuid})
+                cycle.uuid = uuid
+                self.writer.put(("uuid", cycle.key, uuid))
+            if signal_type == "killMaster":
+                cycle.rescheduled = True
+            self._emit(cycle, at, "signal", {"type": signal_type, "uuid": uuid, "actions": list(actions),
+                                             "strategy": strategy, "params": params, "ranks": ranks})
+        except Exception as error:  # noqa: BLE001
+            self._guard("signal", error)
+
+    def notify(self, action: str, rc: int, started: float, duration: float, strategy: str = "") -> None:
+        """A notify call into the controller and what it returned."""
+        try:
+            cycle = self._cycle
+            if cycle is None:
+                cycle = self._open("signal", started)
+            data: dict[str, Any] = {"action": action, "rc": rc, "duration": round(duration, 6)}
+            if strategy:
+                data["strategy"] = strategy
+            self._emit(cycle, started, "notify", data)
+            if rc == 0:
+                cycle.progressed = True
+                if action == "change_strategy":
+                    cycle.strategy = strategy
+                    cycle.exit_decided = cycle.exit_decided or strategy == "exit"
+                elif action == "save_and_exit":
+                    cycle.strategy = "dump"
+            self._check_flow(cycle, started + duration)
+        except Exception as error:  # noqa: BLE001
+            self._guard("notify", error)
+
+    def refused(self, reason: str, signal_type: str, uuid: str, actions: list[str], detail: str = "") -> None:
+        """A signal or action not forwarded, and why."""
+        try:
+            at = self._clock()
+            cycle = self._cycle
+            if cycle is None:
+                if reason == "foreign_job":
+                    return  # another job's traffic is not this job's history
+                cycle = self._open("signal", at)
+            self._emit(cycle, at, "refused", {"reason": reason, "signal": signal_type, "uuid": uuid,
+                                              "actions": list(actions), "detail": detail})
+            if not cycle.progressed and self.flow.step is Step.IDLE:
+                self._closing(cycle, at, "not_forwarded")
+        except Exception as error:  # noqa: BLE001
+            self._guard("refused", error)
+
+    def dropped(self, report: str, cycle: str | None, reason: str) -> None:
+        """A report the relay dropped, and why."""
+        try:
+            target = self._late_target()
+            if target is None:
+                return
+            self._emit(target, self._clock(), "dropped", {"report": report, "cycle": cycle, "reason": reason})
+            current = self._cycle
+            if current is not None and current.closing_at is not None and report == "result":
+                self._finish(current)
+        except Exception as error:  # noqa: BLE001
+            self._guard("dropped", error)
+
+    def session(self, state: str) -> None:
+        """A ClusterD session change, recorded only inside a cycle (re-subscriptions
+        mid-recovery are part of its story; the routine ones between cycles are not)."""
+        try:
+            if self._cycle is not None:
+                self._emit(self._cycle, self._clock(), "session", {"state": state})
+        except Exception as error:  # noqa: BLE001
+            self._guard("session", error)
+
+    def hook(self, action: str, result: str) -> None:
+        try:
+            if self._cycle is not None:
+                self._emit(self._cycle, self._clock(), "hook", {"action": action, "result": result})
+        except Exception as error:  # noqa: BLE001
+            self._guard("hook", error)
+
+    def tick(self) -> None:
+        """Called every second or so: close a cycle whose grace is over, or whose flow
+        went back to idle by a path no hook saw (a pause that timed out)."""
+        try:
+            cycle = self._cycle
+            if cycle is None:
+                return
+            now = self._clock()
+            if cycle.closing_at is None and cycle.progressed and self.flow.step is Step.IDLE \
+                    and now - cycle.last >= self.grace:
+                self._closing(cycle, cycle.last)
+            if cycle.closing_at is not None and now - max(cycle.closing_at, cycle.last) >= self.grace:
+                self._finish(cycle)
+        except Exception as error:  # noqa: BLE001
+            self._guard("tick", error)
+
+    def close(self) -> None:
+        """The bridge stops: an open cycle ends as it stands (``unfinished`` when no
+        outcome was reached)."""
+        if self._cycle is not None:
+            self._finish(self._cycle, self._clock())
+
+
+# --------------------------------------------------------------------------- writer thread
+
+@dataclass
+class _Open:
+    key: str
+    job: str
+    opened_by: str
+    started: float
+    events: list[dict[str, Any]] = field(default_factory=list)
+    seq: int = 0
+    dropped: int = 0
+    uuid: str | None = None
+    uuids: list[str] = field(default_factory=list)
+
+
+class RecorderWriter:
+    """Owns the store; drains the loop's deque every ``poll`` seconds on its own thread."""
+
+    def __init__(self, config: RecorderConfig, directory: Path, metrics: Any, *,
+                 on_closed: Callable[[dict[str, Any]], None] | None = None, poll: float = 0.2,
+                 reopen_every: float = 30.0) -> None:
+        self.config = config
+        self.directory = directory
+        self.errors = ErrorLog(metrics)
+        self.on_closed = on_closed
+        self.poll = poll
+        self.reopen_every = reopen_every
+        self.store = Store(directory, config.max_cycles, int(config.max_mb * 1024 * 1024))
+        self._items: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._limit = config.queue_limit
+        self._open: dict[str, _Open] = {}
+        self._late_seq: collections.OrderedDict[str, int] = collections.OrderedDict()  # closed keys -> next seq
+        # Cycles whose row is not committed yet: re-sent with every batch until one
+        # commits, so a failed batch (full disk) loses its events, never the cycle.
+        self._unwritten: dict[str, tuple[str, str, str, float]] = {}
+        self._stop = threading.Event()
+        self._next_open = 0.0
+        self.written = 0  # events committed (tests, status)
+        self.closed = 0  # cycles closed
+        self._thread = threading.Thread(target=self._run, name="tft-recorder", daemon=True)
+
+    @property
+    def path(self) -> Path:
+        return self.store.path
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def put(self, item: tuple[Any, ...]) -> None:
+        """Event loop: O(1). Never blocks, never wakes the writer."""
+        if len(self._items) >= self._limit:
+            self.errors("queue_full", f"more than {self._limit} events waiting for the writer")
+            return
+        self._items.append(item)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is queued, then stop the thread (bounded wait)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        else:
+            self._drain()  # never started (tests): still write
+            self.store.close()
+
+    # ------------------------------------------------------------------ thread
+    def _run(self) -> None:
+        try:
+            self._ensure_store()  # at start: a problem shows at once, and a crashed run's open cycle is closed
+            while not self._stop.is_set():
+                self._stop.wait(self.poll)
+                self._drain()
+            self._drain()
+        except Exception as error:  # noqa: BLE001 - the bridge must outlive its recorder
+            self.errors("write_failed", f"writer thread ended: {error!r}")
+        finally:
+            self.store.close()
+
+    def _ensure_store(self) -> bool:
+        if self.store.is_open:
+            return True
+        now = time.monotonic()
+        if now < self._next_open:
+            return False
+        try:
+            self.store.open()
+        except StoreError as error:
+            self._next_open = now + self.reopen_every
+            self.errors(error.reason, error.detail)
+            return False
+        log.info("flight recorder: writing %s", self.store.path)
+        return True
+
+    def _drain(self) -> None:
+        while self._items:
+            batch = []
+            while self._items and len(batch) < 2000:
+                batch.append(self._items.popleft())
+            self._apply(batch)
+
+    def _apply(self, batch: list[tuple[Any, ...]]) -> None:
+        events: list[tuple[str, int, float, str, dict[str, Any]]] = []
+        updates: list[tuple[str, dict[str, Any]]] = []
+        finished: list[dict[str, Any]] = []
+        truncated = 0
+        for item in batch:
+            op, key = item[0], item[1]
+            if op == "open":
+                _, _, opened_by, started, job = item
+                self._open[key] = _Open(key, job, opened_by, started)
+                self._unwritten[key] = (key, job, opened_by, started)
+            elif op == "event":
+                _, _, t, kind, data = item
+                faults = data.get("faults")
+                if isinstance(faults, _LateFaults):
+                    data = {**data, "faults": faults.summary()}
+                cycle = self._open.get(key)
+                if cycle is None:  # a late event of a closed cycle
+                    if key not in self._late_seq:
+                        continue
+                    seq = self._late_seq[key]
+                    self._late_seq[key] = seq + 1
+                    events.append((key, seq, t, kind, data))
+                    continue
+                if cycle.seq >= self.config.max_events_per_cycle:
+                    cycle.dropped += 1
+                    truncated += 1
+                    continue
+                cycle.events.append({"t": t, "kind": kind, **data})
+                events.append((key, cycle.seq, t, kind, data))
+                cycle.seq += 1
+            elif op == "uuid":
+                cycle = self._open.get(key)
+                if cycle is not None:
+                    cycle.uuid = item[2]
+                    cycle.uuids.append(item[2])
+                    updates.append((key, {"uuid": cycle.uuid, "uuids": list(cycle.uuids)}))
+            elif op == "close":
+                _, _, ended, outcome, strategy = item
+                cycle = self._open.pop(key, None)
+                if cycle is None:
+                    continue
+                if len(self._unwritten) > 64:  # the store is down for long: keep the newest only
+                    self._unwritten.pop(next(iter(self._unwritten)))
+                outcome_event = {"outcome": outcome, "strategy": strategy}
+                events.append((key, cycle.seq, ended, "outcome", outcome_event))
+                cycle.events.append({"t": ended, "kind": "outcome", **outcome_event})
+                self._late_seq[key] = cycle.seq + 1
+                while len(self._late_seq) > 16:
+                    self._late_seq.popitem(last=False)
+                summary = summarise(cycle.events, cycle.started, ended, cycle.opened_by)
+                updates.append((key, {"ended": ended, "outcome": outcome, "strategy": strategy or None,
+                                      "summary": summary, "events_dropped": cycle.dropped,
+                                      "uuid": cycle.uuid, "uuids": list(cycle.uuids)}))
+                finished.append({"key": key, "job": cycle.job, "uuid": cycle.uuid, "uuids": cycle.uuids,
+                                 "opened_by": cycle.opened_by, "started": cycle.started, "ended": ended,
+                                 "outcome": outcome, "strategy": strategy, "summary": summary,
+                                 "events": cycle.events, "events_dropped": cycle.dropped})
+        if truncated:
+            self.errors("events_truncated", f"a cycle exceeded {self.config.max_events_per_cycle} events",
+                        truncated)
+        opens = list(self._unwritten.values())
+        if self._ensure_store():
+            try:
+                self.store.write(opens, events, updates)
+                self._unwritten.clear()
+                self.written += len(events)
+                self.store.enforce_bounds()
+            except StoreError as error:
+                self.errors(error.reason, error.detail)
+                if error.reason in ("unwritable", "corrupt"):
+                    self.store.close()  # re-opened (and re-checked) later
+                    self._next_open = time.monotonic() + self.reopen_every
+        for record in finished:
+            self.closed += 1
+            if self.on_closed is not None:
+                try:
+                    self.on_closed(record)
+                except Exception as error:  # noqa: BLE001
+                    self.errors("otel_export", repr(error))
