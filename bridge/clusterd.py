@@ -23,7 +23,7 @@ from ._proto import recover_pb2 as pb
 from .backoff import Backoff
 from .codes import Code
 from .config import ClusterDConfig
-from .metrics import BridgeMetrics
+from .metrics import BridgeMetrics, code_label, signal_type_label
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class ClusterDClient:
             delivery = Delivery.NOT_DELIVERED if code is grpc.StatusCode.UNAVAILABLE and not was_ready else Delivery.UNKNOWN
             raise RpcFailure(name, code.name, detail, delivery) from None
         self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
-        self.metrics.rpcs.labels(name, str(status.code)).inc()
+        self.metrics.rpcs.labels(name, code_label(status.code)).inc()
         return status
 
     def subscribe(self, job_id: str, role: str) -> Any:
@@ -337,7 +337,7 @@ class Session:
         if not signal.uuid or signal.uuid not in self._ended:
             return False
         if signal.signalType != "keep-alive":
-            self.metrics.signals_received.labels(signal.signalType or "empty").inc()
+            self.metrics.signals_received.labels(signal_type_label(signal.signalType)).inc()
             self.metrics.signals_refused.labels("stale_cycle").inc()
             log.warning("not forwarding %s %s: its cycle %s is already over", signal.signalType,
                         list(signal.actions), signal.uuid)

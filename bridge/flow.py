@@ -2,22 +2,76 @@
 
 The controller keeps one wake-up flag that is not cleared before the first wait of a
 fault flow: a notify that arrives when the controller is not waiting for it is consumed
-by the next wait as the wrong event, and the controller exits, killing the job. So the
-bridge forwards a ClusterD action only when this tracker says the controller's flow is
-at the step that expects it, and refuses (and counts) everything else.
+by the next wait as the wrong event, and the controller exits, killing the job
+(mindio-tft-controller.md section 4). So the bridge forwards a ClusterD action only when
+this tracker says the controller's flow is at the step that expects it (``ACCEPTS``),
+and refuses (and counts) everything else.
 
 The tracker also remembers which ClusterD cycle (uuid) the controller is answering:
 the uuid of the signal whose notify it last accepted. Reports carry no uuid on the wire,
 so this is the only way to tie a stop-complete, strategy or result report to its cycle.
+
+How the step moves is data, in three tables (the observed flows of tft-research.md
+sections 3.5 and 4, and mindio-tft-controller.md section 3):
+
+``EXPECTED`` -- (step, callback, outcome) -> next step: every callback the controller
+gives at a step where the bridge expects it. ``outcome`` is what the callback says
+(``outcome()``): ``-`` for report_fault_ranks and report_strategies; ``ok``/``failed``
+for report_stop_complete; for report_result ``ok``, ``dump_ok`` (0 after a dump),
+``downgraded`` (201), ``retry_failed`` (405), ``invalid_strategy`` (499 with no
+strategy) or ``failed`` (406, 499, anything else).
+
+=============== ===================== ================= ==============================
+step            callback              outcome           next step
+=============== ===================== ================= ==============================
+IDLE            report_fault_ranks    -                 AWAIT_STOP (a fault flow starts)
+PAUSED          report_fault_ranks    -                 AWAIT_STOP (the pause turns into a fault)
+STOP_SENT       report_fault_ranks    -                 (stays: a ClusterD-first stop)
+GLOBAL_SENT     report_fault_ranks    -                 (stays: the flow's second report)
+STOP_SENT       report_stop_complete  ok / failed       AWAIT_GLOBAL / EXITING (404)
+PAUSE_SENT      report_stop_complete  ok / failed       PAUSED / IDLE
+GLOBAL_SENT     report_strategies     -                 AWAIT_STRATEGY
+REPAIRING       report_result         ok / downgraded   IDLE / IDLE (and downgraded)
+REPAIRING       report_result         retry_failed      AWAIT_GLOBAL (405)
+REPAIRING       report_result         invalid_strategy  EXITING
+REPAIRING       report_result         failed            AWAIT_FINAL (406, 499)
+DUMPING         report_result         any but 201/405   EXITING
+PAUSE_SENT      report_result         failed            IDLE (the pause timed out)
+PAUSED          report_result         failed            IDLE (the pause timed out)
+=============== ===================== ================= ==============================
+
+``FOLLOW`` -- (callback, outcome) -> next step: a callback the current step does not
+expect is a *desync* (a lost or reordered callback, a notify the bridge did not see
+through, a wait the controller timed out). The controller is the ground truth, so the
+tracker still follows it to where that callback puts the controller (``-`` means it
+stays), and reports the desync through ``on_desync(callback, step)`` (counted in
+``tft_bridge_flow_desync_total`` by the caller) with a log line. report_fault_ranks
+stays, because a first and a second report cannot be told apart; report_stop_complete
+goes to AWAIT_GLOBAL (ok) or EXITING; report_strategies to AWAIT_STRATEGY;
+report_result to IDLE (ok, downgraded), EXITING (dump_ok, invalid_strategy),
+AWAIT_GLOBAL (retry_failed) or AWAIT_FINAL (failed).
+
+``NOTIFIED`` -- (action, strategy) -> next step: where a notify the bridge gives moves
+the flow (``notified``): stop_train STOP_SENT, pause_train PAUSE_SENT, on_global_rank
+GLOBAL_SENT, save_and_exit DUMPING, change_strategy exit EXITING (EXITED when already
+EXITING: the one exit notice), dump DUMPING, any other strategy REPAIRING. The gate
+(``refusal``) already guarantees the step expects the action, so this table has no
+desync column.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 STRATEGIES = frozenset({"retry", "recover", "dump", "exit", "downgrade", "upgrade", "migration", "continue"})
 CLUSTERD_ONLY_STRATEGIES = frozenset({"elastic-training", "recover-in-place", "job-rescheduling", "pod-rescheduling"})
+#: The controller's four callbacks, in the order of one fault flow.
+CALLBACKS = ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result")
 
 
 class Step(enum.Enum):
@@ -37,7 +91,7 @@ class Step(enum.Enum):
 
 
 #: Actions each step accepts; change_strategy is further checked against the strategy.
-_ACCEPTS: dict[Step, frozenset[str]] = {
+ACCEPTS: dict[Step, frozenset[str]] = {
     Step.IDLE: frozenset({"stop_train", "pause_train", "save_and_exit", "hot switch", "stop switch", "change_strategy"}),
     Step.STOP_SENT: frozenset(),
     Step.AWAIT_STOP: frozenset({"stop_train", "save_and_exit"}),
@@ -53,11 +107,81 @@ _ACCEPTS: dict[Step, frozenset[str]] = {
     Step.EXITED: frozenset(),
 }
 
+ANY = "-"  # the outcome of a callback whose arguments do not steer the flow
+STAY = None  # as a next step: the callback leaves the step as it is
+
+#: (step, callback, outcome) -> next step, for every callback a step expects.
+EXPECTED: dict[tuple[Step, str, str], Step | None] = {
+    (Step.IDLE, "report_fault_ranks", ANY): Step.AWAIT_STOP,
+    (Step.PAUSED, "report_fault_ranks", ANY): Step.AWAIT_STOP,
+    (Step.STOP_SENT, "report_fault_ranks", ANY): STAY,
+    (Step.GLOBAL_SENT, "report_fault_ranks", ANY): STAY,
+    (Step.STOP_SENT, "report_stop_complete", "ok"): Step.AWAIT_GLOBAL,
+    (Step.STOP_SENT, "report_stop_complete", "failed"): Step.EXITING,
+    (Step.PAUSE_SENT, "report_stop_complete", "ok"): Step.PAUSED,
+    (Step.PAUSE_SENT, "report_stop_complete", "failed"): Step.IDLE,
+    (Step.GLOBAL_SENT, "report_strategies", ANY): Step.AWAIT_STRATEGY,
+    (Step.REPAIRING, "report_result", "ok"): Step.IDLE,
+    (Step.REPAIRING, "report_result", "downgraded"): Step.IDLE,
+    (Step.REPAIRING, "report_result", "retry_failed"): Step.AWAIT_GLOBAL,
+    (Step.REPAIRING, "report_result", "invalid_strategy"): Step.EXITING,
+    (Step.REPAIRING, "report_result", "failed"): Step.AWAIT_FINAL,
+    (Step.DUMPING, "report_result", "ok"): Step.EXITING,
+    (Step.DUMPING, "report_result", "dump_ok"): Step.EXITING,
+    (Step.DUMPING, "report_result", "invalid_strategy"): Step.EXITING,
+    (Step.DUMPING, "report_result", "failed"): Step.EXITING,
+    (Step.PAUSE_SENT, "report_result", "failed"): Step.IDLE,
+    (Step.PAUSED, "report_result", "failed"): Step.IDLE,
+}
+
+#: (callback, outcome) -> next step, for a callback the current step does not expect.
+FOLLOW: dict[tuple[str, str], Step | None] = {
+    ("report_fault_ranks", ANY): STAY,
+    ("report_stop_complete", "ok"): Step.AWAIT_GLOBAL,
+    ("report_stop_complete", "failed"): Step.EXITING,
+    ("report_strategies", ANY): Step.AWAIT_STRATEGY,
+    ("report_result", "ok"): Step.IDLE,
+    ("report_result", "dump_ok"): Step.EXITING,
+    ("report_result", "downgraded"): Step.IDLE,
+    ("report_result", "retry_failed"): Step.AWAIT_GLOBAL,
+    ("report_result", "invalid_strategy"): Step.EXITING,
+    ("report_result", "failed"): Step.AWAIT_FINAL,
+}
+
+#: (action, strategy) -> next step for a notify given to the controller; "" = any other.
+NOTIFIED: dict[tuple[str, str], Step] = {
+    ("stop_train", ""): Step.STOP_SENT,
+    ("pause_train", ""): Step.PAUSE_SENT,
+    ("on_global_rank", ""): Step.GLOBAL_SENT,
+    ("save_and_exit", ""): Step.DUMPING,
+    ("change_strategy", "exit"): Step.EXITING,
+    ("change_strategy", "dump"): Step.DUMPING,
+    ("change_strategy", ""): Step.REPAIRING,
+}
+
+
+def outcome(callback: str, code: int | None = None, strategy: str = "") -> str:
+    """The part of a callback's arguments that steers the flow (a key of the tables)."""
+    if callback == "report_stop_complete":
+        return "ok" if code == 0 else "failed"
+    if callback != "report_result":
+        return ANY
+    if code == 0:
+        return "dump_ok" if strategy == "dump" else "ok"
+    if code == 201:
+        return "downgraded"
+    if code == 405:
+        return "retry_failed"
+    if code == 499 and strategy == "":  # the controller refused a strategy it had not offered
+        return "invalid_strategy"
+    return "failed"
+
 
 class ControllerFlow:
     """The controller's position in its fault flow, as the bridge can know it."""
 
-    def __init__(self, wait_timeout: float = 30.0, clock=time.monotonic) -> None:
+    def __init__(self, wait_timeout: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 on_desync: Callable[[str, Step], None] | None = None) -> None:
         self.step = Step.IDLE
         self.offered: tuple[str, ...] = ()
         self.answering: str | None = None  # uuid of the cycle the controller is answering
@@ -68,6 +192,8 @@ class ControllerFlow:
         self._clock = clock
         # Past this the controller has given up waiting for ClusterD and gone to EXIT.
         self._wait_timeout = wait_timeout
+        # Told (callback, step it arrived at) for every callback the step did not expect.
+        self._on_desync = on_desync
 
     def _move(self, step: Step) -> None:
         self.step = step
@@ -85,7 +211,7 @@ class ControllerFlow:
     def refusal(self, action: str, strategy: str = "", params: str = "") -> str | None:
         """None when the controller expects ``action`` now, else the reason to refuse it."""
         self.expire()
-        if action not in _ACCEPTS[self.step]:
+        if action not in ACCEPTS[self.step]:
             return "unexpected_step"
         if action != "change_strategy":
             return None
@@ -124,61 +250,46 @@ class ControllerFlow:
         already find the flow advanced and tied to this cycle."""
         if uuid:
             self.answering = uuid
-        if action == "stop_train":
-            self._move(Step.STOP_SENT)
-        elif action == "pause_train":
-            self._move(Step.PAUSE_SENT)
-        elif action == "on_global_rank":
-            self._move(Step.GLOBAL_SENT)
-        elif action == "save_and_exit":
-            self._move(Step.DUMPING)
-        elif action == "change_strategy":
-            if strategy == "exit":
-                self._move(Step.EXITED if self.step is Step.EXITING else Step.EXITING)
-            elif strategy == "dump":
-                self._move(Step.DUMPING)
-            else:
-                self._move(Step.REPAIRING)
+        step = NOTIFIED.get((action, strategy)) or NOTIFIED.get((action, ""))
+        if step is Step.EXITING and self.step is Step.EXITING:
+            step = Step.EXITED  # the one exit notice a going-down controller still takes
+        if step is not None:
+            self._move(step)
 
     # ------------------------------------------------------------------ callbacks
-    def on_callback(self, callback: str, code: int | None = None, strategies: tuple[str, ...] = (), strategy: str = "") -> None:
-        self.progress += 1
-        if callback == "report_fault_ranks":
-            # The first of a flow (or the first after a ClusterD-first stop). The second
-            # report of a flow arrives after on_global_rank and changes nothing.
-            if self.step in (Step.IDLE, Step.PAUSED):
-                self._move(Step.AWAIT_STOP)
-        elif callback == "report_stop_complete":
-            if self.step is Step.PAUSE_SENT:
-                self._move(Step.PAUSED if code == 0 else Step.IDLE)
-            elif code == 0:
-                self._move(Step.AWAIT_GLOBAL)
-            else:  # 404: no processor has reported its replica info; the controller exits
-                self._move(Step.EXITING)
-        elif callback == "report_strategies":
-            self.offered = strategies
-            self._move(Step.AWAIT_STRATEGY)
-        elif callback == "report_result":
-            self.rounds += 1
-            self._on_result(code, strategy)
+    def on_callback(self, callback: str, code: int | None = None, strategies: tuple[str, ...] = (),
+                    strategy: str = "") -> None:
+        """Follow the controller through one of its callbacks (see the tables above).
 
-    def _on_result(self, code: int | None, strategy: str) -> None:
-        if code == 0:
-            if strategy == "dump" or self.step is Step.DUMPING:
-                self._move(Step.EXITING)
-            else:
-                self.downgraded = self.downgraded and strategy != "upgrade"
-                self._move(Step.IDLE)
-        elif code == 201:
-            self.downgraded = True
-            self._move(Step.IDLE)
-        elif code == 405:
-            self._move(Step.AWAIT_GLOBAL)
-        elif strategy == "" and code == 499:  # invalid strategy: the controller exits
-            self._move(Step.EXITING)
-        elif self.step is Step.DUMPING:
-            self._move(Step.EXITING)
-        elif self.step in (Step.PAUSE_SENT, Step.PAUSED):  # a pause that timed out turns into a fault flow
-            self._move(Step.IDLE)
-        else:  # 406, 499: dump or exit may follow
-            self._move(Step.AWAIT_FINAL)
+        Runs on the controller's callback path, so it never raises: a failing
+        ``on_desync`` is logged and ignored."""
+        self.progress += 1
+        if callback not in CALLBACKS:
+            return
+        how = outcome(callback, code, strategy)
+        before = self.step
+        key = (before, callback, how)
+        expected = key in EXPECTED
+        step = EXPECTED[key] if expected else FOLLOW[(callback, how)]
+        if callback == "report_strategies":
+            self.offered = strategies
+        elif callback == "report_result":
+            self.rounds += 1  # ClusterD may legitimately repeat a signal after a result
+            if how == "downgraded":
+                self.downgraded = True
+            elif how == "ok" and strategy == "upgrade":
+                self.downgraded = False
+        if step is not STAY:
+            self._move(step)
+        if not expected:
+            self._desync(callback, before, how)
+
+    def _desync(self, callback: str, step: Step, how: str) -> None:
+        log.warning("controller flow desync: %s (%s) arrived at step %s, which does not expect it; "
+                    "following the controller to %s", callback, how, step.value, self.step.value)
+        if self._on_desync is None:
+            return
+        try:
+            self._on_desync(callback, step)
+        except Exception:  # the controller's callback thread must never see an exception
+            log.exception("the flow-desync hook failed")

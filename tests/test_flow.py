@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from bridge.flow import ControllerFlow, Step
+import logging
+
+import pytest
+
+from bridge.flow import ACCEPTS, ANY, CALLBACKS, EXPECTED, FOLLOW, NOTIFIED, STAY, ControllerFlow, Step, outcome
 
 
 def at_strategy(flow: ControllerFlow, offered: tuple[str, ...] = ("exit", "dump", "retry", "recover")) -> None:
@@ -151,3 +155,135 @@ def test_progress_counts_callbacks() -> None:
     flow.on_callback("report_fault_ranks")
     flow.on_callback("report_fault_ranks")
     assert flow.progress == 2
+
+
+# --------------------------------------------------------------------------- the tables
+
+#: Callback arguments that produce each outcome (checked against ``outcome`` below).
+SAMPLES: dict[tuple[str, str], dict[str, object]] = {
+    ("report_fault_ranks", ANY): {},
+    ("report_strategies", ANY): {"strategies": ("exit", "dump", "retry")},
+    ("report_stop_complete", "ok"): {"code": 0},
+    ("report_stop_complete", "failed"): {"code": 404},
+    ("report_result", "ok"): {"code": 0, "strategy": "retry"},
+    ("report_result", "dump_ok"): {"code": 0, "strategy": "dump"},
+    ("report_result", "downgraded"): {"code": 201, "strategy": "downgrade"},
+    ("report_result", "retry_failed"): {"code": 405, "strategy": "retry"},
+    ("report_result", "invalid_strategy"): {"code": 499, "strategy": ""},
+    ("report_result", "failed"): {"code": 406, "strategy": "recover"},
+}
+
+
+class Desyncs:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, Step]] = []
+
+    def __call__(self, callback: str, step: Step) -> None:
+        self.seen.append((callback, step))
+
+
+def flow_at(step: Step, desyncs: Desyncs) -> ControllerFlow:
+    flow = ControllerFlow(on_desync=desyncs)
+    flow.step = step
+    return flow
+
+
+def test_samples_cover_every_outcome_of_every_table() -> None:
+    for (callback, how), kwargs in SAMPLES.items():
+        assert outcome(callback, kwargs.get("code"), str(kwargs.get("strategy", ""))) == how  # type: ignore[arg-type]
+    assert set(FOLLOW) == set(SAMPLES)
+    assert {(callback, how) for _, callback, how in EXPECTED} <= set(SAMPLES)
+    assert {callback for callback, _ in FOLLOW} == set(CALLBACKS)
+
+
+@pytest.mark.parametrize(("step", "callback", "how"), sorted(EXPECTED, key=str), ids=str)
+def test_every_expected_row_moves_as_the_table_says_without_desync(step: Step, callback: str, how: str) -> None:
+    desyncs = Desyncs()
+    flow = flow_at(step, desyncs)
+    flow.on_callback(callback, **SAMPLES[(callback, how)])  # type: ignore[arg-type]
+    next_step = EXPECTED[(step, callback, how)]
+    assert flow.step is (step if next_step is STAY else next_step)
+    assert desyncs.seen == []
+
+
+UNEXPECTED = sorted(
+    ((step, callback, how) for step in Step for callback, how in FOLLOW if (step, callback, how) not in EXPECTED),
+    key=str,
+)
+
+
+@pytest.mark.parametrize(("step", "callback", "how"), UNEXPECTED, ids=str)
+def test_every_unexpected_callback_is_a_desync_and_the_flow_follows_the_controller(
+    step: Step, callback: str, how: str
+) -> None:
+    desyncs = Desyncs()
+    flow = flow_at(step, desyncs)
+    flow.on_callback(callback, **SAMPLES[(callback, how)])  # type: ignore[arg-type]
+    next_step = FOLLOW[(callback, how)]
+    assert flow.step is (step if next_step is STAY else next_step)
+    assert desyncs.seen == [(callback, step)]
+
+
+def test_strategies_while_idle_is_a_desync_logged_and_followed(caplog: pytest.LogCaptureFixture) -> None:
+    desyncs = Desyncs()
+    flow = ControllerFlow(on_desync=desyncs)
+    with caplog.at_level(logging.WARNING, logger="bridge.flow"):
+        flow.on_callback("report_strategies", strategies=("exit", "retry"))
+    assert desyncs.seen == [("report_strategies", Step.IDLE)]
+    assert flow.step is Step.AWAIT_STRATEGY and flow.offered == ("exit", "retry")
+    assert flow.refusal("change_strategy", "retry") is None  # the controller is the ground truth
+    assert "desync" in caplog.text and "report_strategies" in caplog.text and "idle" in caplog.text
+
+
+def test_a_normal_flow_has_no_desync() -> None:
+    desyncs = Desyncs()
+    flow = ControllerFlow(on_desync=desyncs)
+    at_strategy(flow)
+    flow.notified("change_strategy", "U1", "retry")
+    flow.on_callback("report_result", code=0, strategy="retry")
+    flow.notified("pause_train", "P1")
+    flow.on_callback("report_stop_complete", code=0)
+    flow.notified("change_strategy", "P1", "continue")
+    flow.on_callback("report_result", code=0, strategy="continue")
+    assert flow.step is Step.IDLE
+    assert desyncs.seen == []
+
+
+def test_a_failing_desync_hook_never_reaches_the_controller(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(callback: str, step: Step) -> None:
+        raise RuntimeError("metrics are gone")
+
+    flow = ControllerFlow(on_desync=broken)
+    with caplog.at_level(logging.ERROR, logger="bridge.flow"):
+        flow.on_callback("report_result", code=0, strategy="retry")
+    assert flow.step is Step.IDLE
+    assert "desync hook failed" in caplog.text
+
+
+def test_unknown_callback_changes_nothing_but_progress() -> None:
+    desyncs = Desyncs()
+    flow = ControllerFlow(on_desync=desyncs)
+    flow.on_callback("report_something_new")
+    assert flow.step is Step.IDLE and flow.progress == 1 and desyncs.seen == []
+
+
+@pytest.mark.parametrize(("action", "strategy", "step"), [
+    ("stop_train", "", Step.STOP_SENT),
+    ("pause_train", "", Step.PAUSE_SENT),
+    ("on_global_rank", "", Step.GLOBAL_SENT),
+    ("save_and_exit", "", Step.DUMPING),
+    ("change_strategy", "exit", Step.EXITING),
+    ("change_strategy", "dump", Step.DUMPING),
+    ("change_strategy", "retry", Step.REPAIRING),
+    ("change_strategy", "continue", Step.REPAIRING),
+    ("hot switch", "", Step.IDLE),  # no table row: the step stays
+])
+def test_every_notified_row(action: str, strategy: str, step: Step) -> None:
+    flow = ControllerFlow()
+    flow.notified(action, "U", strategy)
+    assert flow.step is step
+
+
+def test_notified_table_has_a_row_for_every_forwarded_action_but_the_switches() -> None:
+    forwarded = set().union(*ACCEPTS.values()) - {"hot switch", "stop switch"}
+    assert {action for action, _ in NOTIFIED} == forwarded
