@@ -45,6 +45,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .recorder_config import RANGES as RECORDER_RANGES
+from .recorder_config import OtelConfig, RecorderConfig
+from .recorder_config import problems as recorder_problems
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -131,6 +135,8 @@ class BridgeConfig:
     hooks: HooksConfig = field(default_factory=HooksConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     ranktable: RankTableConfig = field(default_factory=RankTableConfig)
+    recorder: RecorderConfig = field(default_factory=RecorderConfig)  # the flight recorder (bridge/recorder.py)
+    otel: OtelConfig = field(default_factory=OtelConfig)  # optional OTLP trace export (bridge/otel.py)
     outbox_limit: int = 10_000
     log_level: str = "INFO"
 
@@ -144,6 +150,8 @@ _SECTIONS: dict[str, type] = {
     "hooks": HooksConfig,
     "metrics": MetricsConfig,
     "ranktable": RankTableConfig,
+    "recorder": RecorderConfig,
+    "otel": OtelConfig,
 }
 _TOP_LEVEL = {"job_id", "outbox_limit", "log_level"}
 
@@ -166,6 +174,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "controller.destroy_timeout": (0.1, 600, "seconds; keep TimeoutStopSec above it"),
     "hooks.timeout": (0.1, 3600, "seconds"),
     "metrics.port": (0, 65535, "0 picks a free port"),
+    **RECORDER_RANGES,  # recorder.*, otel.*: defined beside their code (bridge/recorder_config.py)
 }
 
 #: Environment variable -> the key it sets (the README's table).
@@ -405,6 +414,8 @@ def _validate(config: BridgeConfig, problems: _Problems) -> None:
     r = config.ranktable
     if r.enabled and (not r.job_id or not r.path):
         problems.plain("ranktable: enabled needs both ranktable.job_id (the jobID label) and ranktable.path")
+    for line in recorder_problems(config.recorder, config.otel):
+        problems.plain(line)
     if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         problems.add("log_level", f"expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got {config.log_level!r}")
 

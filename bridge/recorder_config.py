@@ -14,7 +14,6 @@ Outside systemd the bridge falls back to ``/var/lib/tft-bridge/<job_id>``.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -59,13 +58,9 @@ _HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+=.*$")
 
 
 def problems(recorder: RecorderConfig, otel: OtelConfig) -> list[str]:
-    """Every problem with the two sections, one line per key."""
+    """Every problem with the two sections beyond the numeric ranges (``RANGES`` is
+    merged into ``bridge.config.RANGES``, which checks those), one line per key."""
     found: list[str] = []
-    for key, (low, high, why) in RANGES.items():
-        section, name = key.split(".")
-        value = getattr(recorder if section == "recorder" else otel, name)
-        if isinstance(value, float) and not math.isfinite(value) or not low <= value <= high:
-            found.append(f"{key}: must be in {low:g}..{high:g} ({why}), got {value!r}")
     if otel.protocol not in ("grpc", "http/protobuf"):
         found.append(f"otel.protocol: expected 'grpc' or 'http/protobuf', got {otel.protocol!r}")
     elif otel.enabled:

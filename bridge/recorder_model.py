@@ -51,17 +51,22 @@ class Phase:
         return max(0.0, self.end - self.start)
 
 
+def boundary(event: dict[str, Any]) -> str | None:
+    """The phase point ``event`` marks (stop, strategy, result, exit), or None."""
+    if event["kind"] == "callback":
+        return _BOUNDARIES.get(event.get("name", ""))
+    if event["kind"] == "notify" and event.get("action") == "change_strategy" \
+            and event.get("strategy") == "exit" and event.get("rc") == 0:
+        return "exit"
+    return None
+
+
 def phases(events: list[dict[str, Any]], started: float, ended: float, opened_by: str = "fault") -> list[Phase]:
     """The cycle's phases in order (see the module docstring)."""
     found: list[Phase] = []
     mark, since = opened_by, started
     for event in events:
-        point = None
-        if event["kind"] == "callback":
-            point = _BOUNDARIES.get(event.get("name", ""))
-        elif event["kind"] == "notify" and event.get("action") == "change_strategy" \
-                and event.get("strategy") == "exit" and event.get("rc") == 0:
-            point = "exit"
+        point = boundary(event)
         if point is None:
             continue
         found.append(Phase(f"{mark}_to_{point}", since, event["t"]))
@@ -147,10 +152,24 @@ def summarise(events: list[dict[str, Any]], started: float, ended: float, opened
         "phases": [{"name": p.name, "start": p.start, "seconds": round(p.seconds, 6)}
                    for p in phases(events, started, ended, opened_by)],
         "waits": {k: round(v, 6) for k, v in waits(events, started, ended, opened_by).items()},
+        "strategy": last_strategy(events),
         "rpcs": sum(1 for e in events if e["kind"] == "rpc"),
         "refusals": sum(1 for e in events if e["kind"] == "refused"),
         "drops": sum(1 for e in events if e["kind"] == "dropped"),
     }
+
+
+def last_strategy(events: list[dict[str, Any]]) -> str:
+    """The strategy last given to (and accepted by) the controller, or last reported."""
+    strategy = ""
+    for event in events:
+        if event["kind"] == "notify" and event.get("rc") == 0 and event.get("strategy"):
+            strategy = event["strategy"]
+        elif event["kind"] == "notify" and event.get("rc") == 0 and event.get("action") == "save_and_exit":
+            strategy = "dump"
+        elif event["kind"] == "callback" and event.get("name") == "report_result" and event.get("strategy"):
+            strategy = event["strategy"]
+    return strategy
 
 
 def faults_text(faults: dict[str, Any] | None) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.config import ConfigError, build_config
 from bridge.flow import ControllerFlow
 from bridge.metrics import BridgeMetrics
 from bridge.recorder import INLINE_FAULTS, Recorder, RecorderWriter
@@ -275,10 +276,11 @@ def test_the_store_is_readable_while_the_writer_holds_it(tmp_path: Path) -> None
 
 def test_configuration_bounds_and_the_state_directory() -> None:
     assert problems(RecorderConfig(), OtelConfig()) == []
-    found = problems(RecorderConfig(max_cycles=0, max_mb=float("nan")),
-                     OtelConfig(enabled=True, endpoint="http://x:4317", headers=("bad header",)))
-    assert any(p.startswith("recorder.max_cycles") for p in found)
-    assert any(p.startswith("recorder.max_mb") for p in found)
+    with pytest.raises(ConfigError) as raised:
+        build_config({"job_id": "j", "recorder": {"max_cycles": 0, "max_mb": float("nan")}}, {})
+    assert any(p.startswith("recorder.max_cycles: must be in 1..1000000") for p in raised.value.problems)
+    assert any(p.startswith("recorder.max_mb: expected a finite number") for p in raised.value.problems)
+    found = problems(RecorderConfig(), OtelConfig(enabled=True, endpoint="http://x:4317", headers=("bad header",)))
     assert any(p.startswith("otel.endpoint") for p in found)
     assert any(p.startswith("otel.headers") for p in found)
     assert state_directory(RecorderConfig(), "job-1", {"STATE_DIRECTORY": "/var/lib/tft-bridge/j1"}) == \
