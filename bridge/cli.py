@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from . import __version__
 from . import faults as codec
 from .config import BridgeConfig, ConfigError, load_config
+from .history import add_history_parser
 from .platform import add_platform_parser
 
 log = logging.getLogger("tft_bridge")
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = fsub.add_parser("format", help='canonical string of a JSON map, e.g. \'{"4": 1, "1": 0}\'')
     fmt.add_argument("json")
     faults.set_defaults(func=cmd_faults)
+    add_history_parser(commands)
     add_platform_parser(commands)
     return parser
 
