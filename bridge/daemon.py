@@ -122,7 +122,8 @@ class Bridge:
         self.notifier = notifier or Notifier()
         self.observer = observer or (lambda line: None)
         self._observed = observer is not None  # formatting a 100 000-rank timeline line costs ms
-        self.flow = ControllerFlow(wait_timeout=config.controller.wait_mindx_time)
+        self.flow = ControllerFlow(wait_timeout=config.controller.wait_mindx_time,
+                                   on_desync=self.metrics.count_desync)
         self.clock = RecoveryClock(self.metrics)
         self.exit_code = EXIT_OK
         self.controller: ControllerHost | None = None

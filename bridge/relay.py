@@ -29,7 +29,7 @@ from . import faults as codec
 from .backoff import Backoff
 from .clusterd import ClusterDClient, Delivery, RpcFailure, Session
 from .codes import Code
-from .metrics import BridgeMetrics
+from .metrics import BridgeMetrics, drop_reason_for_code
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class Relay:
         backoff.reset()
         if code != Code.OK:
             log.error("ClusterD refused a fault report: %s", Code.describe(code))
-            self.metrics.reports_dropped.labels("fault", f"code_{code}").inc()
+            self.metrics.reports_dropped.labels("fault", drop_reason_for_code(code)).inc()
             head.resolve(code)
             return True
         self._delivered(head)
@@ -238,7 +238,7 @@ class Relay:
                 self._delivered(head)
                 return True
             head.resolve(code)  # a waiting caller learns ClusterD's own answer
-            self._drop(head, f"code_{code}")
+            self._drop(head, drop_reason_for_code(code))
             if code == Code.UnRegistry:
                 self.session.request_resubscribe("clusterd_lost_job")
             return True

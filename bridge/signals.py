@@ -20,7 +20,7 @@ from ._proto import recover_pb2 as pb
 from .controller import ControllerHost
 from .flow import ControllerFlow
 from .hooks import NodeHooks
-from .metrics import BridgeMetrics
+from .metrics import BridgeMetrics, signal_type_label
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class SignalDispatcher:
     # ------------------------------------------------------------------ intake (session's reader)
     def submit(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
         """Filter what needs no controller (other jobs, keep-alives) and queue the rest."""
-        self.metrics.signals_received.labels(signal.signalType or "empty").inc()
+        self.metrics.signals_received.labels(signal_type_label(signal.signalType)).inc()
         if signal.jobId != self.job_id:
             self._refuse("foreign_job", signal, f"signal for job {signal.jobId!r}")
             return
