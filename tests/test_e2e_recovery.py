@@ -16,6 +16,8 @@ import pytest
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
 
+from .conftest import eventually
+
 pytestmark = pytest.mark.timeout(60)
 
 JOB = "job-e2e"
@@ -52,15 +54,6 @@ def signals(job: SimulatedJob, signal_type: str | None = None) -> list:  # type:
 
 def rpcs(job: SimulatedJob, name: str) -> list:  # type: ignore[type-arg]
     return job.sim.journal.rpcs(name, job_id=JOB)
-
-
-async def eventually(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll ``predicate`` (the bridge works asynchronously) until true or fail."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 async def annotation(job: SimulatedJob, value: str, timeout: float = 15) -> None:
@@ -142,7 +135,7 @@ async def test_recover_fails_then_dump(running: list[SimulatedJob]) -> None:
         return sum(job.metrics.sample("tft_bridge_signals_refused_total", {"reason": r})
                    for r in ("duplicate", "unexpected_step"))
 
-    await eventually(lambda: refused() == 1)
+    await eventually(lambda: refused() == 1, what="the repeated exit notice refused")
     assert job.metrics.sample("tft_bridge_recovery_cycles_total", {"strategy": "dump", "outcome": "success"}) == 1
 
 
@@ -219,11 +212,8 @@ async def test_process_recovery_off_keeps_the_controller_down_until_switched_on(
     assert not job.sim.journal.select(kind="stream-open")
     spec.process_recover = True  # the operator labels the PodGroup
     await job.subscribed(timeout=10)
-    for _ in range(100):
-        if job.bridge.controller.started:
-            break
-        await asyncio.sleep(0.05)
-    assert job.bridge.controller.started
+    controller = job.bridge.controller
+    await eventually(lambda: controller.started, what="the controller started once recovery is on")
     assert job.metrics.sample("tft_bridge_process_recover_enabled") == 1
 
 
@@ -231,8 +221,8 @@ async def test_duplicated_and_foreign_signals_never_reach_the_controller(running
     job = await started(running)
     await job.sim.send_foreign_signal(JOB, "someone-else")
     await job.sim.wait_for(lambda e: e.kind == "signal" and e.detail.get("jobId") == "someone-else", timeout=5)
-    while not job.metrics.sample("tft_bridge_signals_refused_total", {"reason": "foreign_job"}):
-        await asyncio.sleep(0.01)
+    await eventually(lambda: job.metrics.sample("tft_bridge_signals_refused_total", {"reason": "foreign_job"}),
+                     what="the foreign signal refused")
     job.sim.duplicate_next_signal()
     job.training.inject_fault({5: 1})
     await annotation(job, "recover-success")
@@ -252,14 +242,15 @@ async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[Si
             callback({rank: 0}, {rank: ""})
 
     await asyncio.to_thread(storm)
-    for _ in range(200):
-        delivered: set[int] = set()
+
+    def delivered() -> set[int]:
+        ranks: set[int] = set()
         for entry in rpcs(job, "ReportProcessFault"):
-            delivered |= set(entry.detail["faults"])
-        if len(delivered) == 1000:
-            break
-        await asyncio.sleep(0.02)
-    assert delivered == set(range(1000))
+            ranks |= set(entry.detail["faults"])
+        return ranks
+
+    await eventually(lambda: len(delivered()) == 1000, 10, what="all 1000 ranks delivered")
+    assert delivered() == set(range(1000))
     requests = len(rpcs(job, "ReportProcessFault"))
     assert requests <= 50, requests
     assert job.metrics.sample("tft_bridge_fault_reports_merged_total") == 1000 - requests
@@ -267,6 +258,12 @@ async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[Si
 
 def after(job: SimulatedJob, seq: int, kind: str, name: str | None = None) -> list:  # type: ignore[type-arg]
     return [e for e in job.sim.journal.select(kind=kind, name=name) if e.seq > seq]
+
+
+def refusals(job: SimulatedJob) -> float:
+    """Signals the bridge refused to forward, whatever the reason."""
+    return sum(sample.value for family in job.metrics.registry.collect() for sample in family.samples
+               if sample.name == "tft_bridge_signals_refused_total")
 
 
 async def test_stream_drop_mid_cycle_no_stale_report_reaches_the_next_cycle(running: list[SimulatedJob]) -> None:
@@ -288,8 +285,13 @@ async def test_stream_drop_mid_cycle_no_stale_report_reaches_the_next_cycle(runn
     await job.subscribed()
     # A new cycle on the new stream must wait for a real StopComplete, not eat a stale one.
     mark = job.sim.journal.entries[-1].seq
+    handled = refusals(job)
     await job.sim.start_clusterd_fault(JOB, {9: 1})
-    await asyncio.sleep(0.5)
+    # ClusterD waits for a StopComplete (a stale one in its slot would be consumed at once),
+    # and the bridge has read the new stopTrain and refused it.
+    await job.sim.wait_for(lambda e: e.kind == "state" and e.name == "WaitReportStopCompleteState" and e.seq > mark,
+                           timeout=10)
+    await eventually(lambda: refusals(job) > handled, what="the bridge refusing the new cycle's stopTrain")
     assert not after(job, cut, "rpc", "ReportStopComplete")
     assert job.sim.state(JOB) == "WaitReportStopCompleteState"
     assert not [e for e in after(job, mark, "state") if e.detail.get("event") == "receiveReport"]
@@ -307,10 +309,12 @@ async def test_clusterd_restart_mid_cycle(running: list[SimulatedJob]) -> None:
     inits = [e for e in after(job, marker, "rpc", "Init") if e.code == 0]
     registers = [e for e in after(job, marker, "rpc", "Register") if e.code == 0]
     assert inits and registers and inits[0].seq < registers[0].seq  # Init before Register, again
-    await asyncio.sleep(0.3)
+    await job.subscribed()
+    # Live on the new stream with an empty outbox: nothing answering the old cycle is
+    # queued or in flight, and the controller (waiting for globalFault) reports nothing.
+    await eventually(lambda: job.metrics.sample("tft_bridge_outbox_depth") == 0, what="an empty outbox")
     for name in ("ReportStopComplete", "ReportRecoverStrategy", "ReportRecoverStatus"):
         assert not after(job, marker, "rpc", name), name
-    await job.subscribed()
     assert job.metrics.sample("tft_bridge_subscription_up") == 1
     assert sum(job.metrics.sample("tft_bridge_subscription_reconnects_total", {"reason": r})
                for r in ("stream_unavailable", "stream_cancelled", "stream_unknown", "keepalive_timeout",
