@@ -16,6 +16,7 @@ from bridge.metrics import BridgeMetrics
 from bridge.ranktable import RankTableSubscriber
 from bridge.sim.clusterd import SimClusterD, SimJob
 
+from .conftest import eventually
 from .test_ranktable_validation import V10, V12
 
 pytestmark = pytest.mark.timeout(30)
@@ -47,13 +48,6 @@ async def running(sim: SimClusterD, path: Path, metrics: BridgeMetrics,
         await task
 
 
-async def until(predicate, timeout: float = 5) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
 def updates(metrics: BridgeMetrics, result: str) -> float:
     return metrics.sample("tft_bridge_ranktable_updates_total", {"result": result})
 
@@ -63,13 +57,14 @@ async def test_tables_of_both_versions_land_atomically_and_only_on_change(sim: S
     metrics = BridgeMetrics()
     async with running(sim, path, metrics) as subscriber:
         await sim.push_rank_table(RT_JOB, json.dumps(V10))
-        await until(lambda: path.exists())
+        # the counter moves once the writer thread is done: wait for it, not for the file
+        await eventually(lambda: updates(metrics, "written") == 1, what="the first table written")
         assert json.loads(path.read_text()) == V10
         await sim.push_rank_table(RT_JOB, json.dumps(V10, indent=1))  # the same table again, other spacing
-        await until(lambda: updates(metrics, "unchanged") >= 1)
+        await eventually(lambda: updates(metrics, "unchanged") >= 1, what="the same table seen as unchanged")
         await sim.push_rank_table(RT_JOB, json.dumps(V12))
-        await until(lambda: json.loads(path.read_text()) == V12)
-        assert updates(metrics, "written") == 2
+        await eventually(lambda: updates(metrics, "written") == 2, what="the changed table written")
+        assert json.loads(path.read_text()) == V12
         assert oct(path.stat().st_mode & 0o777) == "0o640"
 
 
@@ -80,9 +75,9 @@ async def test_bad_tables_never_replace_the_good_one(sim: SimClusterD, tmp_path:
     metrics = BridgeMetrics()
     async with running(sim, path, metrics) as subscriber:
         await sim.push_rank_table(RT_JOB, json.dumps(V10))
-        await until(lambda: path.exists())
+        await eventually(lambda: updates(metrics, "written") == 1, what="the good table written")
         await sim.push_rank_table(RT_JOB, bad)
-        await until(lambda: updates(metrics, "rejected") >= 1)
+        await eventually(lambda: updates(metrics, "rejected") >= 1, what="the bad table rejected")
         assert json.loads(path.read_text()) == V10
         assert metrics.sample("tft_bridge_bad_inputs_total", {"kind": "rank_table"}) == updates(metrics, "rejected")
 
@@ -111,12 +106,12 @@ async def test_a_second_register_ends_the_stream_and_we_register_again(sim: SimC
         async with grpc.aio.insecure_channel(sim.address) as channel:  # another client registers the job
             await config_pb2_grpc.ConfigStub(channel).Register(config_pb2.ClientInfo(jobId=RT_JOB, role="intruder"))
         await sim.wait_for(lambda e: e.kind == "stream-end" and e.name == "SubscribeRankTable", timeout=5)
-        await until(lambda: len(sim.journal.select(kind="stream-open", name="SubscribeRankTable")) > first)
+        await eventually(lambda: len(sim.journal.select(kind="stream-open", name="SubscribeRankTable")) > first)
         roles = [e.detail.get("role") for e in sim.journal.rpcs("config.Register")]
         assert roles[:2] == ["tft-bridge", "intruder"] and "tft-bridge" in roles[2:]  # registered again
         changed = copy.deepcopy(V12)
         await sim.push_rank_table(RT_JOB, json.dumps(changed))
-        await until(lambda: path.exists() and json.loads(path.read_text()) == V12)
+        await eventually(lambda: path.exists() and json.loads(path.read_text()) == V12)
 
 
 async def test_hook_runs_on_change(sim: SimClusterD, tmp_path: Path) -> None:
@@ -126,7 +121,7 @@ async def test_hook_runs_on_change(sim: SimClusterD, tmp_path: Path) -> None:
     async with running(sim, path, metrics, hook=("/bin/sh", "-c", f'echo "$1 $2" > {marker}', "hook")) as subscriber:
         await sim.push_rank_table(RT_JOB, json.dumps(V10))
         # the shell creates the file before echo writes it: wait for the hook to finish
-        await until(lambda: metrics.sample("tft_bridge_hook_runs_total", {"hook": "ranktable_changed", "result": "ok"}) == 1)
+        await eventually(lambda: metrics.sample("tft_bridge_hook_runs_total", {"hook": "ranktable_changed", "result": "ok"}) == 1)
         assert marker.read_text().split() == ["ranktable_changed", str(path)]
 
 
@@ -139,5 +134,5 @@ async def test_run_keeps_the_rank_table_file_current(tmp_path: Path) -> None:
     async with job:
         await job.sim.wait_for(lambda e: e.kind == "stream-open" and e.name == "SubscribeRankTable", timeout=5)
         await job.sim.push_rank_table("uid-2", json.dumps(V12))
-        await until(lambda: path.exists())
+        await eventually(lambda: updates(job.metrics, "written") == 1, what="the table written")
         assert json.loads(path.read_text()) == V12
