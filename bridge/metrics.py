@@ -51,6 +51,12 @@ RPC_METHODS = ("Init", "Register", "ReportProcessFault", "ReportStopComplete", "
 #: Report kinds of the relay (``kind`` label) and the recovery phases.
 REPORT_KINDS = ("fault", "stop_complete", "strategy", "result")
 RECOVERY_PHASES = ("fault_to_stop", "stop_to_strategy", "strategy_to_result")
+#: Final strategies every job with process-level recovery can end a cycle with (the elastic
+#: ones appear when first used). Pre-created because a histogram child born at its first
+#: observation makes that recovery invisible to rate() and histogram_quantile() -- and the
+#: first recovery of a bridge's life is often its only one.
+RECOVERY_OUTCOMES = (("retry", "success"), ("retry", "failed"), ("recover", "success"), ("recover", "failed"),
+                     ("dump", "success"), ("dump", "failed"), ("exit", "exit"))
 
 
 def signal_type_label(signal_type: str) -> str:
@@ -172,6 +178,9 @@ class BridgeMetrics:
             self.reports_sent.labels(kind)
         for phase in RECOVERY_PHASES:
             self.recovery_phase_seconds.labels(phase)
+        for strategy, outcome in RECOVERY_OUTCOMES:
+            self.recovery_cycles.labels(strategy, outcome)
+            self.recovery_seconds.labels(strategy)
         for callback in CALLBACKS:
             self.callbacks.labels(callback)
             for step in Step:
