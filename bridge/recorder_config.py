@@ -75,7 +75,19 @@ def problems(recorder: RecorderConfig, otel: OtelConfig) -> list[str]:
             found.append(f"otel.headers: expected \"name=value\", got {header!r}")
     if not otel.service_name.strip():
         found.append("otel.service_name: must not be empty")
+    if otel.enabled and not otel_installed():
+        found.append("otel.enabled: the OTLP export needs the otel extra: pip install 'tft-bridge[otel]'")
     return found
+
+
+def otel_installed() -> bool:
+    """True when opentelemetry-proto is importable; checked without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("opentelemetry.proto.collector.trace.v1") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def header_pairs(otel: OtelConfig) -> list[tuple[str, str]]:
