@@ -114,7 +114,7 @@ def test_watch_expiry_as_event_and_as_http(server: StandInApiServer, api: kube.P
     with pytest.raises(kube.Expired):
         api.watch(None, None, rv, timeout_seconds=5)
     stream = api.watch(None, None, server.store.resource_version, timeout_seconds=5)
-    threading.Timer(0.2, server.store.expire_watches).start()
+    server.store.expire_watches()  # the watch is registered: api.watch has read its response headers
     assert [e["type"] for e in stream] == ["ERROR"]
 
 
@@ -127,14 +127,15 @@ def test_watch_ends_at_its_timeout(server: StandInApiServer, api: kube.PodGroupA
 def test_restart_drops_connections_and_refuses_for_a_while(server: StandInApiServer, api: kube.PodGroupApi) -> None:
     server.store.create("a", "one")
     stream = api.watch(None, None, server.store.resource_version, timeout_seconds=10)
-    restart = threading.Thread(target=server.restart, kwargs={"down_for": 0.5})
-    restart.start()
+    # restart() in its two halves, so "down" lasts exactly until the test brings it back
+    stopping = threading.Thread(target=server.stop)
+    stopping.start()
     with pytest.raises(kube.Unavailable):
         list(stream)
-    time.sleep(0.1)
+    stopping.join()
     with pytest.raises(kube.Unavailable):
         api.list(None, None)
-    restart.join()
+    server.start()  # the same port
     assert [i["metadata"]["name"] for i in api.list(None, None)[0]] == ["one"]  # the data survived
 
 
