@@ -35,6 +35,7 @@ from pathlib import Path
 
 
 from bridge.sim.clusterd import SimJob
+from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -69,7 +70,7 @@ async def fresh_clusterd(job: SimulatedJob, sim: RemoteSim) -> None:
     # The benchmark calls the bridge's callback without a real controller, so the flow it
     # tracks never moves past "awaiting stop_train", and the bridge would re-report the
     # earlier workloads' faults on the new stream. Forget them: each workload stands alone.
-    job.bridge._flow_faults.clear()
+    job.bridge.link.reports.flow_faults.clear()
     streams, mark = session.stream_count, sim.last_seq
     session.request_resubscribe("bench_reset")
     await sim.wait_for(lambda e: e.kind == "stream-open", 10, after=mark)
@@ -204,7 +205,8 @@ async def main_async(rounds_10k: int, rounds_100k: int, storm_count: int) -> int
     # One node's ranks connect to the stub controller: it would check all 100 000 in Python
     # every 20 ms under the GIL, which the real (C++) controller never takes from the bridge.
     job = SimulatedJob(SimJob(JOB, world_size=WORLD, devices_per_pod=8), keepalive_interval=0.1, start_clusterd=False,
-                       connected_ranks=8, config_overrides={"clusterd": {"watchdog_intervals": 50.0}})
+                       connected_ranks=8, config_overrides={"clusterd": {"watchdog_intervals": 50.0}},
+                       controller_timings=FAST_TIMINGS)  # the bridge's cost is measured, not the controller's pace
     sim = RemoteSim(job._clusterd_address, JOB, WORLD, keepalive=0.1)
     await sim.start()
     await job.start()

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.sim.clusterd import SimJob
+from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -145,7 +146,8 @@ async def soak(cycles: int) -> SoakResult:
     result = SoakResult(cycles)
     job = SimulatedJob(SimJob(JOB, world_size=WORLD_SIZE, devices_per_pod=DEVICES_PER_POD), keepalive_interval=KEEPALIVE,
                        global_fault_delay=PHASE_DELAY, wait_time=5.0, start_clusterd=False,
-                       config_overrides={"clusterd": {"watchdog_intervals": 20.0}})
+                       config_overrides={"clusterd": {"watchdog_intervals": 20.0}},
+                       controller_timings=FAST_TIMINGS)  # memory per cycle is measured: cycles at a faster pace
     sim = RemoteSim(job._clusterd_address, JOB, WORLD_SIZE, DEVICES_PER_POD, keepalive=KEEPALIVE,
                     phase_delay=PHASE_DELAY)
     await sim.start()

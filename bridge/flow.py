@@ -3,7 +3,7 @@
 The controller keeps one wake-up flag that is not cleared before the first wait of a
 fault flow: a notify that arrives when the controller is not waiting for it is consumed
 by the next wait as the wrong event, and the controller exits, killing the job
-(mindio-tft-controller.md section 4). So the bridge forwards a ClusterD action only when
+(docs/mindio-controller.md section 5). So the bridge forwards a ClusterD action only when
 this tracker says the controller's flow is at the step that expects it (``ACCEPTS``),
 and refuses (and counts) everything else.
 
@@ -11,8 +11,8 @@ The tracker also remembers which ClusterD cycle (uuid) the controller is answeri
 the uuid of the signal whose notify it last accepted. Reports carry no uuid on the wire,
 so this is the only way to tie a stop-complete, strategy or result report to its cycle.
 
-How the step moves is data, in three tables (the observed flows of tft-research.md
-sections 3.5 and 4, and mindio-tft-controller.md section 3):
+How the step moves is data, in three tables (the observed flows and waits of
+docs/mindio-controller.md sections 4 and 6):
 
 ``EXPECTED`` -- (step, callback, outcome) -> next step: every callback the controller
 gives at a step where the bridge expects it. ``outcome`` is what the callback says

@@ -1,4 +1,4 @@
-"""The controller-step tracker: what may be forwarded when (mindio-tft-controller.md 3-4)."""
+"""The controller-step tracker: what may be forwarded when (docs/mindio-controller.md 4-5)."""
 
 from __future__ import annotations
 

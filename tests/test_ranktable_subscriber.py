@@ -126,10 +126,11 @@ async def test_hook_runs_on_change(sim: SimClusterD, tmp_path: Path) -> None:
 
 
 async def test_run_keeps_the_rank_table_file_current(tmp_path: Path) -> None:
+    from bridge.sim.mindio_ttp import FAST_TIMINGS
     from bridge.sim.scenario import SimulatedJob
 
     path = tmp_path / "rt.json"
-    job = SimulatedJob(SimJob("uid-2", rank_table_job_id=RT_JOB),
+    job = SimulatedJob(SimJob("uid-2", rank_table_job_id=RT_JOB), controller_timings=FAST_TIMINGS,
                        config_overrides={"ranktable": {"enabled": True, "job_id": RT_JOB, "path": str(path)}})
     async with job:
         await job.sim.wait_for(lambda e: e.kind == "stream-open" and e.name == "SubscribeRankTable", timeout=5)

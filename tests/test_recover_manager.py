@@ -69,11 +69,12 @@ def server() -> Iterator[ServerThread]:
 
 
 @pytest.fixture
-def training() -> Iterator[object]:
+def training(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     mindio_ttp.install()
     mindio_ttp.training.reset()
     mindio_ttp.training.auto_step = True
-    mindio_ttp.training.wait_time = 5
+    mindio_ttp.training.use_timings(mindio_ttp.FAST_TIMINGS)
+    monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", "5")  # read by tft_init_controller, like the real one
     yield mindio_ttp.training
     mindio_ttp.training.reset()
 

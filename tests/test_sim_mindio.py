@@ -1,10 +1,14 @@
 """The MindIO TFT controller stub must be as unforgiving as the real controller.
 
-Each test pins one behaviour of the real controller (shared/spec/mindio-tft-controller.md,
-shared/spec/deep/tft-research.md) and fails if the stub is made kinder: a duplicated or
-stale notify must kill the flow, a raising callback must kill it, a SystemExit must
-"abort the process", destroy from a callback must be caught, report_result must wait
-for a training step.
+Each test pins one behaviour of the real controller (docs/mindio-controller.md) and fails
+if the stub is made kinder: a duplicated or stale notify must kill the flow, a raising
+callback must kill it, a SystemExit must "abort the process", destroy from a callback
+must be caught, report_result must wait for a training step, the MindX wait must come
+from the environment only, and the default timings must be the real ones.
+
+The stub runs at FAST_TIMINGS here, set explicitly by the fixture; tests of a timing set
+the one knob they test to a short, non-zero value and assert the delay as a lower bound
+(a loaded machine only makes it longer). One test pins the real default table.
 """
 
 from __future__ import annotations
@@ -20,19 +24,28 @@ from typing import Any
 import pytest
 
 from bridge.sim import mindio_ttp
-from bridge.sim.mindio_ttp import Training, training
+from bridge.sim.mindio_ttp import FAST_TIMINGS, REAL_TIMINGS, Training, training
 
 pytestmark = pytest.mark.timeout(20)
 
 ACTIONS = ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result")
-WAIT = 0.3  # MINDIO_WAIT_MINDX_TIME for these tests
+WAIT_ENV = "1"  # MINDIO_WAIT_MINDX_TIME for these tests (whole seconds, like the real one)
+WAIT_SCALE = 0.3  # the stub's clock for that wait: 1 s lasts 0.3 s
+WAIT = int(WAIT_ENV) * WAIT_SCALE
+
+
+def fast() -> None:
+    """Reset the stub to the pace these tests use (after a ``training.reset()``)."""
+    training.reset()
+    training.use_timings(FAST_TIMINGS)
+    training.wait_scale = WAIT_SCALE
 
 
 @pytest.fixture(autouse=True)
-def sim() -> Iterator[Training]:
+def sim(monkeypatch: pytest.MonkeyPatch) -> Iterator[Training]:
     mindio_ttp.install()
-    training.reset()
-    training.wait_time = WAIT
+    monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", WAIT_ENV)
+    fast()
     yield training
     training.reset()
 
@@ -109,8 +122,9 @@ def result_calls() -> list[tuple[Any, ...]]:
     return [r.args for r in training.callbacks("report_result")]
 
 
-def stays_quiet(seconds: float = 0.2) -> int:
-    """Callbacks seen after waiting ``seconds``."""
+def stays_quiet(seconds: float = 0.1) -> int:
+    """Callbacks seen after waiting ``seconds``: a fixed delay on purpose, the behaviour
+    under test is that nothing happens (at FAST_TIMINGS anything due comes in ms)."""
     time.sleep(seconds)
     return len(training.callbacks())
 
@@ -168,15 +182,109 @@ def test_second_init_without_destroy_raises(m: Any) -> None:
     m.tft_init_controller(-1, 4, False)
 
 
-def test_wait_time_comes_from_the_environment(m: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    training.wait_time = None
-    monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", "7")
+@pytest.mark.parametrize(("raw", "read"), [("7", 7), ("3600", 3600), (None, 30), ("", 30), ("0", 30), ("3601", 30),
+                                          (" 7", 30), ("+7", 30), ("7.5", 30), ("\uff17", 30), ("ten", 30)])
+def test_the_wait_comes_from_the_environment_at_init(m: Any, monkeypatch: pytest.MonkeyPatch,
+                                                     raw: str | None, read: int) -> None:
+    """Plain ASCII digits in 1..3600, anything else the default 30, like the real one."""
+    training.wait_scale = 1.0
+    if raw is None:
+        monkeypatch.delenv("MINDIO_WAIT_MINDX_TIME")
+    else:
+        monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", raw)
     m.tft_init_controller(-1, 4, False)
-    assert training.controller is not None and training.controller.wait_mindx() == 7.0
+    assert training.wait_mindx_time == read
+    assert training.controller is not None and training.controller.wait_mindx() == float(read)
+    assert any(r.kind == "note" and r.args == ("MINDIO_WAIT_MINDX_TIME", read) for r in training.events)
+
+
+def test_the_wait_is_read_once_at_init_and_from_nowhere_else(m: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bridge that exports the variable after init, or sets something on the stub
+    instead of exporting it, gets the wait it really gave the controller: caught."""
+    monkeypatch.delenv("MINDIO_WAIT_MINDX_TIME")
+    training.wait_scale = 0.01  # 30 s last 0.3 s, 10 s would last 0.1 s
+    start(m)
+    monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", "10")  # too late: init has read it
+    assert training.wait_mindx_time == 30
+    with pytest.raises(AttributeError, match="MINDIO_WAIT_MINDX_TIME"):
+        training.wait_time = 10  # the removed override is loud, never a silent no-op
+    with pytest.raises(AttributeError, match="environment"):
+        _ = training.wait_time
+    training.inject_fault({0: 0})
+    called = training.wait_callback("report_fault_ranks")
+    assert called is not None and training.wait_state("EXIT", 3)
+    exited = next(r for r in training.events if r.kind == "state" and r.name == "EXIT")
+    assert after(called, exited) >= 0.3 - 0.02  # the 30 s default waited out, not 10 s
     m.tft_destroy_controller()
-    monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", "0")  # out of range: the default
-    m.tft_init_controller(-1, 4, False)
-    assert training.controller is not None and training.controller.wait_mindx() == 30.0
+    monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", "10")
+    m.tft_init_controller(-1, 4, False)  # a new init reads it again
+    assert training.wait_mindx_time == 10
+
+
+# ---------------------------------------------------------------------------- timings
+
+
+def test_the_default_timings_are_the_real_controllers() -> None:
+    """Observed on a real build: report_fault_ranks 2.0 s after a rank raises,
+    report_result 2.3 s after change_strategy retry (1-5 s) and 2.9 s after the restarted
+    rank of a recover registered, tft_destroy_controller blocking 1-5 s (5 s typical)."""
+    assert dict(REAL_TIMINGS) == {"fault_detect_delay": 2.0, "retry_repair_time": 2.3,
+                                  "recover_repair_time": 2.9, "destroy_delay": 5.0}
+    assert Training().timings() == dict(REAL_TIMINGS)
+    training.reset()  # what every fixture starts from
+    assert training.timings() == dict(REAL_TIMINGS) and training.wait_scale == 1.0
+    assert all(0 < value < REAL_TIMINGS[name] for name, value in FAST_TIMINGS.items())
+
+
+@pytest.mark.parametrize("bad", [{"destroy_dely": 0.1}, {"destroy_delay": -1}, {"destroy_delay": float("nan")},
+                                 {"destroy_delay": float("inf")}, {"destroy_delay": "0.1"}, {"destroy_delay": True}])
+def test_use_timings_refuses_a_bad_knob_and_changes_nothing(bad: dict[str, Any]) -> None:
+    before = training.timings()
+    with pytest.raises(ValueError, match="destroy_del"):
+        training.use_timings({"fault_detect_delay": 0.5, **bad})
+    assert training.timings() == before
+
+
+def after(first: Any, then: Any) -> float:
+    return float(then.t - first.t)
+
+
+def test_report_fault_ranks_comes_fault_detect_delay_after_the_rank_raises(m: Any) -> None:
+    start(m)
+    training.fault_detect_delay = 0.3
+    training.inject_fault({1: 0})
+    called = training.wait_callback("report_fault_ranks")
+    raised = next(r for r in training.events if r.kind == "training" and r.name == "fault")
+    assert called is not None and after(raised, called) >= 0.3
+
+
+def test_report_result_comes_retry_repair_time_after_change_strategy_retry(m: Any) -> None:
+    start(m)
+    training.auto_step = True
+    training.retry_repair_time = 0.3
+    to_strategies(m, {0: 0})
+    assert m.tft_notify_controller_change_strategy("retry") == 0
+    reported = training.wait_callback("report_result")
+    asked = training.notifies("change_strategy")[-1]
+    assert reported is not None and reported.args == (0, "Mindio do repair operation ok", {}, "retry")
+    assert after(asked, reported) >= 0.3
+    assert training.states()[-3:] == ["ENV_CLEAR", "REPAIR", "NORMAL"]
+
+
+def test_report_result_comes_recover_repair_time_after_the_restarted_rank_registered(m: Any) -> None:
+    start(m, arf=True)
+    training.auto_step = True
+    training.auto_restart = False  # the rank comes back when the test says so
+    training.recover_repair_time = 0.3
+    to_strategies(m, {2: 1})
+    assert m.tft_notify_controller_change_strategy("recover") == 0
+    assert training.wait_state("REPAIR")
+    assert stays_quiet(0.1) == 4  # no result while the rank is away
+    training.connect_ranks([2])
+    reported = training.wait_callback("report_result")
+    registered = next(r for r in reversed(training.events) if r.kind == "training" and r.name == "connect")
+    assert reported is not None and reported.args == (0, "Mindio do repair operation ok", {}, "recover")
+    assert after(registered, reported) >= 0.3
 
 
 # ---------------------------------------------------------------------------- start / destroy
@@ -238,9 +346,10 @@ def test_destroy_blocks_frees_the_port_and_keeps_the_registry(m: Any) -> None:
     training.connect_ranks(range(4))
     port = free_port()
     m.tft_start_controller("127.0.0.1", port, False)
+    training.destroy_delay = 0.2
     began = time.monotonic()
     m.tft_destroy_controller()
-    assert time.monotonic() - began >= training.destroy_delay
+    assert time.monotonic() - began >= 0.2
     m.tft_destroy_controller()  # idempotent
     assert training.state == "UNINIT"
     assert m.tft_notify_controller_dump() == 1
@@ -260,6 +369,77 @@ def test_start_again_after_the_controller_exited_needs_destroy(m: Any) -> None:
         m.tft_start_controller("127.0.0.1", free_port(), False)
     with pytest.raises(Exception, match="register callback"):
         m.tft_init_controller(-1, 4, False)
+
+
+def test_destroy_while_waiting_for_a_notify_ends_in_final(m: Any) -> None:
+    """The real controller goes NORMAL, ABNORMAL, EXIT, FINAL (the stub used to stop at
+    EXIT), and a destroy is the destroyer's business, not a killed job."""
+    training.wait_scale = 100.0  # the wait would last 100 s: only the destroy can end it
+    start(m)
+    training.inject_fault({0: 0})
+    assert training.wait_callback("report_fault_ranks")
+    training.destroy_delay = 0.05
+    m.tft_destroy_controller()
+    assert training.states() == ["INIT", "NORMAL", "ABNORMAL", "EXIT", "FINAL", "UNINIT"]
+    assert not training.job_killed and not training.processors_exited
+    assert [r.name for r in training.callbacks()] == ["report_fault_ranks"]
+
+
+@pytest.mark.parametrize("waiting_for", ["stop_train", "on_global_rank", "change_strategy"])
+def test_destroy_at_every_wait_reaches_final_within_the_destroy(m: Any, waiting_for: str) -> None:
+    training.wait_scale = 100.0
+    start(m)
+    if waiting_for == "change_strategy":
+        to_strategies(m, {0: 0})
+    else:
+        training.inject_fault({0: 0})
+        assert training.wait_callback("report_fault_ranks")
+        if waiting_for == "on_global_rank":
+            assert m.tft_notify_controller_stop_train({0: 0}) == 0
+            assert training.wait_callback("report_stop_complete")
+    m.tft_destroy_controller()
+    assert training.states()[-3:] == ["EXIT", "FINAL", "UNINIT"]
+    assert not training.job_killed
+
+
+def test_destroy_during_a_retry_repair_never_sends_report_result(m: Any) -> None:
+    """The real controller stops before NORMAL would send the deferred result; the stub
+    used to send report_result(0, "Mindio do repair operation ok", {}, "retry")."""
+    start(m)
+    training.auto_step = True
+    training.retry_repair_time = 0.3
+    to_strategies(m, {0: 0})
+    assert m.tft_notify_controller_change_strategy("retry") == 0
+    assert training.wait_state("REPAIR")
+    training.destroy_delay = 0.5  # longer than the repair: the repair ends while destroy blocks
+    m.tft_destroy_controller()  # returns once the state machine has ended: nothing can follow
+    assert result_calls() == []
+    assert "REPAIR" in training.states() and training.states()[-2:] == ["FINAL", "UNINIT"]
+
+
+def test_destroy_during_a_short_destroy_block_still_sends_no_result(m: Any) -> None:
+    start(m)
+    training.auto_step = True
+    training.retry_repair_time = 0.3
+    to_strategies(m, {0: 0})
+    assert m.tft_notify_controller_change_strategy("retry") == 0
+    assert training.wait_state("REPAIR")
+    m.tft_destroy_controller()  # FAST destroy_delay: it waits for the repair to end
+    assert result_calls() == []
+    assert training.states()[-2:] == ["NORMAL", "UNINIT"]  # stopped on entering NORMAL
+
+
+def test_destroy_during_the_recover_wait_reports_406_while_it_blocks(m: Any) -> None:
+    """Seen on the real controller: report_result(406, ...) arrived while the main thread
+    sat in destroy; then FINAL."""
+    start(m, arf=True)
+    training.auto_restart = False
+    to_strategies(m, {1: 1})
+    assert m.tft_notify_controller_change_strategy("recover") == 0
+    assert training.wait_state("REPAIR")
+    m.tft_destroy_controller()
+    assert result_calls() == [(406, "do repair failed, ret: 1", {1: 1}, "recover")]
+    assert training.states()[-3:] == ["EXIT", "FINAL", "UNINIT"]
 
 
 # ---------------------------------------------------------------------------- notify validation
@@ -403,8 +583,7 @@ def test_incomplete_dp_groups_or_no_step_offer_only_exit(m: Any) -> None:
     start(m, arf=True)
     training.replica_info = "partial"
     assert to_strategies(m, {0: 0}) == ["exit"]
-    training.reset()
-    training.wait_time = WAIT
+    fast()
     start(m, arf=True)
     training.step_count = 0  # no step finished: the pre-lock fails
     assert to_strategies(m, {0: 0}) == ["exit"]
@@ -603,7 +782,7 @@ def test_the_strategy_wait_is_max_of_time_and_wait(m: Any) -> None:
 
 
 def test_a_notify_during_exit_ends_it_without_telling_the_ranks(m: Any) -> None:
-    training.wait_time = 1.0
+    training.wait_scale = 1.0  # the EXIT wait lasts the whole 1 s
     start(m)
     to_strategies(m, {0: 0})
     assert m.tft_notify_controller_change_strategy("exit") == 0

@@ -2,7 +2,7 @@
 
 The real controller is unforgiving, and a kinder stand-in would hide the bugs that kill
 training jobs. So this stub reproduces, from the controller's sources and from runs of a
-real build (shared/spec/mindio-tft-controller.md, shared/spec/deep/tft-research.md):
+real build (docs/mindio-controller.md, the reference to read before changing it):
 
 * the API: names, signatures, defaults, 0/1 returns, ``Exception`` from init,
   ``SystemExit(2)`` from start, a real listening socket, destroy that blocks;
@@ -17,14 +17,36 @@ real build (shared/spec/mindio-tft-controller.md, shared/spec/deep/tft-research.
 * the punishments: an Exception in report_fault_ranks / report_stop_complete /
   report_strategies kills the flow; a BaseException aborts the process (recorded in
   ``training.aborted``, the test process survives); destroy from inside a callback
-  deadlocks (recorded in ``training.violations``, the call returns).
+  deadlocks (recorded in ``training.violations``, the call returns);
+* the real timings by default (``REAL_TIMINGS``): report_fault_ranks 2.0 s after a rank
+  raises, report_result 2.3 s after change_strategy retry and 2.9 s after the restarted
+  ranks of a recover registered, destroy blocking 5 s. A bridge tuned on a faster
+  stand-in is too tight against the real controller, so speed is opt-in and visible:
+  ``training.use_timings(FAST_TIMINGS)`` or ``SimulatedJob(controller_timings=...)``;
+* ``MINDIO_WAIT_MINDX_TIME`` read from the environment at ``tft_init_controller`` and from
+  nowhere else (``training.wait_mindx_time`` shows what was read), so a bridge that does
+  not export its configured wait is caught; ``training.wait_scale`` only runs that wait
+  on a faster clock in the stub's own unit tests;
+* destroy as observed: while the controller waits for a notify it ends in FINAL (via
+  EXIT); during a retry repair no report_result follows; during the recover wait a 406
+  arrives while destroy blocks.
+
+Known differences, kept on purpose (docs/mindio-controller.md section 9): the aborts and
+deadlocks above are recorded instead of happening; ranks are simulated through
+``training``, not TCP processors; no TLS and no log files; the NORMAL loop polls every
+20 ms instead of 2 s; bind retries last 0.5 s instead of ~5 s; only the retry and recover
+repairs take time (one block in REPAIR), downgrade, upgrade, migration and dump none;
+destroy blocks ``destroy_delay`` and then for the current action; backup controllers
+and the X1 strategy generator are not simulated.
 
 Use::
 
     from bridge.sim import mindio_ttp
     mindio_ttp.install()                      # import mindio_ttp.controller_ttp -> the stub
     from bridge.sim.mindio_ttp import training
-    training.reset(); training.wait_time = 0.3; training.connect_ranks(range(8))
+    training.reset(); training.use_timings(mindio_ttp.FAST_TIMINGS)
+    os.environ["MINDIO_WAIT_MINDX_TIME"] = "1"  # read at init, like the real one
+    training.connect_ranks(range(8))
     ...register callbacks, init, start...
     training.inject_fault({0: 0})             # rank 0 reports a UCE; the flow starts
     training.wait_callback("report_fault_ranks")
@@ -44,9 +66,10 @@ from types import ModuleType
 from . import controller_ttp
 from ._constants import State
 from ._log import Record
-from ._training import Rank, Training, training
+from ._training import FAST_TIMINGS, REAL_TIMINGS, Rank, Training, training
 
-__all__ = ["Rank", "Record", "State", "Training", "controller_ttp", "install", "training", "uninstall"]
+__all__ = ["FAST_TIMINGS", "REAL_TIMINGS", "Rank", "Record", "State", "Training", "controller_ttp", "install",
+           "training", "uninstall"]
 
 
 def install() -> None:

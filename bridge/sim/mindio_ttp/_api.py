@@ -95,12 +95,14 @@ def _controller() -> Controller | None:
 # ---------------------------------------------------------------------- lifecycle
 
 def _wait_env() -> int:
-    """MINDIO_WAIT_MINDX_TIME, 1..3600, default 30 (anything else: the default)."""
+    """MINDIO_WAIT_MINDX_TIME from the process environment, read once per init as the
+    real Controller::Initialize does: 1..3600 in ASCII digits only, anything else (unset,
+    empty, spaces or a sign, out of range) the default 30. There is deliberately no other
+    source: the bridge has to export its configured wait before tft_init_controller."""
     raw = os.environ.get("MINDIO_WAIT_MINDX_TIME", "")
-    try:
-        value = int(raw)
-    except ValueError:
+    if not (raw.isascii() and raw.isdigit()):
         return WAIT_MINDX_DEFAULT
+    value = int(raw)
     return value if WAIT_MINDX_MIN <= value <= WAIT_MINDX_MAX else WAIT_MINDX_DEFAULT
 
 
@@ -128,10 +130,13 @@ def tft_init_controller(rank: int, world_size: int, enable_local_copy: bool,
         elif training.controller is not None:
             message = "init controller failed to set register callback, error num:1"
         else:
+            wait = _wait_env()
             training.controller = Controller(training, rank, world_size, enable_local_copy,
-                                             enable_arf, enable_zit, _wait_env())
+                                             enable_arf, enable_zit, wait)
             training.state = State.INIT
+            training.wait_mindx_time = wait
             training.record(_log.API, "init", args, None)
+            training.record(_log.NOTE, "env", ("MINDIO_WAIT_MINDX_TIME", wait))
             training.record(_log.STATE, State.INIT.value)
             return
         training.record(_log.API, "init", args, message)

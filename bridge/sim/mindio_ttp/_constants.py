@@ -1,7 +1,7 @@
 """Names, codes, messages and the state-transition table of the real MindIO TFT controller.
 
 Everything here is copied in meaning from the controller's sources and from runs of a
-real build (shared/spec/mindio-tft-controller.md, shared/spec/deep/tft-research.md):
+real build (docs/mindio-controller.md):
 the strings are the ones the callbacks really receive, so a bridge tested against the
 stub sees the same ``msg`` and ``curr_strategy`` values it will see in production.
 """

@@ -2,8 +2,12 @@
 
 The state machine runs on one daemon thread named like the real one as Python sees it
 ("Dummy-1"), and every callback runs on it. Destroy follows the real Destroy(): wake the
-MindX wait, mark the controller stopped, close the server, block, then wait for the
-state-machine thread to finish its current action, which can still call a callback.
+MindX wait, mark the controller stopped, close the server, block (``destroy_delay``: the
+real one tells every processor and stops ten server workers, 1-5 s), and only then stop
+the state machine and wait for it to finish its current action, which can still call a
+callback. So a destroy that wakes a MindX wait lets the flow run on into EXIT and FINAL,
+as on the real controller, and a destroy during a repair ends before NORMAL sends the
+deferred report_result.
 Destroy from inside a callback deadlocks the real controller forever; here it records a
 violation and the controller stops dead after that callback, as if hung.
 """
@@ -51,7 +55,10 @@ class Controller(Flows):
         try:
             while state is not State.FINAL:
                 with self.cond:
-                    if self.stop_flag:
+                    # EXIT under a destroy returns at once (on_exit), so it still reaches
+                    # FINAL however short the stub's destroy_delay is (the real block is
+                    # seconds, far longer than that step).
+                    if self.stop_flag and not (state is State.EXIT and self.stopping):
                         break
                 ret = self.STATE_ACTIONS[state](self)
                 following = TRANSITIONS.get((state, ret))
@@ -101,13 +108,15 @@ class Controller(Flows):
             was_running = self.thread is not None and not self.thread_done and self.inited
             self.wake()
             self.stopping = True
-            self.stop_flag = True
             self.inited = False
-            self.cond.notify_all()
+            self.signal_checker()
         if self.listener is not None:
             self.listener.close()
         if was_running and delay > 0:
             time.sleep(delay)
+        with self.cond:
+            self.stop_flag = True  # controllerStateMachine::Stop(), after the server stopped
+            self.cond.notify_all()
         if self.thread is not None:
             self.thread.join(join_timeout)
             if self.thread.is_alive():

@@ -118,9 +118,10 @@ class MindXEngine:
     # ------------------------------------------------------------------ waits
 
     def wait_mindx(self) -> float:
-        """MINDIO_WAIT_MINDX_TIME, or the test override ``training.wait_time``."""
-        override = self.training.wait_time
-        return float(self.wait_env if override is None else override)
+        """MINDIO_WAIT_MINDX_TIME as read at init; only its clock can be sped up
+        (``training.wait_scale``), never its value replaced: a bridge that does not export
+        its configured wait must meet the real default here too."""
+        return float(self.wait_env) * self.training.wait_scale
 
     def mindx_wait(self, seconds: float, expecting: str) -> bool:
         """MindXEngine::Wait: True when woken (flag consumed), False on timeout. Returns

@@ -372,7 +372,14 @@ class Flows(MindXEngine):
         return Ret.OK
 
     def on_repair(self) -> Ret:
+        """RepairCallback. A retry's device stop, clean, repair and rollback take
+        ``training.retry_repair_time`` (real: 1-5 s, 2.3 s typical) whatever the outcome;
+        a destroy meanwhile does not cut it short (the real Destroy waits for this action
+        to end) and, since the state machine stops before NORMAL runs, no report_result
+        follows."""
         repair_type = self.repair_type
+        if repair_type is RepairType.RETRY:
+            self.sleep(self.training.retry_repair_time)
         failed = self.training.take_failure(("repair",)) is not None
         if repair_type is RepairType.ARF:
             ret = self.arf_repair(failed)
@@ -394,8 +401,10 @@ class Flows(MindXEngine):
     def arf_repair(self, failed: bool) -> Ret:
         """ARFRepair: wait (up to ``training.arf_wait_time``, real ~10 min) for the error
         ranks to be restarted and register again; ClusterD may cut the wait short with
-        dump, exit or downgrade. With ``training.auto_restart`` MindCluster restarts them
-        at once."""
+        dump, exit or downgrade, and a destroy ends it as a failure (the real one reported
+        406 while its destroy was blocking). With ``training.auto_restart`` MindCluster
+        restarts them at once. Once they are back, the repair itself takes
+        ``training.recover_repair_time`` (real: 2.9 s)."""
         training = self.training
         with self.cond:
             wanted = set(self.errors)
@@ -417,9 +426,10 @@ class Flows(MindXEngine):
                 return Ret.STOP_SERVICE
             if event is Event.DOWNGRADE:
                 return Ret.DOWNGRADE
-            if failed:
+            if failed or self.stopping:
                 return Ret.ERROR
             if done:
+                self.sleep(training.recover_repair_time)
                 return Ret.OK
             if time.monotonic() >= deadline:
                 self.note("ARF wait timed out", sorted(wanted - self.arf_restarted))
@@ -440,7 +450,14 @@ class Flows(MindXEngine):
 
     def on_exit(self) -> Ret:
         """ExitCallback: wait MINDIO_WAIT_MINDX_TIME for MindX to kill the job (any notify
-        ends the wait); on timeout tell every processor to exit and destroy itself."""
+        ends the wait); on timeout tell every processor to exit and destroy itself. When
+        an external destroy brought it here (it woke the wait that led to EXIT), it ends
+        at once: the real controller reaches FINAL while its destroy is still blocking."""
+        with self.cond:
+            destroyed = self.stopping
+        if destroyed:
+            self.note("exit during destroy: no wait")
+            return Ret.STOP_SERVICE
         if self.is_registered and self.mindx_wait(self.wait_mindx(), "MindX to kill the job"):
             self.note("exit acknowledged by a notify")
             return Ret.STOP_SERVICE
@@ -474,6 +491,9 @@ class Flows(MindXEngine):
         timeout; a rank fault or the timeout reports 406 and goes to the fault flow."""
         deadline = time.monotonic() + self.wait_pause_time
         while time.monotonic() < deadline:
+            with self.cond:
+                if self.stopping:
+                    return Ret.STOP_SERVICE
             event = self.event
             if event is Event.CONTINUE_TRAIN:
                 return Ret.OK

@@ -3,6 +3,16 @@ that make the controller fail on purpose, and everything the stub observed.
 
 There is one ``Training`` per process, like the real controller singleton; tests call
 ``training.reset()`` in a fixture so no test leaks state into the next.
+
+Timing knobs default to the real controller's observed timings (``REAL_TIMINGS``, the
+table in docs/mindio-controller.md), because a bridge tuned against a faster stand-in is
+too tight against the real one. Tests and benchmarks that need speed shorten them
+explicitly and visibly, with ``training.use_timings(FAST_TIMINGS)`` or their own
+mapping. The controller's MindX wait is not a knob at all: like the real controller the
+stub reads ``MINDIO_WAIT_MINDX_TIME`` from the process environment at
+``tft_init_controller`` and nowhere else, so a bridge that forgets to export its
+configured wait is caught (``wait_scale`` only makes that wait's clock run faster in the
+stub's own unit tests).
 """
 
 from __future__ import annotations
@@ -11,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from . import _log
 from ._constants import FAULT_TYPES, MAX_ERROR_CODE_LEN, State
@@ -31,6 +41,30 @@ _FAILURE_STAGES = {
 }
 
 _STEPPING_STATES = frozenset({State.UNINIT, State.INIT, State.NORMAL, State.DOWNGRADE})
+
+#: The real controller's timings, as observed on a real MindIO TFT build with fake ranks
+#: (docs/mindio-controller.md, "Timings"); the stub's defaults. Seconds.
+REAL_TIMINGS: Final[Mapping[str, float]] = {
+    "fault_detect_delay": 2.0,  # a rank raises -> report_fault_ranks (NORMAL re-checks after 2 s)
+    "retry_repair_time": 2.3,  # change_strategy retry -> report_result (observed 1-5 s, smoke runs 2.3 s)
+    "recover_repair_time": 2.9,  # restarted ranks registered -> report_result after recover
+    "destroy_delay": 5.0,  # tft_destroy_controller blocks (observed 1-5 s; ~5 s typical)
+}
+
+#: What the stub's own tests, the end-to-end tests and the benchmarks use when the real
+#: pace is not what they test: every controller-side delay shortened, none removed
+#: entirely (an ordering bug that a zero delay would hide still shows).
+FAST_TIMINGS: Final[Mapping[str, float]] = {
+    "fault_detect_delay": 0.01,
+    "retry_repair_time": 0.01,
+    "recover_repair_time": 0.01,
+    "destroy_delay": 0.01,
+}
+
+_WAIT_TIME_MOVED = ("training.wait_time is gone: like the real controller, the stub reads "
+                    "MINDIO_WAIT_MINDX_TIME from the environment at tft_init_controller and nowhere "
+                    "else (set it with monkeypatch.setenv, or let the bridge export it); "
+                    "training.wait_scale speeds that wait up in the stub's own unit tests")
 
 
 @dataclass
@@ -60,15 +94,17 @@ class Training:
     def _defaults(self) -> None:
         """Knobs and observations as after a fresh import."""
         # knobs
-        self.wait_time: float | None = None  # overrides MINDIO_WAIT_MINDX_TIME (seconds)
+        self.wait_scale: float = 1.0  # stub only: MindX waits last MINDIO_WAIT_MINDX_TIME x this
         self.auto_step: bool = False  # training steps on its own while NORMAL/DOWNGRADE
         self.step_interval: float = 0.05  # seconds per auto step
         self.replica_info: ReplicaInfo = "complete"  # processors' DP-group (replica) reports
         self.legacy_fault_report: bool = False  # report_fault_ranks with one dict (pre-2026 builds)
-        self.destroy_delay: float = 0.2  # how long destroy blocks (real: ~5 s)
+        self.destroy_delay: float = REAL_TIMINGS["destroy_delay"]  # how long destroy blocks
         self.destroy_join_timeout: float | None = None  # None: block until the thread ends (real)
         self.bind_retry_time: float = 0.5  # port-in-use retries before SystemExit(2) (real: ~5 s)
-        self.fault_detect_delay: float = 0.0  # NORMAL re-checks a bad status after this (real: 2 s)
+        self.fault_detect_delay: float = REAL_TIMINGS["fault_detect_delay"]  # NORMAL re-checks a bad status after this
+        self.retry_repair_time: float = REAL_TIMINGS["retry_repair_time"]  # ENV_CLEAR + REPAIR of a retry
+        self.recover_repair_time: float = REAL_TIMINGS["recover_repair_time"]  # REPAIR of a recover, once registered
         self.heartbeat_loss_time: float = 8.0  # a silent rank is a process fault after this (real: ~8 s)
         self.arf_wait_time: float = 600.0  # recover waits this long for restarted ranks (real: ~10 min)
         self.auto_restart: bool = True  # MindCluster restarts the ranks of a recover at once
@@ -82,11 +118,42 @@ class Training:
         self.state: State = State.UNINIT
         self.job_killed: bool = False
         self.exit_reason: str = ""
+        self.wait_mindx_time: int | None = None  # MINDIO_WAIT_MINDX_TIME as read by the last init
         self.processors_exited: bool = False
         self.aborted: bool = False
         self.hung: bool = False
 
     # ------------------------------------------------------------------ knobs with a shape
+
+    @property
+    def wait_time(self) -> float:
+        """Removed: a silent no-op here would hide a bridge that never exports the wait."""
+        raise AttributeError(_WAIT_TIME_MOVED)
+
+    @wait_time.setter
+    def wait_time(self, value: float | None) -> None:
+        raise AttributeError(_WAIT_TIME_MOVED)
+
+    def use_timings(self, timings: Mapping[str, float]) -> None:
+        """Set timing knobs by name (e.g. ``FAST_TIMINGS``). An unknown name or a negative
+        or non-finite value is refused before anything changes, so a typo cannot
+        silently leave a real-length delay in place."""
+        problems = [f"unknown timing {name!r} (known: {sorted(REAL_TIMINGS)})"
+                    for name in timings if name not in REAL_TIMINGS]
+        problems += [f"timing {name!r} = {value!r}: use a finite number of seconds >= 0"
+                     for name, value in timings.items()
+                     if name in REAL_TIMINGS and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                                      and 0 <= value < float("inf"))]
+        if problems:
+            raise ValueError("; ".join(problems))
+        with self.cond:
+            for name, value in timings.items():
+                setattr(self, name, float(value))
+
+    def timings(self) -> dict[str, float]:
+        """The timing knobs as they are now (compare with ``REAL_TIMINGS``)."""
+        with self.cond:
+            return {name: float(getattr(self, name)) for name in REAL_TIMINGS}
 
     @property
     def replica_info_complete(self) -> bool:
