@@ -21,14 +21,14 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from . import __version__
 from .codes import Code
 from .faults import IMPLEMENTATION
 from .flow import CALLBACKS, Step
+from .metrics_http import MetricsServer  # noqa: F401  (the endpoint; callers import it from here)
 
 #: Recovery takes seconds to many minutes (ClusterD alone waits ~11 s before globalFault).
 RECOVERY_BUCKETS = (0.5, 1, 2.5, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800)
@@ -222,24 +222,3 @@ def sample(registry: CollectorRegistry, name: str, labels: dict[str, str] | None
     """A sample's value, 0.0 when absent; for tests, the demo and status lines."""
     value = registry.get_sample_value(name, labels or {})
     return 0.0 if value is None else value
-
-
-class MetricsServer:
-    """The HTTP(S) endpoint of one registry, on a daemon thread of prometheus_client's own;
-    ``close`` joins it. Used by the bridge and by the platform agent."""
-
-    def __init__(self, metrics: Any, address: str, port: int, **tls: Any) -> None:
-        self._server, self._thread = start_http_server(
-            port, addr=address, registry=metrics.registry, **{k: v for k, v in tls.items() if v}
-        )
-        self.port: int = self._server.server_port
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
