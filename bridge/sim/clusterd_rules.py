@@ -1,18 +1,30 @@
-"""ClusterD's pure rules, as the simulated server applies them: no I/O, no timing.
+"""ClusterD's pure rules, shared by both simulations: no I/O, no timing.
 
-Fault caches keep ClusterD's own representation on purpose: rank ids and fault types
-stay the strings the client sent (ClusterD validates neither), normal (type "1") and
-retry (any other type) faults live in two separate lists, and duplicates follow
-``RemoveSliceDuplicateFaults``. A client that sends a rank twice or a rank as both "0"
-and "1" sees exactly what the real server would send back.
+One home for every rule of the real server that the simulated ClusterD
+(:mod:`bridge.sim.clusterd`) and the simulated platform-mode ClusterD
+(:mod:`bridge.platform.sim.clusterd`) apply: the fault merge rule
+(``RemoveSliceDuplicateFaults``: a type-"1" entry is sticky, between "0" and "2" the later
+wins), Go's whitespace set (``strings.TrimSpace``), Go's ``strconv.Atoi`` with its int64
+range check, the "rank:type" string parser (``String2Faults``), same-pod expansion and
+the strategy choice.
 
-Sources: shared/spec/clusterd-protocol.md sections 4-5 and
-shared/spec/deep/clusterd-research.md sections 1.5-1.7.
+Independent of the product on purpose: the bridge's own codec (:mod:`bridge.faults`)
+implements the same rules separately, and the simulations must not import it. If both
+sides shared one implementation, a bug in it would be invisible to every test, because
+the simulated peer would make exactly the same mistake as the client it judges.
+
+Fault caches keep ClusterD's own representation: rank ids and fault types stay the
+strings the client sent (ClusterD validates neither), normal (type "1") and retry (any
+other type) faults live in two separate lists. A client that sends a rank twice or a
+rank as both "0" and "1" sees exactly what the real server would send back.
+
+Reference: docs/clusterd.md ("Fault lists and their rules", "Strategy choice").
 """
 
 from __future__ import annotations
 
 import random
+import re
 import secrets
 import time
 from collections.abc import Iterable, Sequence
@@ -20,7 +32,25 @@ from collections.abc import Iterable, Sequence
 #: (rankId, faultType) exactly as they travel in ``FaultRank``.
 FaultPair = tuple[str, str]
 
+UCE = "0"
 NORMAL = "1"
+HCCL = "2"
+#: The fault types a client may send; ClusterD's fault centre answers any other type
+#: (e.g. "9") with preExitProcess instead of a retry cycle.
+KNOWN_TYPES = (UCE, NORMAL, HCCL)
+RETRY_TYPES = (UCE, HCCL)
+
+#: Go's ``unicode.IsSpace`` set, which ``strings.TrimSpace`` strips.
+GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+#: What every writer of a "rank:type" string must emit (no spaces, types 0/1/2).
+CANONICAL_FAULTS = re.compile(r"\d+:[012](,\d+:[012])*")
+_DIGITS = frozenset("0123456789")
+
 RETRY = "retry"
 RECOVER_IN_PLACE = "recover-in-place"
 RECOVER = "recover"
@@ -69,17 +99,74 @@ def dedupe_faults(faults: Iterable[FaultPair]) -> list[FaultPair]:
     later one replaces its type only while the stored type is "0" or "2"."""
     merged: dict[str, str] = {}
     for rank, fault_type in faults:
-        if rank not in merged or merged[rank] in ("0", "2"):
+        if rank not in merged or merged[rank] in RETRY_TYPES:
             merged[rank] = fault_type
     return list(merged.items())
 
 
 def go_atoi(text: str) -> int | None:
-    """``strconv.Atoi``: optional sign and ASCII digits, else None."""
+    """Go's ``strconv.Atoi`` on a 64-bit build: an optional sign and ASCII digits whose
+    value fits an int64, else None (Go returns an error; ClusterD then drops the list)."""
     digits = text[1:] if text[:1] in ("+", "-") else text
     if not digits or not digits.isascii() or not digits.isdigit():
         return None
-    return int(text)
+    value = int(text)
+    return value if INT64_MIN <= value <= INT64_MAX else None
+
+
+def trim_space(text: str) -> str:
+    """Go's ``strings.TrimSpace``: strips :data:`GO_SPACE` from both ends."""
+    return text.strip(GO_SPACE)
+
+
+def parse_fault_string(text: str) -> list[FaultPair]:
+    """``String2Faults``: trim whitespace from the whole string, then leading and
+    trailing commas; split on "," then ":"; an element without exactly two parts is
+    dropped. Elements are neither trimmed nor validated."""
+    body = trim_space(text).strip(",")
+    if not body:
+        return []
+    out: list[FaultPair] = []
+    for element in body.split(","):
+        parts = element.split(":")
+        if len(parts) == 2:
+            out.append((parts[0], parts[1]))
+    return out
+
+
+def merge_fault_strings(written: str, result: str, confirm: str) -> tuple[dict[int, int], bool]:
+    """Platform mode's confirm step: ``dedupe(written + dedupe(result + confirm))``, then
+    the all-or-nothing rank conversion (one rank id Atoi rejects empties the list:
+    returns ``({}, True)``). Types other than "1" count as retryable (kept as 0 unless
+    "2"); a type-1 entry is sticky."""
+    merged = dedupe_faults(parse_fault_string(written)
+                           + dedupe_faults(parse_fault_string(result) + parse_fault_string(confirm)))
+    faults: dict[int, int] = {}
+    for rank_text, fault_type in merged:
+        rank = go_atoi(rank_text)
+        if rank is None:
+            return {}, True
+        value = 1 if fault_type == NORMAL else (2 if fault_type == HCCL else 0)
+        if faults.get(rank) != 1:
+            faults[rank] = value
+    return faults, False
+
+
+def is_canonical_pair(rank: str, fault_type: str) -> bool:
+    """A rank of ASCII digits and a type "0", "1" or "2": what every client must send."""
+    return bool(rank) and _DIGITS.issuperset(rank) and fault_type in KNOWN_TYPES
+
+
+def pair_problem(rank: str, fault_type: str) -> str | None:
+    """Why a reported (rank, type) is not what a client must send, or None. The text
+    names what the real server does with it (tests read it; keep it accurate)."""
+    problems = []
+    if not (rank and _DIGITS.issuperset(rank)):
+        problems.append("a non-integer rank id empties the cycle's rank list")
+    if fault_type not in KNOWN_TYPES:
+        problems.append(f"an unknown fault type makes the fault centre send preExitProcess "
+                        "for that rank about 11 s later and starts no cycle")
+    return "; ".join(problems) or None
 
 
 class FaultCache:
@@ -151,13 +238,6 @@ def pod_indices(rank_ids: Iterable[str], devices_per_pod: int, rng: random.Rando
     ordered = sorted(pods, key=int)
     rng.shuffle(ordered)
     return ordered
-
-
-def fault_annotation(faults: Iterable[FaultPair], rng: random.Random) -> str:
-    """``rank:type`` entries joined by ``,``, each rank once, in random order."""
-    entries = [f"{rank}:{fault_type}" for rank, fault_type in dedupe_faults(faults)]
-    rng.shuffle(entries)
-    return ",".join(entries)
 
 
 # --------------------------------------------------------------------------- strategy

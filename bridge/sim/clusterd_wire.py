@@ -12,9 +12,7 @@ from typing import Any
 
 from bridge._proto import recover_pb2 as pb
 
-from .clusterd_rules import FaultPair
-
-_DIGITS = frozenset("0123456789")
+from .clusterd_rules import FaultPair, is_canonical_pair
 
 
 def fault_pairs(ranks: Iterable[pb.FaultRank]) -> list[FaultPair]:
@@ -25,11 +23,6 @@ def fault_ranks(faults: Iterable[FaultPair] | Mapping[Any, Any]) -> list[pb.Faul
     """``FaultRank`` messages from pairs or a ``{rank: type}`` map (values stringified)."""
     items = faults.items() if isinstance(faults, Mapping) else faults
     return [pb.FaultRank(rankId=str(rank), faultType=str(kind)) for rank, kind in items]
-
-
-def is_canonical_pair(rank: str, fault_type: str) -> bool:
-    """A rank of ASCII digits and a type "0", "1" or "2": what every client must send."""
-    return bool(rank) and _DIGITS.issuperset(rank) and fault_type in ("0", "1", "2")
 
 
 def faults_detail(pairs: Iterable[FaultPair]) -> dict[str, Any]:

@@ -1,8 +1,7 @@
 """ClusterD's platform mode, simulated on a :class:`PodGroupStore`, to drive the agent.
 
-It follows the real server (shared/spec/deep/clusterd-research.md section 2 and the
-state machine of section 1.7) as far as the PodGroup is concerned, with its sharp
-edges kept:
+It follows the real server (docs/clusterd.md, "Platform mode") as far as the PodGroup
+is concerned, with its sharp edges kept:
 
 * platform mode is the *presence* of ``ProcessRecoverStrategy`` at the first Init;
 * at a fault it polls the strategy until it is retry, recover or dump (after trimming
@@ -10,9 +9,11 @@ edges kept:
 * it writes ``ProcessConfirmFault`` only if the key is empty or absent, else 509 at
   once ("plat not clear pre confirm fault"); the write is an unconditional patch;
 * it waits for the ``ProcessResultFault`` *key* (an empty value is fine), else 509;
-* it merges its in-memory confirm, the result and the confirm as re-read, with its own
-  string rules (whole-string trim, two-part elements, first rank text wins unless its
-  type is 0/2, one non-integer rank empties the list);
+* it merges its in-memory confirm, the result and the confirm as re-read, with ClusterD's
+  own string rules (whole-string trim, two-part elements, first rank text wins unless its
+  type is 0/2, one non-integer rank empties the list), taken from
+  :mod:`bridge.sim.clusterd_rules`, the module of ClusterD rules both simulations share
+  and that stays independent of the product's codec on purpose;
 * it re-reads the strategy in confirm mode (``exit`` allowed), else 509;
 * it chooses with the platform's value (plus exit) among the job's strategies; a
   recover waits for ``RankTableReady``: "true" goes, any other non-empty value fails at
@@ -39,8 +40,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ...sim.clusterd_rules import CANONICAL_FAULTS, merge_fault_strings
 from ..annotations import CONFIRM, ENABLE_LABEL, PAUSED, RANK_TABLE_READY, RESULT, STATUS, STRATEGY
-from ..confirm import CANONICAL, GO_SPACE
 from .apiserver import ApiError, PodGroupStore
 
 log = logging.getLogger("tft_bridge.platform.sim.clusterd")
@@ -164,9 +165,9 @@ class SimPlatformClusterD:
             time.sleep(self.timings.poll)
         result = annotations[RESULT]
         report.results.append(result)
-        if result and not CANONICAL.fullmatch(result):
+        if result and not CANONICAL_FAULTS.fullmatch(result):
             report.violations.append(f"non-canonical ProcessResultFault {result!r}")
-        merged, poisoned = clusterd_merge(text, result, annotations.get(CONFIRM, ""))
+        merged, poisoned = merge_fault_strings(text, result, annotations.get(CONFIRM, ""))
         report.merged.append(merged)
         report.poisoned.append(poisoned)
         plat = annotations.get(STRATEGY, "").strip(" ").strip(",")
@@ -263,40 +264,3 @@ class SimPlatformClusterD:
         self._random.shuffle(items)  # Go map order
         return ",".join(f"{rank}:{fault_type}" for rank, fault_type in items).strip(",")
 
-
-def clusterd_elements(text: str) -> list[tuple[str, str]]:
-    """String2Faults: whole-string trim, split on "," then ":", two parts or dropped."""
-    body = text.strip(GO_SPACE).strip(",")
-    if not body:
-        return []
-    out = []
-    for element in body.split(","):
-        parts = element.split(":")
-        if len(parts) == 2:
-            out.append((parts[0], parts[1]))
-    return out
-
-
-def dedupe(elements: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """RemoveSliceDuplicateFaults: by rank text; a later entry replaces a stored 0/2."""
-    kept: dict[str, str] = {}
-    for rank, fault_type in elements:
-        if rank not in kept or kept[rank] in ("0", "2"):
-            kept[rank] = fault_type
-    return list(kept.items())
-
-
-def clusterd_merge(written: str, result: str, confirm: str) -> tuple[dict[int, int], bool]:
-    """``dedupe(written + dedupe(result + confirm))`` then the all-or-nothing rank
-    conversion; types other than "1" count as retryable (kept as 0 when not 0/2)."""
-    merged = dedupe(clusterd_elements(written) + dedupe(clusterd_elements(result) + clusterd_elements(confirm)))
-    faults: dict[int, int] = {}
-    for rank_text, fault_type in merged:
-        digits = rank_text[1:] if rank_text[:1] in "+-" and rank_text else rank_text
-        if not digits or not digits.isascii() or not digits.isdigit() or not -(2**63) <= int(rank_text) < 2**63:
-            return {}, True
-        rank = int(rank_text)
-        value = 1 if fault_type == "1" else (2 if fault_type == "2" else 0)
-        if faults.get(rank) != 1:
-            faults[rank] = value
-    return faults, False
