@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from dataclasses import replace
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -22,13 +23,16 @@ from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc as pb_grpc
 from bridge.sim import clusterd_rules as rules
 from bridge.sim.clusterd import SERVER_OPTIONS, SimClusterD, SimJob
+from bridge.sim.clusterd_timings import REAL, Timings
 from bridge.sim.journal import Journal, JournalEntry
 
 pytestmark = pytest.mark.timeout(20)
 
 JOB = "job-1"
-FAST = dict(keepalive_interval=0.1, global_fault_delay=0.01, flush_delay=0.01,
-            report_timeout=3.0, dump_exit_repeat=0.05, seed=7, rank_table_delay=0.01)
+#: The real delays / 100 (ratios kept), with the few a test waits on made shorter still.
+T = REAL.scaled(0.01, keepalive_interval=0.1, global_fault_delay=0.01, flush_delay=0.01,
+                report_timeout=3.0, dump_exit_repeat=0.05)
+FAST: dict[str, Any] = dict(timings=T, seed=7, rank_table_delay=0.01)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -315,6 +319,55 @@ async def test_reports_for_unknown_job_answer_400(sim: SimClusterD, client: Clie
     assert await client.stop_complete() == 400  # inited is not registered
 
 
+async def test_status_info_strings_are_the_real_ones_misspellings_included(
+        sim: SimClusterD, channel: grpc.aio.Channel) -> None:
+    sim.add_job(SimJob("off", process_recover=False))
+    stub = pb_grpc.RecoverStub(channel)
+
+    async def info(call: Any, request: Any) -> tuple[int, str]:
+        reply = await call(request, timeout=2)
+        return reply.code, reply.info
+
+    def who(job: str) -> pb.ClientInfo:
+        return pb.ClientInfo(jobId=job, role="test")
+
+    assert await info(stub.Init, who("nope")) == (502, "job(uid=nope) one of jobName, pgName, ns is empty")
+    assert await info(stub.Init, who("off")) == (
+        403, "job(uid=off) process-recover-enable and subhealthy hotswtich not open:<nil>")
+    assert await info(stub.Register, who(JOB)) == (408, f"jobId={JOB} not inited")
+    assert await info(stub.Init, who(JOB)) == (0, f"job(uid={JOB}) init success")
+    assert await info(stub.Init, who(JOB)) == (0, f"job(uid={JOB}) init success")  # cached
+    assert await info(stub.Register, who(JOB)) == (0, "register success")
+    assert await info(stub.Register, who(JOB)) == (0, "register success")
+    assert await info(stub.HealthCheck, who("x")) == (0, "jobId=x, receive HeathCheck")
+    unknown = pb.StopCompleteRequest(jobId="nope", status=pb.Status(code=0))
+    assert await info(stub.ReportStopComplete, unknown) == (400, "jobId=nope not registed")
+    assert await info(stub.ReportProcessFault, pb.ProcessFaultRequest(jobId="nope")) == (
+        400, "jobId=nope not registed")
+    assert await info(stub.ReportProcessFault, pb.ProcessFaultRequest(jobId=JOB)) == (
+        0, "receive ReportProcessFault")
+    queued = pb.RecoverStrategyRequest(jobId=JOB, strategies=["retry"])
+    assert await info(stub.ReportRecoverStrategy, queued) == (
+        0, f"jobId={JOB}, uuid=, receive ReportRecoverStrategy")
+
+
+async def test_register_refusals_carry_the_real_info() -> None:
+    sim = await make_sim(SimJob("a"), SimJob("b"), max_jobs=1)
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            stub = pb_grpc.RecoverStub(chan)
+            for job in ("a", "b"):
+                assert (await stub.Init(pb.ClientInfo(jobId=job), timeout=2)).code == 0
+            assert (await stub.Register(pb.ClientInfo(jobId="a"), timeout=2)).code == 0
+            full = await stub.Register(pb.ClientInfo(jobId="b"), timeout=2)
+            assert (full.code, full.info) == (500, "out of max serve jobs, reuse registry for jobId=b")
+            sim.jobs["b"].pod_group_exists = False
+            gone = await stub.Register(pb.ClientInfo(jobId="b"), timeout=2)
+            assert (gone.code, gone.info) == (402, "jobId=b not exist, reuse registry")
+    finally:
+        await sim.stop()
+
+
 # --------------------------------------------------------------------------- the stream
 
 
@@ -430,14 +483,88 @@ async def test_faults_with_no_subscriber_are_lost(sim: SimClusterD, client: Clie
     assert sim.state(JOB) == "INIT"
 
 
-async def test_retry_type_faults_alone_do_not_start_a_cycle(sim: SimClusterD, client: Client) -> None:
+async def test_retry_type_faults_alone_start_nothing_without_retry_configured() -> None:
+    sim = await make_sim(SimJob(JOB, world_size=16, devices_per_pod=8, strategies=("recover", "dump")))
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            assert await client.fault({3: 0, 4: 2}) == 0
+            # 20 times the fault centre's delay: a retry cycle would have started by now.
+            await stream.no_signal(20 * T.retry_report_delay[1])
+            assert [e.detail["outcome"] for e in sim.journal.rpcs("ReportProcessFault")] == ["cached"]
+            assert await client.fault({9: 1}) == 0
+            stop = await stream.next()
+            assert faults_of(stop) == {3: 0, 4: 2, 9: 1}  # the cached retry faults ride along
+            assert [f.rankId for f in stop.faultRanks] == ["3", "4", "9"]
+    finally:
+        await sim.stop()
+
+
+@pytest.mark.parametrize("fault_type", [0, 2])
+async def test_uce_or_hccl_report_alone_starts_a_retry_cycle(fault_type: int) -> None:
+    # No flush, no sleep before a pure retry globalFault: 30 s each would blow the timeout.
+    sim = await make_sim(timings=replace(T, flush_delay=30.0, global_fault_delay=30.0,
+                                         retry_report_delay=(0.05, 0.08), hccl_retry_pause=0.2))
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            assert await client.fault({3: fault_type}) == 0
+            report = sim.journal.rpcs("ReportProcessFault")[-1]
+            assert report.detail["outcome"] == "scheduled"
+            stop = await stream.next()
+            assert stop.signalType == "stopTrain" and stop.uuid and faults_of(stop) == {3: fault_type}
+            stop_entry = sim.journal.signals("stopTrain")[-1]
+            assert stop_entry.at - report.at >= 0.05  # the fault centre's 0.7-1.0 s, scaled
+            await client.stop_complete()
+            global_fault = await stream.next(5)
+            assert list(global_fault.actions) == ["on_global_rank"]
+            assert faults_of(global_fault) == {3: fault_type}
+            assert list(global_fault.nodeRankIds) == []
+            assert global_fault.timeout == (33 if fault_type == 2 else 0)
+            await client.strategies(["retry", "recover", "dump"])
+            asked = sim.journal.rpcs("ReportRecoverStrategy")[-1]
+            change = await stream.next()
+            assert (change.changeStrategy, list(change.nodeRankIds)) == ("retry", ["0"])
+            waited = sim.journal.signals("changeStrategy")[-1].at - asked.at
+            if fault_type == 2:
+                assert waited >= 0.2  # HCCL: the real 3.0 s pause, scaled
+            await client.status(0, "retry")
+            assert await stream.ended() == grpc.StatusCode.OK
+            assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "retry-success"
+    finally:
+        await sim.stop()
+
+
+async def test_uce_retry_change_strategy_does_not_wait_for_the_hccl_pause() -> None:
+    sim = await make_sim(timings=replace(T, hccl_retry_pause=60.0))  # would blow the timeout
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            await client.fault({3: 0})
+            await stream.next()
+            await client.stop_complete()
+            await stream.next()
+            await client.strategies(["retry"])
+            assert (await stream.next()).changeStrategy == "retry"
+            await client.status(0, "retry")
+    finally:
+        await sim.stop()
+
+
+async def test_retry_reports_during_the_fault_centre_delay_start_one_cycle(
+        sim: SimClusterD, client: Client) -> None:
     stream = await client.session(sim)
-    assert await client.fault({3: 0, 4: 2}) == 0
-    await stream.no_signal(0.2)
-    assert await client.fault({9: 1}) == 0
+    assert await client.fault({3: 0}) == 0
+    assert await client.fault({4: 2}) == 0  # still before the cycle starts
     stop = await stream.next()
-    assert faults_of(stop) == {3: 0, 4: 2, 9: 1}  # the cached retry faults ride along
-    assert [f.rankId for f in stop.faultRanks] == ["3", "4", "9"]
+    assert faults_of(stop) == {3: 0, 4: 2}
+    await client.stop_complete()
+    assert (await stream.next()).signalType == "globalFault"
+    assert len(sim.journal.signals("stopTrain")) == 1
+    assert len(sim.journal.select("fault-centre", job_id=JOB)) == 1
 
 
 async def test_signals_keep_order_and_actions_order(sim: SimClusterD, client: Client) -> None:
@@ -557,8 +684,8 @@ async def test_stop_complete_failure_code_still_counts_as_stopped(sim: SimCluste
 # --------------------------------------------------------------------------- strategies
 
 
-async def test_pure_retry_fault_skips_the_flush_and_retries() -> None:
-    sim = await make_sim(flush_delay=30.0)  # would blow the test timeout if not skipped
+async def test_fault_centre_retry_fault_skips_the_flush_and_retries() -> None:
+    sim = await make_sim(flush_delay=30.0, global_fault_delay=30.0)  # would blow the timeout
     try:
         async with grpc.aio.insecure_channel(sim.address) as chan:
             client = Client(chan)
@@ -581,12 +708,34 @@ async def test_pure_retry_fault_skips_the_flush_and_retries() -> None:
         await sim.stop()
 
 
-async def test_hccl_fault_gets_timeout_33(sim: SimClusterD, client: Client) -> None:
+async def test_type1_cycle_waits_flush_plus_sleep_before_global_fault() -> None:
+    sim = await make_sim(timings=replace(T, flush_delay=0.1, global_fault_delay=0.3))
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            await run_to_strategy_wait(sim, client, stream, {1: 1})
+            stopped = sim.journal.rpcs("ReportStopComplete")[-1].at
+            flushed = sim.journal.select("state", "NotifyGlobalFaultState", job_id=JOB)[-1].at
+            sent = sim.journal.signals("globalFault")[-1].at
+            assert flushed - stopped >= 0.1 and sent - stopped >= 0.1 + 0.3
+    finally:
+        await sim.stop()
+
+
+async def test_hccl_in_a_pure_retry_cycle_gets_timeout_33(sim: SimClusterD, client: Client) -> None:
     stream = await client.session(sim)
-    await sim.start_clusterd_fault(JOB, {2: 2})
+    await client.fault({2: 2})
     await stream.next()
     await client.stop_complete()
     assert (await stream.next()).timeout == 33
+
+
+async def test_hccl_merged_into_a_type1_cycle_gets_timeout_0(sim: SimClusterD, client: Client) -> None:
+    stream = await client.session(sim)
+    _, global_fault = await run_to_strategy_wait(sim, client, stream, {2: 2, 9: 1})
+    assert list(global_fault.actions) == ["on_global_rank", "fault_nodes_exit"]
+    assert global_fault.timeout == 0
 
 
 async def test_normal_fault_is_never_retried(sim: SimClusterD, client: Client) -> None:
@@ -600,7 +749,7 @@ async def test_normal_fault_is_never_retried(sim: SimClusterD, client: Client) -
 async def test_agent_without_retry_turns_uce_into_dump_not_recover(sim: SimClusterD,
                                                                   client: Client) -> None:
     stream = await client.session(sim)
-    await sim.start_clusterd_fault(JOB, {3: 0})
+    await client.fault({3: 0})
     await stream.next()
     await client.stop_complete()
     await stream.next()
@@ -614,7 +763,7 @@ async def test_agent_without_retry_turns_uce_into_dump_not_recover(sim: SimClust
 async def test_retry_405_goes_back_to_global_fault_then_recover(sim: SimClusterD,
                                                                 client: Client) -> None:
     stream = await client.session(sim)
-    await sim.start_clusterd_fault(JOB, {9: 0})
+    await client.fault({9: 0})
     await stream.next()
     await client.stop_complete()
     first_global = await stream.next()
@@ -640,7 +789,7 @@ async def test_retry_405_goes_back_to_global_fault_then_recover(sim: SimClusterD
 async def test_retry_406_excludes_recover_and_499_also_dump(
         sim: SimClusterD, client: Client, code: int, expected: str) -> None:
     stream = await client.session(sim)
-    await sim.start_clusterd_fault(JOB, {1: 0})
+    await client.fault({1: 0})
     await stream.next()
     await client.stop_complete()
     await stream.next()
@@ -667,8 +816,10 @@ async def test_recover_failure_then_dump_then_dump_exit_twice(sim: SimClusterD,
     for notice in (first, second):
         assert (notice.changeStrategy, notice.extraParams) == ("exit", "dump_exit")
     entries = sim.journal.signals("changeStrategy")[-2:]
-    assert entries[1].at - entries[0].at >= FAST["dump_exit_repeat"] * 0.9
+    assert entries[1].at - entries[0].at >= T.dump_exit_repeat
     assert await stream.ended() == grpc.StatusCode.OK
+    end = sim.journal.select("stream-end", job_id=JOB)[-1]
+    assert end.at - entries[1].at >= T.job_running_wait  # the real 5.0 s
     assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "dump-failed"
     assert sim.labels(JOB)["process-recover-enable"] == "on"
 
@@ -799,8 +950,12 @@ async def test_non_numeric_rank_is_a_violation_and_empties_the_cycle(sim: SimClu
     await client.stop_complete()
     global_fault = await stream.next()
     assert list(global_fault.faultRanks) == [] and list(global_fault.nodeRankIds) == []
+    await client.strategies(["recover"])
+    assert list((await stream.next()).nodeRankIds) == []  # no rank id parses: no pods
     assert sim.violations and "rankId=' 2'" in sim.violations[0]
+    assert "non-integer rank id" in sim.violations[0] and "unknown fault type" not in sim.violations[0]
     sim.violations.clear()
+    await client.status(0, "recover")
 
 
 # --------------------------------------------------------------------------- operator flows
@@ -850,13 +1005,120 @@ async def test_kill_master_mid_cycle(sim: SimClusterD, client: Client) -> None:
     assert await stream.ended() == grpc.StatusCode.OK
 
 
-async def test_pre_exit_changes_no_state(sim: SimClusterD, client: Client) -> None:
+async def test_device_faults_give_pre_exit_after_their_delays_and_change_no_state(
+        sim: SimClusterD, client: Client) -> None:
     stream = await client.session(sim)
-    await sim.pre_exit(JOB, ["1"], {8: 1, 9: 1})
-    signal = await stream.next()
-    assert (signal.signalType, list(signal.actions)) == ("preExitProcess", ["pre exit process"])
-    assert list(signal.nodeRankIds) == ["1"] and faults_of(signal) == {8: 1, 9: 1}
-    assert signal.uuid and sim.uuid(JOB) == "" and sim.state(JOB) == "INIT"
+    await sim.pre_exit(JOB, [9], uce=True)  # UCE hardware code: the longer delay
+    await sim.pre_exit(JOB, [8])
+    scheduled = sim.journal.select("fault-centre", "pre-exit-scheduled", JOB)[0].at
+    first, second = await stream.next(), await stream.next()
+    for signal in (first, second):
+        assert (signal.signalType, list(signal.actions)) == ("preExitProcess", ["pre exit process"])
+        assert list(signal.nodeRankIds) == ["1"] and signal.uuid
+    assert faults_of(first) == {8: 1} and faults_of(second) == {9: 1}  # non-UCE first
+    assert first.uuid != second.uuid
+    sent = [e.at for e in sim.journal.signals("preExitProcess")]
+    assert sent[0] - scheduled >= T.pre_exit_delay and sent[1] - scheduled >= T.pre_exit_uce_delay
+    assert sim.uuid(JOB) == "" and sim.state(JOB) == "INIT"
+    assert [e.name for e in sim.journal.select("state", job_id=JOB)] == ["INIT"]  # the subscribe
+
+
+async def test_unknown_fault_type_gives_pre_exit_with_a_fresh_uuid_and_no_cycle() -> None:
+    sim = await make_sim(SimJob(JOB, world_size=4, devices_per_pod=2))
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            assert await client.fault({2: 9}) == 0
+            reported = sim.journal.rpcs("ReportProcessFault")[-1].at
+            signal = await stream.next()
+            assert signal.signalType == "preExitProcess"
+            assert faults_of(signal) == {2: 1} and list(signal.nodeRankIds) == ["1"]
+            assert signal.uuid and sim.uuid(JOB) == ""
+            assert sim.journal.signals("preExitProcess")[0].at - reported >= T.unknown_type_pre_exit_delay
+            await stream.no_signal(0.1)
+            assert sim.state(JOB) == "INIT" and sim.journal.signals("stopTrain") == []
+            assert len(sim.violations) == 1
+            assert "faultType='9'" in sim.violations[0] and "unknown fault type" in sim.violations[0]
+            assert "non-integer" not in sim.violations[0]
+    finally:
+        await sim.stop()
+
+
+async def test_cancel_mid_wait_and_resubscribe_gets_the_orphaned_global_fault() -> None:
+    sim = await make_sim(timings=replace(T, global_fault_delay=0.6))
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            assert await client.fault({1: 1}) == 0
+            await stream.next()
+            assert await client.stop_complete() == 0
+            stopped = sim.journal.rpcs("ReportStopComplete")[-1].at
+            await sim.wait_for(is_state(JOB, "NotifyGlobalFaultState"))
+            stream.cancel()
+            await stream.ended()
+            fresh = await client.subscribe(sim)
+            ghost = await fresh.next(5)
+            assert ghost.signalType == "globalFault"
+            assert list(ghost.actions) == ["on_global_rank", "fault_nodes_exit"]
+            assert (ghost.uuid, list(ghost.faultRanks), list(ghost.nodeRankIds)) == ("", [], [])
+            sent = sim.journal.signals("globalFault")[-1]
+            assert sent.detail["stream"] == 2 and sent.at - stopped >= T.flush_delay + 0.6
+            assert await client.strategies(["recover", "dump"]) == 0  # buffered; nothing follows
+            await fresh.no_signal(0.2)
+            assert sim.state(JOB) == "INIT" and sim.journal.signals("changeStrategy") == []
+    finally:
+        await sim.stop()
+
+
+async def test_reset_without_a_new_subscriber_loses_the_orphaned_global_fault() -> None:
+    sim = await make_sim(timings=replace(T, global_fault_delay=0.2))
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            await client.fault({1: 1})
+            await stream.next()
+            await client.stop_complete()
+            await sim.wait_for(is_state(JOB, "NotifyGlobalFaultState"))
+            stream.cancel()
+            lost = await sim.wait_for(lambda e: e.kind == "fault-lost" and e.name == "globalFault")
+            assert "no live subscriber" in lost.detail["reason"]
+            assert sim.journal.signals("globalFault") == []
+    finally:
+        await sim.stop()
+
+
+async def test_change_strategy_names_the_pods_of_the_fault_ranks() -> None:
+    sim = await make_sim(SimJob(JOB, world_size=4, devices_per_pod=2))
+    try:
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            client = Client(chan)
+            stream = await client.session(sim)
+            await client.fault({2: 0})  # pod 1 only
+            await stream.next()
+            await client.stop_complete()
+            await stream.next()
+            await client.strategies(["retry", "recover", "dump"])
+            retry = await stream.next()
+            assert (retry.changeStrategy, list(retry.nodeRankIds)) == ("retry", ["1"])
+            await client.status(0, "retry")
+            await stream.ended()
+            stream = await client.session(sim)
+            await run_to_strategy_wait(sim, client, stream, {0: 1, 3: 1})  # both pods
+            await client.strategies(["recover", "dump"])
+            changes = [await stream.next()]
+            await client.status(499, "recover")
+            changes.append(await stream.next())
+            await client.status(0, "dump")
+            changes += [await stream.next(), await stream.next()]
+            assert [(c.changeStrategy, c.extraParams) for c in changes] == [
+                ("recover", ""), ("dump", ""), ("exit", "dump_exit"), ("exit", "dump_exit")]
+            for change in changes:
+                assert sorted(change.nodeRankIds) == ["0", "1"]
+    finally:
+        await sim.stop()
 
 
 async def test_save_and_exit(sim: SimClusterD, client: Client) -> None:
@@ -989,3 +1251,55 @@ async def test_journal_wait_for_past_future_and_timeout() -> None:
     assert "faults=1:1" in journal.format(seen[1]) and "signal later" in journal.format(seen[1])
     with pytest.raises(ValueError):
         journal.record("nonsense", "x", JOB)
+
+
+# --------------------------------------------------------------------------- real timings and the CLI
+
+
+def test_default_timings_are_the_real_servers() -> None:
+    """The one table every scaled test above stands on (docs/clusterd.md)."""
+    assert SimClusterD().timings == REAL == Timings()
+    assert REAL.keepalive_interval == 5.0
+    assert REAL.retry_report_delay == (0.7, 1.0)
+    assert REAL.flush_delay + REAL.global_fault_delay == 11.0  # StopComplete -> globalFault, type 1
+    assert REAL.hccl_retry_pause == 3.0
+    assert REAL.dump_exit_repeat == 80.0 and REAL.job_running_wait == 5.0
+    assert (REAL.pre_exit_delay, REAL.pre_exit_uce_delay) == (10.85, 20.80)
+    assert REAL.unknown_type_pre_exit_delay == 10.95
+    assert REAL.report_timeout == 900.0
+    half = REAL.scaled(0.5, report_timeout=1.0)
+    assert half.pre_exit_uce_delay == REAL.pre_exit_uce_delay / 2 and half.retry_report_delay == (0.35, 0.5)
+    assert half.report_timeout == 1.0
+    assert SimClusterD(timings=half, flush_delay=0.0).timings == replace(half, flush_delay=0.0)
+
+
+def test_sim_clusterd_cli_defaults_to_the_real_timings() -> None:
+    from bridge.cli import build_parser
+    from bridge.sim import cli
+
+    args = build_parser().parse_args(["sim-clusterd", "--job", "j", "--world-size", "4", "--devices-per-pod",
+                                      "2", "--strategies", "retry,recover,dump", "--keepalive", "5"])
+    assert cli.build(args).timings == REAL
+    fast = build_parser().parse_args(["sim-clusterd", "--job", "j", "--time-scale", "0.01", "--phase-delay", "0.2"])
+    assert cli.build(fast).timings == REAL.scaled(0.01, global_fault_delay=0.2)
+
+
+async def test_sim_clusterd_stdin_commands(sim: SimClusterD, client: Client) -> None:
+    from bridge.sim.cli import COMMANDS, run_command
+
+    stream = await client.session(sim)
+    assert await run_command(sim, JOB, "help\n") == COMMANDS
+    assert "device-fault" in COMMANDS
+    assert "unknown command" in await run_command(sim, JOB, "explode")
+    assert "failed" in await run_command(sim, JOB, "device-fault x")
+    assert "failed" in await run_command(sim, "other-job", "device-fault 1")
+    assert "unknown command" in await run_command(sim, JOB, "device-fault 1 hbm")
+    assert await run_command(sim, JOB, "") == ""
+    assert "scheduled" in await run_command(sim, JOB, "device-fault 9,10 uce")
+    signal = await stream.next()
+    assert signal.signalType == "preExitProcess" and faults_of(signal) == {9: 1, 10: 1}
+    assert sim.journal.signals("preExitProcess")[0].at - sim.journal.select("fault-centre")[0].at \
+        >= T.pre_exit_uce_delay
+    assert await run_command(sim, JOB, "kill-master") == "killMaster started"
+    assert (await stream.next()).signalType == "killMaster"
+    assert await stream.ended() == grpc.StatusCode.OK

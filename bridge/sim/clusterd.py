@@ -1,8 +1,8 @@
 """A simulated ClusterD: the real server's Recover and config.Config gRPC services, with
-its sharp edges kept, for the bridge's tests and demo.
+its sharp edges kept, for the bridge's tests and demo and for ``tft-bridge sim-clusterd``.
 
-The simulation is meant to be as unforgiving as the real server (see
-shared/spec/clusterd-protocol.md and shared/spec/deep/clusterd-research.md): a stand-in
+The simulation is meant to be as unforgiving as the real server, whose observable
+behaviour docs/clusterd.md describes (read it before changing anything here): a stand-in
 kinder than the real peer hides exactly the bugs that kill training jobs. So it keeps:
 one subscriber per job, and a subscribe resets the job; the stream ends with OK after
 every cycle; a broken stream aborts the cycle; faults reported with no live subscriber
@@ -10,7 +10,18 @@ are lost; reports go into one-slot buffers whatever the state (a stale report is
 by the next wait, a second one blocks the RPC, a reset answers it 599); report RPCs
 without ``status`` are violations (the real server crashes); results are judged by the
 strategy the client *reported*; pod expansion, nodeRankIds in random order, 405/406/499
-fallbacks, dump_exit twice, no ``exit-completed``; UNKNOWN ``qps exceeded`` errors.
+fallbacks, dump_exit twice, no ``exit-completed``; UNKNOWN ``qps exceeded`` errors; the
+real ``Status.info`` strings, misspellings included.
+
+Its fault centre and its clock are the real server's too: a UCE/HCCL report alone starts a
+retry cycle 0.7-1.0 s later (if the job configures retry); a pure retry cycle has no wait
+before globalFault, a type-1 fault makes it 1.0 + 10.0 s; HCCL pauses 3.0 s before
+changeStrategy retry; every changeStrategy names the fault ranks' pods; the stream ends
+5.0 s after the final dump_exit; a reset during the wait before globalFault leaves that
+globalFault (uuid "", no ranks) to reach the next stream; an unknown fault type and a
+device fault without a business report give preExitProcess after 10.95 / 10.85 / 20.80 s.
+All delays come from one :class:`~.clusterd_timings.Timings` table whose defaults are
+the real ones; tests pass a scaled table explicitly.
 
 Where it knowingly differs from the real server:
 
@@ -18,17 +29,22 @@ Where it knowingly differs from the real server:
   process-recover-enable label, existence). No pods, so no rescheduling: the
   schedule/running checks succeed at once, ``recover`` is never interrupted by the
   pod-reschedule watcher, and a downgrade's "pods not rescheduled within 20 s" holds.
-* No fault centre: :meth:`SimClusterD.start_clusterd_fault` starts a cycle directly (the
-  real centre may send ``preExitProcess`` instead; :meth:`SimClusterD.pre_exit` sends one
-  on demand, immediately rather than after ~10 s).
+* The fault centre is reduced to the behaviours above. Its internal periods beyond
+  those delays are not modelled (e.g. a retry report without ``retry`` configured just
+  stays cached; the real one expires after ~10 s). :meth:`SimClusterD.start_clusterd_fault`
+  is a shortcut the real server has no direct equivalent of (FaultOccur from the centre
+  at once); :meth:`SimClusterD.pre_exit` is the realistic device fault.
 * Platform mode (``ProcessRecoverStrategy`` and friends), ``recover-in-place``, NIC switch,
-  stress test, hot switch and scale-out (``upgrade``) are not simulated. A successful
-  downgrade parks the job in ``ScaleRunningState`` until a new type-"1" fault or a reset.
+  stress test, hot switch and scale-out (``upgrade``) are not simulated here (platform
+  mode is :mod:`bridge.platform.sim.clusterd`). A successful downgrade parks the job in
+  ``ScaleRunningState`` until a new type-"1" fault or a reset.
 * The OM pause skips the NIC-switch step: pause StopComplete -> changeStrategy continue.
 * A downgrade whose isolate-ranks report times out counts as a failed downgrade (the real
   server would choose again and could loop every 15 minutes).
 * The faultNodesExit signal's faultRanks/nodeRankIds (isolated ranks, their pods) and the
   uuid of saveAndExit (the cycle's, "" if no stopTrain) are read from code, not verified.
+  The globalFault timeout after a 405 retry failure is 0 (the faults became type 1;
+  observed only for HCCL merged into a type-1 cycle).
 * The nil-status crash is a violation plus a reset of that job and an INTERNAL error, not
   a dead server; non-canonical fault ranks and a RecoverStatus whose strategy is not the
   one being waited for are also recorded as violations (the real server accepts them).
@@ -46,7 +62,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -57,16 +73,17 @@ from bridge._proto import recover_pb2_grpc as pb_grpc
 
 from . import clusterd_rules as rules
 from .clusterd_config import ConfigService, Publisher
-from .clusterd_job import JobConfig, JobController, Timings
+from .clusterd_job import JobConfig, JobController
 from .clusterd_recover import RecoverService
-from .clusterd_wire import fault_ranks, make_signal
+from .clusterd_timings import REAL, Timings
+from .clusterd_wire import fault_ranks
 from .journal import Journal, JournalEntry
 
-__all__ = ["SERVER_OPTIONS", "Journal", "JournalEntry", "SimClusterD", "SimJob"]
+__all__ = ["REAL", "SERVER_OPTIONS", "Journal", "JournalEntry", "SimClusterD", "SimJob", "Timings"]
 
 log = logging.getLogger("bridge.sim.clusterd")
 
-#: ClusterD's transport limits (clusterd-research.md 1.1): client pings >= 3 s apart,
+#: ClusterD's transport limits (docs/clusterd.md, "Transport"): client pings >= 3 s apart,
 #: allowed without calls; 4 MiB in, 8 MiB out; 64 streams per connection; the server
 #: pings an idle client after 1 min with a 5 s timeout.
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -133,14 +150,20 @@ class SimClusterD:
     extraParams`` and ``stream``; states carry the ``event`` that led there.
     """
 
-    def __init__(self, jobs: Iterable[SimJob] = (), *, keepalive_interval: float = 5.0,
-                 global_fault_delay: float = 11.0, flush_delay: float = 1.0,
-                 report_timeout: float = 900.0, dump_exit_repeat: float = 80.0,
-                 max_jobs: int = 10_000, qps_limit: int | None = None,
-                 seed: int | None = None, rank_table_delay: float = 0.05) -> None:
+    def __init__(self, jobs: Iterable[SimJob] = (), *, timings: Timings | None = None,
+                 keepalive_interval: float | None = None, global_fault_delay: float | None = None,
+                 flush_delay: float | None = None, report_timeout: float | None = None,
+                 dump_exit_repeat: float | None = None, max_jobs: int = 10_000,
+                 qps_limit: int | None = None, seed: int | None = None,
+                 rank_table_delay: float = 0.05) -> None:
+        """``timings`` defaults to the real server's (:data:`~.clusterd_timings.REAL`);
+        the keyword delays, when given, override single fields of it."""
         self.jobs: dict[str, SimJob] = {job.job_id: job for job in jobs}
-        self.timings = Timings(keepalive_interval, global_fault_delay, flush_delay,
-                               report_timeout, dump_exit_repeat)
+        overrides = {"keepalive_interval": keepalive_interval, "global_fault_delay": global_fault_delay,
+                     "flush_delay": flush_delay, "report_timeout": report_timeout,
+                     "dump_exit_repeat": dump_exit_repeat}
+        self.timings: Timings = replace(timings or REAL,
+                                        **{k: v for k, v in overrides.items() if v is not None})
         self.max_jobs = max_jobs
         self.qps_limit = qps_limit
         self.rank_table_delay = rank_table_delay
@@ -350,8 +373,11 @@ class SimClusterD:
                                signalType=signal_type, actions=list(actions))
 
     async def start_clusterd_fault(self, job_id: str, faults: Mapping[int, int]) -> str:
-        """A fault ClusterD's fault centre saw first (e.g. a UCE, type 0): starts a cycle
-        with stopTrain when idle. Returns ``started``, ``joined`` or ``lost``."""
+        """The fault centre raising FaultOccur for a job at once (a shortcut: on the real
+        server a device fault without a business report gives preExitProcess, see
+        :meth:`pre_exit`; a UCE/HCCL business report starts its retry cycle by itself).
+        Starts a cycle with stopTrain when idle. Returns ``started``, ``joined`` or
+        ``lost``."""
         ctl = self._controller(job_id)
         pairs = [(str(rank), str(kind)) for rank, kind in faults.items()]
         return ctl.report_faults(pairs, "fault-centre")
@@ -365,15 +391,17 @@ class SimClusterD:
         """killMaster with the current uuid, then reset (the stream ends with OK)."""
         self._controller(job_id).start_kill_master()
 
-    async def pre_exit(self, job_id: str, node_rank_ids: Iterable[str | int],
-                       faults: Mapping[int, int] | Iterable[int]) -> None:
-        """preExitProcess ["pre exit process"] with a throw-away uuid; no state change."""
+    async def pre_exit(self, job_id: str, ranks: Iterable[int | str], *, uce: bool = False) -> None:
+        """A device fault on ``ranks`` that reaches ClusterD only from its fault centre (no
+        business report): preExitProcess ["pre exit process"] after the real delay
+        (``timings.pre_exit_delay``, 10.85 s, or ``pre_exit_uce_delay``, 20.80 s, for a
+        UCE hardware code), with those ranks as type "1", their pods as nodeRankIds and
+        a throw-away uuid; no state change. Returns at once; the journal shows the
+        ``fault-centre`` entry now and the signal later."""
         ctl = self._controller(job_id)
-        pairs = ([(str(r), str(t)) for r, t in faults.items()] if isinstance(faults, Mapping)
-                 else [(str(r), rules.NORMAL) for r in faults])
-        await ctl.push(make_signal(job_id, rules.new_uuid(), "preExitProcess",
-                                   rules.PRE_EXIT_ACTIONS, pairs,
-                                   node_rank_ids=[str(n) for n in node_rank_ids]))
+        delay = self.timings.pre_exit_uce_delay if uce else self.timings.pre_exit_delay
+        ctl.schedule_pre_exit([str(rank) for rank in ranks], delay,
+                              f"device fault ({'UCE' if uce else 'non-UCE'} hardware code)")
 
     async def save_and_exit(self, job_id: str) -> None:
         """saveAndExit [save_and_exit]; then a RecoverStatus for dump, dump_exit twice."""

@@ -9,6 +9,13 @@ A *generation* is everything ClusterD recreates in ``reset()``: the report slots
 signal channel, the subscriber, the fault cache and the background tasks. A reset closes
 the old generation (blocked reports answer 599, the stream ends with OK, the running
 cycle is cancelled) and starts a detached new one. Subscribing is a reset too.
+
+What outlives a reset, because it does on the real server: the fault centre's scheduled
+work (:meth:`JobController.schedule_pre_exit`) and the goroutine of a cycle that was
+sleeping before its globalFault: a reset does not stop that sleep, so 11.0 s after the
+StopComplete the *new* stream receives a globalFault built from the reset state (uuid
+"", no ranks). Both are *detached* tasks, sent through whatever generation is current
+when they fire, and cancelled only by a server stop.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from bridge._proto import recover_pb2 as pb
 from . import clusterd_rules as rules
 from .clusterd_channels import Outgoing, ReportSlot, Subscriber
 from .clusterd_rules import FaultCache, FaultPair
-from .clusterd_wire import faults_detail, is_canonical_pair, make_signal
+from .clusterd_timings import Timings
+from .clusterd_wire import faults_detail, make_signal
 
 log = logging.getLogger("bridge.sim.clusterd")
 
@@ -52,15 +60,6 @@ _NOTIFY_EVENT = {
     rules.RECOVER: "notifyRecoverSuccess",
     rules.DUMP: "notifyDumpSuccess",
 }
-
-
-@dataclass(frozen=True)
-class Timings:
-    keepalive_interval: float
-    global_fault_delay: float
-    flush_delay: float
-    report_timeout: float
-    dump_exit_repeat: float
 
 
 @dataclass(frozen=True)
@@ -127,6 +126,11 @@ class JobController:
         self.results: list[pb.RecoverStatusRequest] = []
         self.gen = Generation()
         self.stopped = False
+        #: tasks that outlive a reset (fault centre, a sleeping cycle's globalFault).
+        self.detached: set[asyncio.Task[Any]] = set()
+        #: loop time at which the running cycle's globalFault is due, while it waits.
+        self._global_fault_due: float | None = None
+        self._retry_start_pending = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -140,7 +144,14 @@ class JobController:
         return task
 
     def all_tasks(self) -> set[asyncio.Task[Any]]:
-        return self.gen.tasks | self.gen.puts
+        return self.gen.tasks | self.gen.puts | self.detached
+
+    def spawn_detached(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """A task that survives resets (only :meth:`shutdown` cancels it)."""
+        task = asyncio.get_running_loop().create_task(coro, name=f"{self.job_id}:{name}")
+        self.detached.add(task)
+        task.add_done_callback(lambda t: self._task_done(self.detached, t))
+        return task
 
     def _task_done(self, owner: set[asyncio.Task[Any]], task: asyncio.Task[Any]) -> None:
         owner.discard(task)
@@ -157,6 +168,10 @@ class JobController:
         old = self.gen
         if old.subscriber is not None:
             old.subscriber.end(grpc.StatusCode.OK, f"reset: {reason}")
+        if start_new and self._global_fault_due is not None:
+            self._orphan_global_fault(self._global_fault_due)
+        self._global_fault_due = None
+        self._retry_start_pending = False
         old.close(cancel_puts=not start_new)
         self.state = "INIT"
         self.uuid = ""
@@ -172,6 +187,8 @@ class JobController:
         self.stopped = True
         tasks = list(self.all_tasks())
         self.reset("server stopped", start_new=False)
+        for task in self.detached:
+            task.cancel()
         return tasks
 
     def subscribe(self) -> Subscriber[Outgoing]:
@@ -215,7 +232,8 @@ class JobController:
 
     def report_faults(self, pairs: list[FaultPair], source: str) -> str:
         """Faults from ReportProcessFault or the fault centre. Returns what happened:
-        ``lost``, ``cached``, ``started`` or ``joined``."""
+        ``lost``, ``cached``, ``scheduled`` (a retry cycle starts shortly), ``started``
+        or ``joined``."""
         if not self.live:
             self.host.record("fault-lost", source, self.job_id, **faults_detail(pairs),
                              reason="no live subscriber: ClusterD's event loop cannot notify")
@@ -224,16 +242,93 @@ class JobController:
         has_normal = any(fault_type == rules.NORMAL for _, fault_type in pairs)
         if has_normal:
             self.unhealthy = True
-        if not has_normal and source == "ReportProcessFault":
-            # Retry faults go to the fault centre; they never start a cycle from here.
-            return "cached" if self.state == "INIT" else "joined"
-        if self.state == "INIT":
+        if source == "ReportProcessFault":
+            unknown = [rank for rank, fault_type in pairs if fault_type not in rules.KNOWN_TYPES]
+            if unknown:
+                # The fault centre does not know the type: it treats the ranks as a
+                # hardware fault on known nodes (preExitProcess), whatever the state.
+                self.schedule_pre_exit(unknown, self.host.timings.unknown_type_pre_exit_delay,
+                                       "unknown fault type in ReportProcessFault")
+            if not has_normal:
+                return self._retry_report(any(t in rules.RETRY_TYPES for _, t in pairs))
+        if self._idle():
             self._start(self._fault_cycle(), "fault-cycle")
             return "started"
         if self.state == "ScaleRunningState" and has_normal:
             self._start(self._decide("faultOccur"), "scale-in-fault")
             return "started"
         return "joined"
+
+    def _retry_report(self, has_retry_type: bool) -> str:
+        """UCE/HCCL faults reported alone: the fault centre's retry processor turns the
+        business report itself into a retry fault and starts a cycle 0.7-1.0 s later, if
+        the job configures ``retry``; otherwise nothing follows."""
+        if not self._idle():
+            return "joined"
+        if not has_retry_type or rules.RETRY not in self.config.strategies:
+            return "cached"
+        if not self._retry_start_pending:
+            self._retry_start_pending = True
+            low, high = self.host.timings.retry_report_delay
+            delay = self.host.rng.uniform(low, high)
+            self.host.record("fault-centre", "retry-fault", self.job_id, delay=round(delay, 3),
+                             reason="UCE/HCCL report turned into a retry fault")
+            self.spawn(self._start_retry_cycle(delay), "retry-fault")
+        return "scheduled"
+
+    async def _start_retry_cycle(self, delay: float) -> None:
+        await self._sleep(delay)
+        self._retry_start_pending = False
+        if self._idle() and self.gen.faults.retry and self.live:
+            self._start(self._fault_cycle(), "fault-cycle")
+
+    def _idle(self) -> bool:
+        """INIT with no flow started yet: a flow enters its first state only once its
+        task runs, and ClusterD's state changes synchronously with the event."""
+        cycle = self.gen.cycle
+        return self.state == "INIT" and (cycle is None or cycle.done())
+
+    def schedule_pre_exit(self, ranks: Iterable[str], delay: float, why: str) -> None:
+        """The fault centre's preExitProcess for ``ranks`` after ``delay``: faultRanks are
+        the ranks with type "1", nodeRankIds their pods, a fresh uuid that is not kept,
+        no state change. Sent on whatever stream is live then; lost if none is."""
+        ranks = list(ranks)
+        self.host.record("fault-centre", "pre-exit-scheduled", self.job_id, ranks=ranks,
+                         delay=delay, reason=why)
+        self.spawn_detached(self._pre_exit_later(ranks, delay), "pre-exit")
+
+    async def _pre_exit_later(self, ranks: list[str], delay: float) -> None:
+        await self._sleep(delay)
+        pairs = [(rank, rules.NORMAL) for rank in ranks]
+        nodes = rules.pod_indices(ranks, self.config.devices_per_pod, self.host.rng)
+        signal = make_signal(self.job_id, rules.new_uuid(), "preExitProcess", rules.PRE_EXIT_ACTIONS,
+                             pairs, node_rank_ids=nodes)
+        await self._send_detached(signal, "preExitProcess")
+
+    def _orphan_global_fault(self, due: float) -> None:
+        """A reset hit a cycle sleeping before its globalFault: the real goroutine sleeps
+        on and then sends a globalFault built from the reset state to the new stream."""
+        self.host.record("fault-centre", "orphaned-global-fault", self.job_id,
+                         reason="a reset aborted the cycle during its wait before globalFault")
+        self.spawn_detached(self._orphaned_global_fault(due), "orphaned-global-fault")
+
+    async def _orphaned_global_fault(self, due: float) -> None:
+        await self._sleep(due - asyncio.get_running_loop().time())
+        faults = self.gen.faults.normal
+        nodes = rules.pod_indices([rank for rank, _ in faults], self.config.devices_per_pod,
+                                  self.host.rng)
+        signal = self._signal("globalFault", rules.GLOBAL_FAULT_ACTIONS, faults, node_rank_ids=nodes)
+        await self._send_detached(signal, "globalFault")
+
+    async def _send_detached(self, signal: pb.ProcessManageSignal, what: str) -> None:
+        if not self.live:
+            self.host.record("fault-lost", what, self.job_id,
+                             reason="no live subscriber when the fault centre's signal was due")
+            return
+        try:
+            await asyncio.wait_for(self.gen.signals.put(Outgoing(signal)), SIGNAL_ENQUEUE_TIMEOUT)
+        except TimeoutError:
+            self.host.record("fault-lost", what, self.job_id, reason="signal channel stayed full for 1 s")
 
     def _start(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         if self.gen.cycle is not None and not self.gen.cycle.done():
@@ -342,10 +437,17 @@ class JobController:
                 retry_supported=rules.RETRY in self.config.strategies,
             )
             pure_retry = bool(faults.retry) and not faults.normal
+            timings = self.host.timings
+            # A pure retry cycle has no flush and no sleep (globalFault < 20 ms after the
+            # StopComplete); a type-1 fault makes it 1.0 s flush + 10.0 s.
+            wait = 0.0 if pure_retry else timings.flush_delay + timings.global_fault_delay
+            self._global_fault_due = asyncio.get_running_loop().time() + wait
             if not pure_retry:
-                await self._sleep(self.host.timings.flush_delay)
+                await self._sleep(timings.flush_delay)
             self._enter("NotifyGlobalFaultState", "faultFlushFinished")
-            await self._sleep(self.host.timings.global_fault_delay)
+            if not pure_retry:
+                await self._sleep(timings.global_fault_delay)
+            self._global_fault_due = None
             await self._notify_global_fault(pure_retry, had_hccl)
             self._enter("WaitReportRecoverStrategyState", "notifySuccess")
             request = await self._wait_report(RECOVER_STRATEGY)
@@ -356,7 +458,9 @@ class JobController:
             event = "recoverableRetryError"
 
     async def _notify_global_fault(self, pure_retry: bool, had_hccl: bool) -> None:
-        timeout = rules.HCCL_GLOBAL_FAULT_TIMEOUT if had_hccl else 0
+        """timeout 33 only for a pure retry cycle with an HCCL fault: an HCCL fault merged
+        into a type-1 cycle gets 0 on the real server."""
+        timeout = rules.HCCL_GLOBAL_FAULT_TIMEOUT if had_hccl and pure_retry else 0
         if pure_retry:
             signal = self._signal("globalFault", rules.GLOBAL_FAULT_RETRY_ACTIONS,
                                   self.gen.faults.retry, timeout=timeout)
@@ -392,10 +496,13 @@ class JobController:
             self._enter("NotifyDecidedStrategyState", event)
             strategy = self._choose()
             extra = rules.DOWNGRADE_EXTRA_PARAMS if strategy == rules.DOWNGRADE else ""
+            if strategy == rules.RETRY and rules.HCCL in self.gen.faults.all_types():
+                # HCCL: the real server lets the network converge first (UCE: at once).
+                await self._sleep(self.host.timings.hccl_retry_pause)
             await self._notify(self._signal(
                 "changeStrategy", rules.CHANGE_STRATEGY_ACTIONS,
                 self.gen.faults.retry + self.gen.faults.normal,
-                change_strategy=strategy, extra_params=extra,
+                change_strategy=strategy, extra_params=extra, node_rank_ids=self._fault_pods(),
             ))
             if strategy == rules.EXIT:
                 self._enter("CheckRecoverResultState", "notifyExitSuccess")
@@ -502,7 +609,14 @@ class JobController:
 
     def _dump_exit_signal(self) -> pb.ProcessManageSignal:
         return self._signal("changeStrategy", rules.CHANGE_STRATEGY_ACTIONS,
-                            change_strategy=rules.EXIT, extra_params=rules.DUMP_EXIT)
+                            change_strategy=rules.EXIT, extra_params=rules.DUMP_EXIT,
+                            node_rank_ids=self._fault_pods())
+
+    def _fault_pods(self) -> list[str]:
+        """Every real changeStrategy lists the pods of the cycle's fault ranks (random
+        order: a Go map); [] only when no rank id parses."""
+        ranks = [rank for rank, _ in self.gen.faults.retry + self.gen.faults.normal]
+        return rules.pod_indices(ranks, self.config.devices_per_pod, self.host.rng)
 
     async def _fault_clear(self, event: str) -> NoReturn:
         self._enter("FaultClearState", event)
@@ -513,6 +627,9 @@ class JobController:
         self._enter("FaultRetryState", event)
         self.host.set_label(self.job_id, "process-recover-enable", "pause")
         await self._notify(self._dump_exit_signal())
+        # Waits for the job to run again (27 polls of 5 s at most): the stream ends
+        # with OK 5.0 s after this dump_exit on the real server.
+        await self._sleep(self.host.timings.job_running_wait)
         self.host.set_label(self.job_id, "process-recover-enable", "on")
         self._finish_now("finish")
 
@@ -587,9 +704,10 @@ class JobController:
 
     def check_fault_pairs(self, pairs: list[FaultPair], method: str) -> None:
         for rank, fault_type in pairs:
-            if not is_canonical_pair(rank, fault_type):
+            problem = rules.pair_problem(rank, fault_type)
+            if problem is not None:
                 self.host.violation(
                     self.job_id,
                     f"{method} fault rankId={rank!r} faultType={fault_type!r}: ClusterD accepts it "
-                    "unvalidated, and a non-integer rank empties the cycle's rank list",
+                    f"unvalidated, but {problem}",
                 )

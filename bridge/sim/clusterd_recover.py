@@ -4,6 +4,10 @@ Thin on purpose: each RPC journals its decoded request and its answer and delega
 behaviour to :class:`~bridge.sim.clusterd_job.JobController`. What lives here is what
 the real server does before the controller sees a call: the QPS limiter, the nil-status
 crash, the 400/402/403/408/500/502 answers and the stream writer.
+
+Every ``Status.info`` and gRPC details string is the real server's, misspellings
+included ("not registed", "hotswtich", "HeathCheck"): a client that logs or matches
+them must see what production shows (docs/clusterd.md, "Return codes").
 """
 
 from __future__ import annotations
@@ -64,32 +68,35 @@ class RecoverService(pb_grpc.RecoverServicer):
         await self._admit("Init", request, context)
         job_id = request.jobId
         if job_id in self.sim.inited:
-            return self._reply("Init", request, 0, f"jobId={job_id} init success (cached)")
+            return self._reply("Init", request, 0, f"job(uid={job_id}) init success", cached=True)
         job = self.sim.jobs.get(job_id)
         if job is None or not job.pod_group_exists:
             return self._reply("Init", request, OPERATE_POD_GROUP_ERROR,
-                               "one of jobName, pgName, ns is empty")
+                               f"job(uid={job_id}) one of jobName, pgName, ns is empty")
         if not job.process_recover:
+            # Go formats the nil error of that branch as "<nil>".
             return self._reply("Init", request, PROCESS_RECOVER_OFF,
-                               f"jobId={job_id} process-recover-enable is not on")
+                               f"job(uid={job_id}) process-recover-enable and subhealthy "
+                               "hotswtich not open:<nil>")
         self.sim.init_job(job)
-        return self._reply("Init", request, 0, f"jobId={job_id} init success")
+        return self._reply("Init", request, 0, f"job(uid={job_id}) init success")
 
     async def Register(self, request: pb.ClientInfo, context: grpc.aio.ServicerContext) -> pb.Status:
         await self._admit("Register", request, context)
         job_id = request.jobId
         if job_id in self.sim.controllers:
-            return self._reply("Register", request, 0, f"jobId={job_id} already registered")
+            return self._reply("Register", request, 0, "register success", cached=True)
         if job_id not in self.sim.inited:
-            return self._reply("Register", request, UN_INIT, f"jobId={job_id} not init")
+            return self._reply("Register", request, UN_INIT, f"jobId={job_id} not inited")
         job = self.sim.jobs.get(job_id)
         if job is None or not job.pod_group_exists:
-            return self._reply("Register", request, JOB_NOT_EXIST, f"jobId={job_id} not exist")
+            return self._reply("Register", request, JOB_NOT_EXIST,
+                               f"jobId={job_id} not exist, reuse registry")
         if len(self.sim.controllers) >= self.sim.max_jobs:
             return self._reply("Register", request, OUT_OF_MAX_SERVE_JOBS,
-                               f"out of max serve jobs {self.sim.max_jobs}")
+                               f"out of max serve jobs, reuse registry for jobId={job_id}")
         self.sim.register_job(job_id)
-        return self._reply("Register", request, 0, f"jobId={job_id} register success")
+        return self._reply("Register", request, 0, "register success")
 
     async def HealthCheck(self, request: pb.ClientInfo, context: grpc.aio.ServicerContext) -> pb.Status:
         return self._reply("HealthCheck", request, 0, f"jobId={request.jobId}, receive HeathCheck")
@@ -158,7 +165,7 @@ class RecoverService(pb_grpc.RecoverServicer):
         ctl = self.sim.controllers.get(request.jobId)
         if ctl is None:
             return self._reply("ReportProcessFault", request, UN_REGISTRY,
-                               f"jobId={request.jobId} not registered")
+                               f"jobId={request.jobId} not registed")
         pairs = fault_pairs(request.faultRanks)
         ctl.check_fault_pairs(pairs, "ReportProcessFault")
         outcome = ctl.report_faults(pairs, "ReportProcessFault")
@@ -187,7 +194,9 @@ class RecoverService(pb_grpc.RecoverServicer):
         await self._admit(method, request, context)
         ctl = self.sim.controllers.get(job_id)
         if ctl is None:
-            return self._reply(method, request, UN_REGISTRY, f"jobId={job_id} not registered")
+            return self._reply(method, request, UN_REGISTRY, f"jobId={job_id} not registed")
+        # The real handler formats its answer (with the uuid of that moment) before the put.
+        accepted = f"jobId={job_id}, uuid={ctl.uuid}, receive {method}"
         blocked = ctl.slot_full(kind)
         put = ctl.put_report(kind, request)
         try:
@@ -199,9 +208,7 @@ class RecoverService(pb_grpc.RecoverServicer):
             put.add_done_callback(lambda task: self._late(method, request, task))
             raise
         if queued:
-            return self._reply(method, request, 0,
-                               f"jobId={job_id}, uuid={ctl.uuid}, receive {method}",
-                               blocked=blocked)
+            return self._reply(method, request, 0, accepted, blocked=blocked)
         return self._reply(method, request, SERVER_INNER_ERROR,
                            f"jobId={job_id}, uuid={ctl.uuid}, chan closed", blocked=blocked)
 

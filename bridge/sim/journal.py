@@ -18,10 +18,13 @@ from typing import Any
 
 #: The kinds of entry the journal holds. ``report-late``: a report whose caller had
 #: already given up (deadline or cancel) while it was blocked on a full slot was put
-#: into the slot anyway, exactly as the real server's goroutine does.
+#: into the slot anyway, exactly as the real server's goroutine does. ``fault-centre``:
+#: what ClusterD's fault centre scheduled or did on its own (a retry cycle started by a
+#: UCE/HCCL report, a preExitProcess for a device fault or an unknown fault type, the
+#: stale globalFault of a cycle a reset aborted during its wait).
 KINDS: frozenset[str] = frozenset(
     {"rpc", "signal", "stream-open", "stream-end", "state", "fault-lost", "violation",
-     "annotation", "report-late"}
+     "annotation", "report-late", "fault-centre"}
 )
 
 Predicate = Callable[["JournalEntry"], bool]
