@@ -6,9 +6,10 @@ the benchmarks all start from here, so they exercise the same wiring an operator
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +19,7 @@ from ..metrics import BridgeMetrics
 from ..systemd import Notifier
 from . import mindio_ttp
 from .clusterd import SimClusterD, SimJob
+from .clusterd_timings import FAST, Timings
 
 
 def free_port() -> int:
@@ -38,13 +40,22 @@ class SimulatedJob:
                  report_timeout: float = 30.0, wait_time: float = 5.0, enable_arf: bool = True,
                  enable_zit: bool = False, auto_step: bool = True, metrics_port: int | None = None,
                  observer: Callable[[str], None] | None = None, connected_ranks: int | None = None,
-                 config_overrides: dict[str, Any] | None = None, start_clusterd: bool = True) -> None:
+                 config_overrides: dict[str, Any] | None = None, start_clusterd: bool = True,
+                 controller_timings: Mapping[str, float] = mindio_ttp.REAL_TIMINGS,
+                 clusterd_timings: Timings | None = None) -> None:
         self.job = job or SimJob("job-sim", world_size=16, devices_per_pod=4)
-        self.sim = SimClusterD([self.job], keepalive_interval=keepalive_interval,
+        # ClusterD's delays: clusterd_timings.FAST (the real ones / 100, ratios kept) unless
+        # the caller passes a table; the keyword delays override single fields of it.
+        self.sim = SimClusterD([self.job], timings=clusterd_timings or FAST,
+                               keepalive_interval=keepalive_interval,
                                global_fault_delay=global_fault_delay, flush_delay=flush_delay,
                                dump_exit_repeat=dump_exit_repeat, report_timeout=report_timeout)
         self.training = mindio_ttp.training
         self.wait_time = wait_time
+        # The stub controller's pace: the real one unless the caller shortens it on purpose
+        # (tests and benches pass mindio_ttp.FAST_TIMINGS; docs/mindio-controller.md).
+        self.controller_timings = dict(controller_timings)
+        self._saved_wait_env: tuple[str | None] | None = None  # (previous value,) while exported
         self.auto_step = auto_step
         # Ranks that connect to the controller once it runs (default: the whole world). The
         # stub checks every connected rank in Python under the GIL, where the real
@@ -85,8 +96,15 @@ class SimulatedJob:
     async def start(self) -> None:
         mindio_ttp.install()
         self.training.reset()
-        self.training.wait_time = self.wait_time
+        self.training.use_timings(self.controller_timings)
         self.training.auto_step = self.auto_step
+        # The controller reads MINDIO_WAIT_MINDX_TIME from the environment at init (so does
+        # the stub). Until the bridge exports its configured wait itself (issue 14 item 7)
+        # the harness does it here; remove this once it does, so the tests catch a bridge
+        # that forgets.
+        if self._saved_wait_env is None:
+            self._saved_wait_env = (os.environ.get("MINDIO_WAIT_MINDX_TIME"),)
+        os.environ["MINDIO_WAIT_MINDX_TIME"] = str(self.config.controller.wait_mindx_time)
         if self.start_clusterd:
             await self.sim.start(self._clusterd_address)
         self.bridge = Bridge(self.config, metrics=self.metrics, notifier=Notifier({}), observer=self.observer)
@@ -110,6 +128,12 @@ class SimulatedJob:
             code = await asyncio.wait_for(self._run, 30)
         await self.sim.stop()
         self.training.reset()
+        if self._saved_wait_env is not None:
+            (previous,), self._saved_wait_env = self._saved_wait_env, None
+            if previous is None:
+                os.environ.pop("MINDIO_WAIT_MINDX_TIME", None)
+            else:
+                os.environ["MINDIO_WAIT_MINDX_TIME"] = previous
         return code
 
     @property
