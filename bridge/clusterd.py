@@ -90,6 +90,9 @@ class ClusterDClient:
         self.metrics = metrics
         self.channel: grpc.aio.Channel | None = None
         self._callables: dict[str, Any] = {}
+        # (method, code or gRPC status, started, seconds) of every unary call: the
+        # flight recorder's RPC timeline (bridge.recorder; O(1), on the loop).
+        self.on_rpc: Callable[[str, int | str, float, float], None] | None = None
 
     async def open(self) -> None:
         options = channel_options(self.config)
@@ -132,12 +135,18 @@ class ClusterDClient:
             code = error.code()
             if code is grpc.StatusCode.UNKNOWN and "qps exceeded" in detail:
                 self.metrics.rpcs.labels(name, "QPS_EXCEEDED").inc()
+                if self.on_rpc is not None:
+                    self.on_rpc(name, "QPS_EXCEEDED", started, time.monotonic() - started)
                 raise RpcFailure(name, "QPS_EXCEEDED", detail, Delivery.NOT_DELIVERED) from None
             self.metrics.rpcs.labels(name, code.name).inc()
+            if self.on_rpc is not None:
+                self.on_rpc(name, code.name, started, time.monotonic() - started)
             delivery = Delivery.NOT_DELIVERED if code is grpc.StatusCode.UNAVAILABLE and not was_ready else Delivery.UNKNOWN
             raise RpcFailure(name, code.name, detail, delivery) from None
         self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
         self.metrics.rpcs.labels(name, code_label(status.code)).inc()
+        if self.on_rpc is not None:
+            self.on_rpc(name, status.code, started, time.monotonic() - started)
         return status
 
     def subscribe(self, job_id: str, role: str) -> Any:

@@ -582,3 +582,52 @@ class RecorderWriter:
                     self.on_closed(record)
                 except Exception as error:  # noqa: BLE001
                     self.errors("otel_export", repr(error))
+
+
+# --------------------------------------------------------------------------- as the daemon runs it
+
+class Recording:
+    """The recorder of one running bridge: the loop-side hooks, the writer thread and
+    the optional OTLP exporter, started and stopped together by the daemon."""
+
+    def __init__(self, recorder: NullRecorder, writer: RecorderWriter | None = None, exporter: Any = None) -> None:
+        self.recorder = recorder
+        self.writer = writer
+        self.exporter = exporter
+
+    @classmethod
+    def start(cls, config: Any, flow: ControllerFlow, metrics: Any) -> Recording:
+        """From a BridgeConfig's [recorder] and [otel] sections; a no-op when disabled.
+        Never raises: a recorder that cannot start is counted and the bridge runs on."""
+        from .recorder_config import state_directory
+
+        settings: RecorderConfig = config.recorder
+        if not settings.enabled:
+            return cls(NullRecorder())
+        writer = RecorderWriter(settings, state_directory(settings, config.job_id), metrics)
+        exporter = None
+        if config.otel.enabled:
+            try:
+                from .otel import OtlpExporter  # imported only here: no cost when off
+
+                exporter = OtlpExporter(config.otel, writer.errors)
+                writer.on_closed = exporter.submit
+            except ImportError as error:
+                writer.errors("otel_export", f"the otel extra is not installed ({error}); traces are not exported")
+        writer.start()
+        return cls(Recorder(config.job_id, flow, writer), writer, exporter)
+
+    @property
+    def alive(self) -> bool:
+        return self.writer is None or self.writer.alive
+
+    @property
+    def path(self) -> Path | None:
+        return self.writer.path if self.writer is not None else None
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Blocking (run it off the loop): write what is queued, export what is closed."""
+        if self.writer is not None:
+            self.writer.close(timeout)
+        if self.exporter is not None:
+            self.exporter.close(timeout)

@@ -75,6 +75,8 @@ def problems(recorder: RecorderConfig, otel: OtelConfig) -> list[str]:
             found.append(f"otel.headers: expected \"name=value\", got {header!r}")
     if not otel.service_name.strip():
         found.append("otel.service_name: must not be empty")
+    if otel.enabled and not recorder.enabled:
+        found.append("otel.enabled: traces are built from the flight recorder's cycles; set recorder.enabled = true")
     if otel.enabled and not otel_installed():
         found.append("otel.enabled: the OTLP export needs the otel extra: pip install 'tft-bridge[otel]'")
     return found
