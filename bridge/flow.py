@@ -18,7 +18,7 @@ docs/mindio-controller.md sections 4 and 6):
 gives at a step where the bridge expects it. ``outcome`` is what the callback says
 (``outcome()``): ``-`` for report_fault_ranks and report_strategies; ``ok``/``failed``
 for report_stop_complete; for report_result ``ok``, ``dump_ok`` (0 after a dump),
-``downgraded`` (201), ``retry_failed`` (405), ``invalid_strategy`` (499 with no
+``downgrade_ok`` (0 after a downgrade), ``downgraded`` (201), ``retry_failed`` (405), ``invalid_strategy`` (499 with no
 strategy) or ``failed`` (406, 499, anything else).
 
 =============== ===================== ================= ==============================
@@ -32,6 +32,7 @@ STOP_SENT       report_stop_complete  ok / failed       AWAIT_GLOBAL / EXITING (
 PAUSE_SENT      report_stop_complete  ok / failed       PAUSED / IDLE
 GLOBAL_SENT     report_strategies     -                 AWAIT_STRATEGY
 REPAIRING       report_result         ok / downgraded   IDLE / IDLE (and downgraded)
+IDLE            report_result         downgrade_ok      (stays: the reduced job trained a step)
 REPAIRING       report_result         retry_failed      AWAIT_GLOBAL (405)
 REPAIRING       report_result         invalid_strategy  EXITING
 REPAIRING       report_result         failed            AWAIT_FINAL (406, 499)
@@ -48,7 +49,7 @@ stays), and reports the desync through ``on_desync(callback, step)`` (counted in
 ``tft_bridge_flow_desync_total`` by the caller) with a log line. report_fault_ranks
 stays, because a first and a second report cannot be told apart; report_stop_complete
 goes to AWAIT_GLOBAL (ok) or EXITING; report_strategies to AWAIT_STRATEGY;
-report_result to IDLE (ok, downgraded), EXITING (dump_ok, invalid_strategy),
+report_result to IDLE (ok, downgrade_ok, downgraded), EXITING (dump_ok, invalid_strategy),
 AWAIT_GLOBAL (retry_failed) or AWAIT_FINAL (failed).
 
 ``NOTIFIED`` -- (action, strategy) -> next step: where a notify the bridge gives moves
@@ -123,6 +124,7 @@ EXPECTED: dict[tuple[Step, str, str], Step | None] = {
     (Step.GLOBAL_SENT, "report_strategies", ANY): Step.AWAIT_STRATEGY,
     (Step.REPAIRING, "report_result", "ok"): Step.IDLE,
     (Step.REPAIRING, "report_result", "downgraded"): Step.IDLE,
+    (Step.IDLE, "report_result", "downgrade_ok"): STAY,
     (Step.REPAIRING, "report_result", "retry_failed"): Step.AWAIT_GLOBAL,
     (Step.REPAIRING, "report_result", "invalid_strategy"): Step.EXITING,
     (Step.REPAIRING, "report_result", "failed"): Step.AWAIT_FINAL,
@@ -142,6 +144,7 @@ FOLLOW: dict[tuple[str, str], Step | None] = {
     ("report_strategies", ANY): Step.AWAIT_STRATEGY,
     ("report_result", "ok"): Step.IDLE,
     ("report_result", "dump_ok"): Step.EXITING,
+    ("report_result", "downgrade_ok"): Step.IDLE,
     ("report_result", "downgraded"): Step.IDLE,
     ("report_result", "retry_failed"): Step.AWAIT_GLOBAL,
     ("report_result", "invalid_strategy"): Step.EXITING,
@@ -167,7 +170,9 @@ def outcome(callback: str, code: int | None = None, strategy: str = "") -> str:
     if callback != "report_result":
         return ANY
     if code == 0:
-        return "dump_ok" if strategy == "dump" else "ok"
+        if strategy in ("dump", "downgrade"):
+            return f"{strategy}_ok"
+        return "ok"
     if code == 201:
         return "downgraded"
     if code == 405:
@@ -194,6 +199,7 @@ class ControllerFlow:
         self._wait_timeout = wait_timeout
         # Told (callback, step it arrived at) for every callback the step did not expect.
         self._on_desync = on_desync
+        self._desyncs: dict[tuple[str, Step], int] = {}  # how often, for the log's back-off
 
     def _move(self, step: Step) -> None:
         self.step = step
@@ -285,8 +291,13 @@ class ControllerFlow:
             self._desync(callback, before, how)
 
     def _desync(self, callback: str, step: Step, how: str) -> None:
-        log.warning("controller flow desync: %s (%s) arrived at step %s, which does not expect it; "
-                    "following the controller to %s", callback, how, step.value, self.step.value)
+        # Logged on the 1st, 2nd, 4th, 8th, ... time per (callback, step): a storm of
+        # unexpected callbacks must not flood the log from the controller's thread.
+        seen = self._desyncs[(callback, step)] = self._desyncs.get((callback, step), 0) + 1
+        if seen & (seen - 1) == 0:
+            log.warning("controller flow desync: %s (%s) arrived at step %s, which does not expect it; "
+                        "following the controller to %s (%d time(s) so far)",
+                        callback, how, step.value, self.step.value, seen)
         if self._on_desync is None:
             return
         try:

@@ -167,6 +167,7 @@ SAMPLES: dict[tuple[str, str], dict[str, object]] = {
     ("report_stop_complete", "failed"): {"code": 404},
     ("report_result", "ok"): {"code": 0, "strategy": "retry"},
     ("report_result", "dump_ok"): {"code": 0, "strategy": "dump"},
+    ("report_result", "downgrade_ok"): {"code": 0, "strategy": "downgrade"},
     ("report_result", "downgraded"): {"code": 201, "strategy": "downgrade"},
     ("report_result", "retry_failed"): {"code": 405, "strategy": "retry"},
     ("report_result", "invalid_strategy"): {"code": 499, "strategy": ""},
@@ -247,6 +248,30 @@ def test_a_normal_flow_has_no_desync() -> None:
     flow.on_callback("report_result", code=0, strategy="continue")
     assert flow.step is Step.IDLE
     assert desyncs.seen == []
+
+
+def test_a_downgraded_job_reporting_its_first_step_is_no_desync() -> None:
+    """After 201 the controller trains the reduced job and, once it has stepped past the
+    repair step, reports 0 for the downgrade (isNeedToReportResult_)."""
+    desyncs = Desyncs()
+    flow = ControllerFlow(on_desync=desyncs)
+    at_strategy(flow, ("exit", "dump", "recover", "downgrade", "upgrade"))
+    flow.notified("change_strategy", "U1", "downgrade")
+    flow.on_callback("report_result", code=201, strategy="downgrade")
+    flow.on_callback("report_result", code=0, strategy="downgrade")
+    assert flow.step is Step.IDLE and flow.downgraded
+    assert desyncs.seen == []
+
+
+def test_a_desync_storm_logs_with_back_off_but_counts_every_one(caplog: pytest.LogCaptureFixture) -> None:
+    desyncs = Desyncs()
+    flow = ControllerFlow(on_desync=desyncs)
+    flow.on_callback("report_fault_ranks")  # AWAIT_STOP
+    with caplog.at_level(logging.WARNING, logger="bridge.flow"):
+        for _ in range(1000):
+            flow.on_callback("report_fault_ranks")
+    assert len(desyncs.seen) == 1000
+    assert len([r for r in caplog.records if "desync" in r.getMessage()]) == 10  # 1, 2, 4, ..., 512
 
 
 def test_a_failing_desync_hook_never_reaches_the_controller(caplog: pytest.LogCaptureFixture) -> None:
