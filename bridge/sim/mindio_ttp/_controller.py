@@ -25,6 +25,9 @@ from ._engine import Halt
 from ._flows import Flows
 from ._server import Listener
 
+#: States whose action returns STOP_SERVICE at once, without a callback, once destroy began.
+_QUICK_UNDER_DESTROY = frozenset({State.NORMAL, State.EXIT})
+
 
 class Controller(Flows):
     """One initialised controller (the real process-wide singleton, between init and destroy)."""
@@ -55,10 +58,10 @@ class Controller(Flows):
         try:
             while state is not State.FINAL:
                 with self.cond:
-                    # EXIT under a destroy returns at once (on_exit), so it still reaches
-                    # FINAL however short the stub's destroy_delay is (the real block is
-                    # seconds, far longer than that step).
-                    if self.stop_flag and not (state is State.EXIT and self.stopping):
+                    # NORMAL and EXIT return at once under a destroy (on_normal, on_exit),
+                    # so they still reach FINAL however short the stub's destroy_delay is:
+                    # the real block lasts seconds, far longer than that step.
+                    if self.stop_flag and not (self.stopping and state in _QUICK_UNDER_DESTROY):
                         break
                 ret = self.STATE_ACTIONS[state](self)
                 following = TRANSITIONS.get((state, ret))
