@@ -118,10 +118,13 @@ class RemoteSim:
 
 async def _child(args: argparse.Namespace) -> None:
     from bridge.sim.clusterd import SimClusterD, SimJob
+    from bridge.sim.clusterd_timings import FAST
 
+    # The real delays / 100 (a bench measures the bridge, not ClusterD's sleeps), then the
+    # ones the parent chose.
     sim = SimClusterD([SimJob(args.job, world_size=args.world_size, devices_per_pod=args.devices_per_pod)],
-                      keepalive_interval=args.keepalive, global_fault_delay=args.phase_delay, flush_delay=0.01,
-                      dump_exit_repeat=args.dump_exit_repeat)
+                      timings=FAST, keepalive_interval=args.keepalive, global_fault_delay=args.phase_delay,
+                      flush_delay=0.01, dump_exit_repeat=args.dump_exit_repeat)
     out = sys.stdout
 
     def emit(kind: str, name: str, seq: int, at: float, detail: dict[str, Any]) -> None:
