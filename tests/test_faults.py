@@ -369,3 +369,41 @@ def test_decode_skips_unknown_fields_of_every_wire_type(codec: ModuleType) -> No
     extra = b"\x18\x96\x01" + b"\x21" + b"\x00" * 8 + b"\x2d" + b"\x00" * 4  # fields 3, 4, 5 (varint, 64, 32 bit)
     raw = b"\x38\x21" + b"\x2a" + bytes([len(inner) + len(extra)]) + inner + extra
     assert codec.decode_signal_faults(raw) == {12: 2}
+
+
+# --------------------------------------------------------------------------- ClusterD's rules, one home
+
+
+def test_the_compiled_twin_takes_its_sticky_type_from_the_reference_rule() -> None:
+    from bridge import _faults_py
+
+    compiled = pytest.importorskip("bridge._faults_c")
+    assert compiled._sticky_type() == 1
+    assert [t for t in (0, 1, 2) if t not in _faults_py._REPLACEABLE] == [1]
+
+
+def test_the_duplicate_rule_on_clusterd_strings_keeps_unknown_types_sticky() -> None:
+    from bridge._faults_py import _merge_into
+
+    kept: dict[str, str] = {}
+    for rank_text, type_text in (("1", "0"), ("1", "2"), ("2", "7"), ("2", "0"), ("3", "1"), ("3", "2")):
+        _merge_into(kept, rank_text, type_text)
+    assert kept == {"1": "2", "2": "7", "3": "1"}
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("0", 0), ("+7", 7), ("-7", -7), ("007", 7), (str(2**63 - 1), 2**63 - 1), (str(-(2**63)), -(2**63)),
+    (str(2**63), None), ("", None), ("+", None), (" 1", None), ("1 ", None), ("\u0661", None), ("1_0", None),
+])
+def test_go_atoi(text: str, value: int | None) -> None:
+    from bridge._faults_py import go_atoi
+
+    assert go_atoi(text) == value
+
+
+def test_clusterd_elements_trims_go_space_then_commas_from_the_whole_string_only() -> None:
+    from bridge._faults_py import GO_SPACE, clusterd_elements
+
+    assert clusterd_elements("\u3000,1:0, 2:1,\u00a0") == ["1:0", " 2:1"]
+    assert clusterd_elements(GO_SPACE + ",," + GO_SPACE) == []
+    assert clusterd_elements("") == []
