@@ -4,7 +4,7 @@ Names and values are those of seed 001's table (the public client documentation)
 201, which clients put into ``RecoverStatusRequest.status.code`` for a downgrade. Several
 codes travel the other way: the bridge *sends* 201, 404, 405, 406 and 499 inside its
 reports, while ClusterD itself only ever answers 0, 400, 402, 403, 408, 500, 502 and 599
-(see shared/spec/clusterd-protocol.md section 3). ``Code.meaning`` holds the one-liner
+(see docs/clusterd.md section 3). ``Code.meaning`` holds the one-liner
 used in logs and CLI output.
 """
 

@@ -39,7 +39,7 @@ FAULT_TYPE_NAMES = {0: "uce", 1: "other", 2: "hccl"}
 
 #: The label for a wire value outside the known set.
 OTHER = "other"
-#: ClusterD's signal types (clusterd-protocol.md section 4); ``empty`` for a signal without one.
+#: ClusterD's signal types (docs/clusterd.md section 5); ``empty`` for a signal without one.
 SIGNAL_TYPES = ("keep-alive", "stopTrain", "globalFault", "changeStrategy", "saveAndExit", "faultNodesExit",
                 "preExitProcess", "killMaster", "hot-switch", "pauseStartAgent", "continueStartAgent")
 _SIGNAL_TYPES = frozenset(SIGNAL_TYPES)

@@ -1,5 +1,5 @@
 """The compiled descriptors against ClusterD's wire contract
-(shared/spec/clusterd-protocol.md section 2): names, numbers, types, labels, paths."""
+(docs/clusterd.md section 2): names, numbers, types, labels, paths."""
 
 from __future__ import annotations
 

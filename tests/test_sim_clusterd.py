@@ -1,9 +1,9 @@
 """The simulated ClusterD against plain grpc.aio clients.
 
-Every test pins one behaviour of the real server (shared/spec/clusterd-protocol.md,
-shared/spec/deep/clusterd-research.md) and would fail if the simulation were made kinder:
-stale reports consumed later, blocked second reports, 599 on reset, OK stream ends,
-lost faults, nil-status crashes, fallbacks, no exit-completed, and so on.
+Every test pins one behaviour of the real server (docs/clusterd.md) and would fail if the
+simulation were made kinder: the fault centre's own retry cycles and preExitProcess, the
+real delays (scaled), stale reports consumed later, blocked second reports, 599 on reset,
+OK stream ends, lost faults, nil-status crashes, fallbacks, no exit-completed, and so on.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A reference AI-platform policy agent for ClusterD's platform mode (seed 003).
 
 ClusterD lets a platform steer process-level recovery through PodGroup annotations.
-The real server is unforgiving (shared/spec/clusterd-protocol.md section 6): one space
+The real server is unforgiving (docs/clusterd.md section 10): one space
 in a fault string makes it recover with no ranks at all; a ProcessConfirmFault or
 ProcessResultFault left from the last cycle fails the next fault with 509 (or answers
 it with stale faults); a missing or wrong RankTableReady stalls ``recover`` for 300 s

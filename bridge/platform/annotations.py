@@ -1,7 +1,7 @@
 """The PodGroup annotation keys of ClusterD's platform mode and a typed view of one PodGroup.
 
 Every key, value and "who writes it" fact comes from the real ClusterD (see
-shared/spec/clusterd-protocol.md section 6), not from its public docs, which differ:
+docs/clusterd.md section 10), not from its public docs, which differ:
 
 * ``ProcessRecoverStrategy`` (platform): its *presence* at the job's first Init turns
   platform mode on. ClusterD polls it at fault time and accepts only ``retry``,

@@ -1,6 +1,6 @@
 """The ``/config.Config/*`` servicer of the simulated ClusterD (rank-table publisher).
 
-Real behaviour kept (clusterd-research.md section 3): Register always answers 0 and
+Real behaviour kept (docs/clusterd.md section 11): Register always answers 0 and
 replaces the job's publisher, ending the previous subscriber's stream with OK; subscribing
 needs a publisher; the current table is pushed shortly after subscribing and on every
 change, with no de-duplication and no keep-alive; when a stream ends its publisher is
