@@ -11,25 +11,23 @@ for every call and never touches it again, and the loop validates and copies it.
 Every instruction on the controller's thread counts: the thread has just woken, so
 its caches are cold and each bytecode costs several times its warm price. The callback
 builds one plain tuple and calls a C-level queue put (about 0.3 us warm, against 1.1 us
-for a dataclass and a Python-level put); the hand-off thread turns the tuple into a
-``ControllerReport``.
+for a dataclass and a Python-level put); the hand-off thread (``reports.Handoff``) turns
+the tuple into a ``ControllerReport`` on the other side. Everything after the put is the
+return path, ``bridge/reports.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import logging
-import os
-import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
 from .config import STUB_CONTROLLER, ControllerConfig
+from .reports import ReportFields
 
 log = logging.getLogger(__name__)
 
@@ -38,92 +36,6 @@ CALLBACKS = ("report_fault_ranks", "report_stop_complete", "report_strategies", 
 
 class StartupError(RuntimeError):
     """The controller could not be loaded, initialised or started."""
-
-
-class ControllerReport(NamedTuple):
-    """One callback invocation, as handed to the event loop."""
-
-    callback: str
-    args: tuple[Any, ...]
-    at: float  # time.monotonic() on the controller's thread
-    waiter: Future[int] | None = None  # resolved with the delivery outcome (seed API callers)
-
-
-# What a callback puts on the hand-off queue: a ControllerReport's fields as a plain
-# tuple (a ControllerReport itself is one too).
-ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
-
-
-class Handoff:
-    """Controller thread -> event loop, without giving up the GIL inside the callback.
-
-    Waking the event loop directly (``call_soon_threadsafe``) writes to its self-pipe: a
-    syscall that releases the GIL, after which the woken loop takes the GIL and the
-    controller's thread waits, up to the interpreter's switch interval, to get it back
-    and return. A ``SimpleQueue.put`` keeps the GIL; this thread, blocked in ``get``
-    until then, does the waking once the callback has returned, and hands over every
-    report queued meanwhile in one batch.
-
-    The put still wakes this thread (a futex syscall). Under the normal scheduling
-    policy Linux may preempt the controller's thread right there to run the woken one,
-    which then only waits for the GIL: that doubled the callback's median block time and
-    put most of its tail above 40 us. This thread therefore runs as ``SCHED_BATCH``,
-    which never preempts on wake-up and keeps its normal CPU share.
-    """
-
-    _STOP = object()
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None]) -> None:
-        self._loop = loop
-        self._handle = handle
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        # The callbacks' sink: the C method itself, no Python frame on the controller's thread.
-        self.put: Callable[[ReportFields], None] = self._queue.put
-        self.batch_policy = False  # True once this thread runs under SCHED_BATCH
-        self._thread = threading.Thread(target=self._run, name="tft-handoff", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        self.batch_policy = _no_wakeup_preemption()
-        while True:
-            batch = [self._queue.get()]
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(item is self._STOP for item in batch)
-            reports = [ControllerReport._make(item) for item in batch if item is not self._STOP]
-            if reports:
-                try:
-                    self._loop.call_soon_threadsafe(self._handle, reports)
-                except RuntimeError:  # the loop is closed: the bridge is gone
-                    log.error("dropped %d controller report(s): the event loop is closed", len(reports))
-            if stop:
-                return
-
-    def close(self, timeout: float = 2.0) -> None:
-        self._queue.put(self._STOP)
-        self._thread.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-
-def _no_wakeup_preemption() -> bool:
-    """Put the calling thread under SCHED_BATCH (Linux, no privilege needed); False
-    where that is not available, which costs latency, not correctness."""
-    policy = getattr(os, "SCHED_BATCH", None)
-    if policy is None or not hasattr(os, "sched_setscheduler"):
-        return False
-    try:
-        os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: this thread, on Linux
-    except OSError as error:
-        log.warning("hand-off thread keeps the default scheduling policy (%s): controller callbacks "
-                    "may block longer when they wake it", error)
-        return False
-    return True
 
 
 def load_controller_module(name: str) -> ModuleType:
@@ -162,15 +74,16 @@ def make_callback(callback: str, sink: Callable[[ReportFields], None], on_error:
 
 
 class ControllerHost:
-    """Owns the controller singleton of this process."""
+    """Owns the controller singleton of this process -- or, with ``external=True``, only
+    talks to one its caller runs (the seed API, ``bridge.recover_manager``): that one is
+    already started, and is never started or destroyed here."""
 
-    def __init__(self, module: ModuleType, config: ControllerConfig) -> None:
+    def __init__(self, module: ModuleType, config: ControllerConfig, *, external: bool = False) -> None:
         self.module = module
         self.config = config
-        self.started = False
-        self.owned = True  # False when the caller runs the controller (seed API): never destroyed here
+        self.started = external
+        self.owned = not external
         self.callbacks: dict[str, Callable[..., int]] = {}  # as registered (benchmarks call them directly)
-        self._destroyed = threading.Event()
         self._prepare_action: Callable[..., int] | None = getattr(
             module, "tft_notify_controller_prepare_action", None
         )
@@ -202,7 +115,6 @@ class ControllerHost:
                 "check that the port is free, in 1024..65535, and the address is not 0.0.0.0"
             ) from error
         self.started = True
-        self._destroyed.clear()
 
     def connected(self) -> bool:
         """True while at least one training rank is connected (the HA switch)."""
@@ -247,5 +159,3 @@ class ControllerHost:
             self.module.tft_destroy_controller()
         except BaseException:  # noqa: BLE001 - documented never to raise; be sure
             log.exception("tft_destroy_controller raised")
-        finally:
-            self._destroyed.set()

@@ -9,10 +9,11 @@ Training launchers written against seeds 000/001 switch by changing one import::
 ``init_clusterd()``, ``register(request)`` and ``start_subscribe()``, and the module
 functions ``report_stop_complete``, ``report_recover_strategy``,
 ``report_recover_status`` and ``report_process_fault``, with the seed signatures and int
-return codes from ``bridge.codes``. Underneath is the daemon's session, relay and
-dispatcher (``bridge.daemon.Bridge.start_relaying``), not a second client: reports are
-ordered, tied to the cycle they answer, never resent blindly, and signals reach the
-controller de-duplicated and only when it expects them.
+return codes from ``bridge.codes``. Underneath is the daemon's own link to ClusterD
+(``bridge.link.Link``: session, outbox, dispatcher, return path) around the caller's
+controller (``ControllerHost(..., external=True)``: never started or destroyed here),
+not a second client: reports are ordered, tied to the cycle they answer, never resent
+blindly, and signals reach the controller de-duplicated and only when it expects them.
 
 What differs from the old client, on purpose:
 
@@ -55,10 +56,11 @@ from ._proto import recover_pb2
 from .clusterd import RpcFailure, client_info
 from .codes import Code
 from .config import build_config
-from .controller import ControllerHost, ControllerReport, load_controller_module
-from .daemon import Bridge
+from .controller import ControllerHost, load_controller_module
+from .flow import ControllerFlow
+from .link import Link
 from .metrics import BridgeMetrics
-from .systemd import Notifier
+from .reports import ControllerReport
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +152,7 @@ class DLRecoverManager:
             "metrics": {"enabled": False},
         }, env={})
         self.metrics = BridgeMetrics()
-        self.bridge = Bridge(self.config, metrics=self.metrics, notifier=Notifier({}))
+        self.link: Link | None = None  # from start_subscribe() on
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tft-recover-manager", daemon=True)
         self._thread.start()
@@ -198,11 +200,16 @@ class DLRecoverManager:
         if self.subscribed:
             return
         module = load_controller_module(self.controller_module)
-        host = ControllerHost(module, self.config.controller)
-        host.started = True  # the caller runs the controller; the manager only talks to it
-        host.owned = False
-        self._run(self.bridge.start_relaying(host))
+        self.link = self._run(self._start_link(ControllerHost(module, self.config.controller, external=True)))
         self.subscribed = True
+
+    async def _start_link(self, controller: ControllerHost) -> Link:
+        link = Link(self.config, self.metrics, controller,
+                    ControllerFlow(wait_timeout=self.config.controller.wait_mindx_time,
+                                   on_desync=self.metrics.count_desync),
+                    on_kill_master=lambda: None)  # the caller's process: its launcher decides (logged)
+        await link.start()
+        return link
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the subscription and delivery; the controller is left to its owner."""
@@ -217,13 +224,13 @@ class DLRecoverManager:
             self._thread.join(timeout)
 
     async def _shutdown(self) -> None:
-        await self.bridge._shutdown()
+        if self.link is not None:
+            await self.link.stop()
         await self._client.close()
 
-    def submit(self, callback: str, args: tuple[Any, ...], wait: float | None) -> int:
+    def submit(self, link: Link, callback: str, args: tuple[Any, ...], wait: float | None) -> int:
         waiter: Future[int] | None = Future() if wait else None
-        assert self.bridge.handoff is not None
-        self.bridge.handoff.put(ControllerReport(callback, args, time.monotonic(), waiter))
+        link.sink(ControllerReport(callback, args, time.monotonic(), waiter))
         if waiter is None:
             return Code.OK
         try:
@@ -236,10 +243,11 @@ def _submit(callback: str, args: tuple[Any, ...], wait: float | None) -> int:
     """Never raises: these are controller callbacks, where an exception kills the job."""
     try:
         manager = _current
-        if manager is None or not manager.subscribed:
+        link = manager.link if manager is not None else None
+        if manager is None or link is None:
             log.error("%s: no DLRecoverManager is subscribed for this process; report not sent", callback)
             return Code.UnRegistry
-        return manager.submit(callback, args, wait)
+        return manager.submit(link, callback, args, wait)
     except Exception:  # noqa: BLE001
         log.exception("%s failed", callback)
         return Code.ClientError

@@ -1,5 +1,11 @@
 """The ordered outbox from the controller's callbacks to ClusterD's Report* RPCs.
 
+This module is the delivery rules only; what a report is, which cycle it answers and
+what the controller's flow learns from it is the return path, ``bridge/reports.py``.
+The rules below hold for every request whatever produced it (a callback, the re-report
+on a new stream, the seed API), so they live apart from the callbacks and are tested
+against the simulated ClusterD on their own.
+
 Delivery rules, each from a way the real ClusterD punishes a careless client:
 
 * Reports go out in callback order, by one task.
@@ -49,19 +55,6 @@ METHODS = {
 }
 
 
-def merge_into(target: dict[int, int], faults: dict[int, int]) -> dict[int, int]:
-    """ClusterD's merge of validated ``faults`` into ``target``, in place when ``faults``
-    is small: a storm of one-rank reports must cost O(1) each, not a copy of everything
-    merged so far (which made 10 000 callbacks quadratic). Large maps take the compiled
-    merge, which returns a new dict. Returns the merged dict."""
-    if len(faults) * 8 < len(target):
-        for rank, fault_type in faults.items():
-            if target.get(rank) != 1:
-                target[rank] = fault_type
-        return target
-    return codec.merge_faults(target, faults)
-
-
 @dataclass
 class Pending:
     kind: str  # a key of METHODS
@@ -76,7 +69,6 @@ class Pending:
         for waiter in self.waiters:
             if not waiter.done():
                 waiter.set_result(code)
-    at: float = field(default_factory=time.monotonic)
 
 
 class Relay:
@@ -90,7 +82,6 @@ class Relay:
         self._queue: deque[Pending] = deque()
         self._wakeup = asyncio.Event()
         self._stopping = False
-        self.delivered: list[tuple[str, float]] = []  # (kind, monotonic time) of code-0 deliveries, bounded
         self.sent: list[tuple[str, float]] = []  # (kind, monotonic time) each request went on the wire, bounded
         metrics.outbox_depth.set_function(lambda: len(self._queue))
         session.cycle_listeners.append(self._cycle_over)
@@ -107,7 +98,7 @@ class Relay:
             return
         tail = self._queue[-1] if self._queue else None
         if tail is not None and tail.kind == "fault" and not tail.sending:
-            tail.faults = merge_into(tail.faults, faults)
+            tail.faults = codec.merge_into(tail.faults, faults)
             tail.merged += 1
             self.metrics.reports_merged.inc()
         else:
@@ -245,14 +236,13 @@ class Relay:
 
     def _delivered(self, pending: Pending) -> None:
         self.metrics.reports_sent.labels(pending.kind).inc()
-        self._record(self.delivered, pending.kind)
         pending.resolve(Code.OK)
 
     @staticmethod
-    def _record(log: list[tuple[str, float]], kind: str) -> None:
-        log.append((kind, time.monotonic()))
-        if len(log) > 1000:
-            del log[:500]
+    def _record(record: list[tuple[str, float]], kind: str) -> None:
+        record.append((kind, time.monotonic()))
+        if len(record) > 1000:
+            del record[:500]
 
     async def drain(self, timeout: float) -> bool:
         """Wait until the outbox is empty (shutdown); False on timeout."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -47,12 +46,11 @@ class SignalDispatcher:
         self.metrics = metrics
         self.on_kill_master = on_kill_master
         self.pause_timeout = pause_timeout
-        self._queue: asyncio.Queue[tuple[pb.ProcessManageSignal, bytes, str, float] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[pb.ProcessManageSignal, bytes, str] | None] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tft-notify")
         self._seen: set[tuple[Any, ...]] = set()
         self._seen_round = -1
         self._stopped = False
-        self.notify_latencies: list[float] = []  # signal arrival -> notify returned, seconds (bounded)
         self.observer: Callable[[str], None] = lambda line: None  # the demo's timeline
         self.on_exit_decided: Callable[[], None] = lambda: None  # ClusterD chose exit (no result follows)
 
@@ -65,7 +63,7 @@ class SignalDispatcher:
             return
         if signal.signalType == KEEP_ALIVE:
             return
-        self._queue.put_nowait((signal, raw, token, time.monotonic()))
+        self._queue.put_nowait((signal, raw, token))
 
     def stop(self) -> None:
         """Forward nothing more, not even signals already queued."""
@@ -87,9 +85,9 @@ class SignalDispatcher:
             item = await self._queue.get()
             if item is None or self._stopped:
                 return
-            signal, raw, token, arrived = item
+            signal, raw, token = item
             try:
-                await self._dispatch(signal, raw, token, arrived)
+                await self._dispatch(signal, raw, token)
             except Exception:  # one bad signal must not end dispatching
                 log.exception("failed to dispatch %s", signal.signalType)
                 self.metrics.bad_inputs.labels("signal_dispatch").inc()
@@ -114,7 +112,7 @@ class SignalDispatcher:
         self._seen.add(key)
         return False
 
-    async def _dispatch(self, signal: pb.ProcessManageSignal, raw: bytes, token: str, arrived: float) -> None:
+    async def _dispatch(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
         if signal.signalType == KILL_MASTER:
             log.warning("ClusterD sent killMaster for job %s: the job is being rescheduled; stopping", self.job_id)
             self.on_kill_master()
@@ -132,10 +130,9 @@ class SignalDispatcher:
             self._refuse("no_actions", signal)
             return
         for action in signal.actions:  # in order: never a set
-            await self._act(action, signal, faults, token, arrived)
+            await self._act(action, signal, faults, token)
 
-    async def _act(self, action: str, signal: pb.ProcessManageSignal, faults: dict[int, int], token: str,
-                   arrived: float) -> None:
+    async def _act(self, action: str, signal: pb.ProcessManageSignal, faults: dict[int, int], token: str) -> None:
         if action in NODE_ACTIONS:
             await self.hooks.run(action, list(signal.nodeRankIds))
             return
@@ -159,7 +156,6 @@ class SignalDispatcher:
         rc = await asyncio.get_running_loop().run_in_executor(
             self._executor, self._notify, action, faults, int(signal.timeout), strategy, params)
         self.metrics.notifies.labels(action, "ok" if rc == 0 else "refused").inc()
-        self._record_latency(arrived)
         if rc == 0:
             if exit_decision:
                 self.on_exit_decided()
@@ -183,8 +179,3 @@ class SignalDispatcher:
         if action == "save_and_exit":
             return c.dump()
         return c.prepare_action(action, faults)  # hot switch / stop switch
-
-    def _record_latency(self, arrived: float) -> None:
-        self.notify_latencies.append(time.monotonic() - arrived)
-        if len(self.notify_latencies) > 10_000:
-            del self.notify_latencies[:5_000]

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from bridge.controller import ControllerReport, Handoff, make_callback
+from bridge.controller import make_callback
+from bridge.reports import ControllerReport, Handoff
 
 
 class Collected:

@@ -1,0 +1,120 @@
+"""Everything between one controller and ClusterD, built as one object.
+
+A ``Link`` is the ClusterD client, the signal session, the outbox (``relay.py``), the
+signal dispatcher (``signals.py``, ClusterD -> controller), the return path
+(``reports.py``, controller -> ClusterD) and the hand-off thread between the
+controller's callbacks and the event loop. They are built together because none of
+them works without the others: the session hands signals to the dispatcher and tells
+the outbox when a cycle died; the dispatcher moves the flow the return path binds
+reports to; the hand-off feeds the return path. Built whole, no part is ever missing.
+
+Two hosts use it: the daemon (``bridge.daemon.Bridge``), which owns and starts the
+controller, and the seed API (``bridge.recover_manager``), whose caller runs the
+controller (``ControllerHost(..., external=True)``). ``start()`` and ``stop()`` are the
+whole lifecycle of the link; supervising its tasks is the host's business.
+
+Create it inside the running event loop (the hand-off wakes that loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .clusterd import ClusterDClient, Session, SessionState, run_logged
+from .config import BridgeConfig
+from .controller import ControllerHost
+from .flow import ControllerFlow
+from .hooks import NodeHooks
+from .metrics import BridgeMetrics
+from .relay import Relay
+from .reports import Handoff, ReportFields, ReportPath
+from .signals import SignalDispatcher
+
+log = logging.getLogger(__name__)
+
+
+class Link:
+    def __init__(self, config: BridgeConfig, metrics: BridgeMetrics, controller: ControllerHost,
+                 flow: ControllerFlow, *, on_kill_master: Callable[[], None],
+                 on_state: Callable[[SessionState], None] = lambda state: None,
+                 observer: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.controller = controller
+        self.flow = flow
+        self._on_state = on_state
+        self._observer: Callable[[str], None] = observer or (lambda line: None)
+        metrics.bind_controller_switch(controller.connected)
+        self.client = ClusterDClient(config.clusterd, metrics)
+        hooks = NodeHooks(config.hooks.node_command, config.hooks.timeout, metrics)
+        self.dispatcher = SignalDispatcher(config.job_id, flow, controller, hooks, metrics,
+                                           on_kill_master=on_kill_master,
+                                           pause_timeout=config.controller.pause_timeout)
+        self.dispatcher.observer = self._observer
+        self.session = Session(config.job_id, self.client, metrics, self.dispatcher.submit, self._session_state)
+        metrics.bind_keepalive_clock(lambda: self.session.last_message_at)
+        self.relay = Relay(config.job_id, self.client, self.session, metrics, config.outbox_limit)
+        self.reports = ReportPath(config.job_id, flow, self.relay, metrics, observer)
+        self.dispatcher.on_exit_decided = self.reports.exit_decided
+        self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle)
+        self.tasks: dict[str, asyncio.Task[Any]] = {}
+
+    @property
+    def sink(self) -> Callable[[ReportFields], None]:
+        """Where the controller's callbacks put their arguments (O(1), see Handoff)."""
+        return self.handoff.put
+
+    async def start(self) -> None:
+        """Open the channel and start the session, the dispatcher and the outbox."""
+        await self.client.open()
+        for name, body in (("session", self.session.run()), ("dispatcher", self.dispatcher.run()),
+                           ("relay", self.relay.run())):
+            self.tasks[name] = spawn(name, body)
+
+    async def stop(self, before_destroy: Callable[[], None] = lambda: None) -> None:
+        """Hand the controller no new action, drain the outbox for a moment (at most one
+        RPC deadline, 5 s) while a stream is live, end the session, destroy an owned
+        controller off its own thread (``controller.destroy_timeout``), then close
+        everything. ``before_destroy`` runs right before the destroy (the daemon stops
+        its other work there)."""
+        self.dispatcher.stop()
+        if self.session.live.is_set():
+            await self.relay.drain(timeout=min(5.0, self.config.clusterd.rpc_timeout))
+        self.session.stop()
+        self.relay.stop()
+        before_destroy()
+        if self.controller.started and self.controller.owned:
+            await asyncio.to_thread(self.controller.destroy, self.config.controller.destroy_timeout)
+        await finish(self.tasks.values())
+        await asyncio.to_thread(self.handoff.close)
+        self.dispatcher.close()
+        await self.client.close()
+
+    def _session_state(self, state: SessionState) -> None:
+        self._observer(f"ClusterD session: {state.value}")
+        self.reports.on_session_state(state)
+        self._on_state(state)
+
+
+def spawn(name: str, body: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    """A background task whose failure is logged when it happens."""
+    return asyncio.create_task(run_logged(name, body), name=f"tft-bridge-{name}")
+
+
+async def finish(tasks: Any, grace: float = 2.0) -> None:
+    """Give each task (already told to stop) ``grace`` seconds to end, then cancel it."""
+    tasks = list(tasks)
+    for task in tasks:
+        try:
+            await asyncio.wait_for(asyncio.shield(task), grace)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            task.cancel()
+        except Exception:  # noqa: BLE001 - already logged by run_logged
+            pass
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,320 @@
+"""The return path: the controller's four callbacks -> ClusterD's Report* RPCs.
+
+``signals.py`` carries ClusterD -> controller; this module carries the other way, from
+the moment a callback's arguments leave the controller's thread to the moment a report
+is queued in the outbox (``relay.py``). The split is between *what* a report is and
+*how* it is delivered: here, which cycle a report answers, what the controller's flow
+and the recovery clock learn from it, and what a bad argument costs; in ``relay.py``,
+the rules the real ClusterD forces on delivery (order, merging, retry, drop when the
+cycle died), which hold whatever report produced the request.
+
+The peer facts behind the rules here:
+
+* The controller calls a callback on its own C++ state-machine thread and is blocked
+  until it returns; an exception kills the job. So the callback only puts a tuple on a
+  queue (``controller.make_callback``) and the ``Handoff`` thread wakes the event loop,
+  which does everything else (validation, copying, encoding).
+* A stop-complete, strategy or result report answers the cycle whose notify the
+  controller last accepted (``ControllerFlow.answering``); it is bound to that cycle's
+  uuid *before* the flow moves on, so a late report can never answer the next cycle.
+* ClusterD's rank parser empties a whole fault map for one bad rank: bad entries are
+  left out (``faults.clean_faults``), counted in ``tft_bridge_bad_inputs_total`` and
+  logged; the rest still goes out. A malformed callback never raises into the loop.
+* Every subscription resets ClusterD's job, fault cache included: when a new stream
+  opens while the controller still waits for stop_train, the running flow's faults
+  are reported again (``ReportPath.on_session_state``).
+
+Seams for later work: every callback enters through ``ReportPath.handle`` -> one entry
+of ``REPORT_HANDLERS``; every report leaves through ``Relay.submit_faults`` or
+``Relay.submit_cycle_report``, whose RPC outcome ``relay.py`` knows in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, NamedTuple
+
+from . import faults as codec
+from .clusterd import SessionState
+from .codes import Code
+from .flow import STRATEGIES, ControllerFlow, Step
+from .metrics import BridgeMetrics
+from .relay import Relay
+
+log = logging.getLogger(__name__)
+
+
+class ControllerReport(NamedTuple):
+    """One callback invocation, as handed to the event loop."""
+
+    callback: str
+    args: tuple[Any, ...]
+    at: float  # time.monotonic() on the controller's thread
+    waiter: Future[int] | None = None  # resolved with the delivery outcome (seed API callers)
+
+
+# What a callback puts on the hand-off queue: a ControllerReport's fields as a plain
+# tuple (a ControllerReport itself is one too).
+ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
+
+
+class Handoff:
+    """Controller thread -> event loop, without giving up the GIL inside the callback.
+
+    Waking the event loop directly (``call_soon_threadsafe``) writes to its self-pipe: a
+    syscall that releases the GIL, after which the woken loop takes the GIL and the
+    controller's thread waits, up to the interpreter's switch interval, to get it back
+    and return. A ``SimpleQueue.put`` keeps the GIL; this thread, blocked in ``get``
+    until then, does the waking once the callback has returned, and hands over every
+    report queued meanwhile in one batch.
+
+    The put still wakes this thread (a futex syscall). Under the normal scheduling
+    policy Linux may preempt the controller's thread right there to run the woken one,
+    which then only waits for the GIL: that doubled the callback's median block time and
+    put most of its tail above 40 us. This thread therefore runs as ``SCHED_BATCH``,
+    which never preempts on wake-up and keeps its normal CPU share.
+    """
+
+    _STOP = object()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None]) -> None:
+        self._loop = loop
+        self._handle = handle
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        # The callbacks' sink: the C method itself, no Python frame on the controller's thread.
+        self.put: Callable[[ReportFields], None] = self._queue.put
+        self.batch_policy = False  # True once this thread runs under SCHED_BATCH
+        self._thread = threading.Thread(target=self._run, name="tft-handoff", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException:  # noqa: BLE001 - the bridge's supervisor sees the thread end; say why
+            log.exception("the controller hand-off thread failed")
+            raise
+
+    def _serve(self) -> None:
+        self.batch_policy = _no_wakeup_preemption()
+        while True:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(item is self._STOP for item in batch)
+            reports = [ControllerReport._make(item) for item in batch if item is not self._STOP]
+            if reports:
+                try:
+                    self._loop.call_soon_threadsafe(self._handle, reports)
+                except RuntimeError:  # the loop is closed: the bridge is gone
+                    log.error("dropped %d controller report(s): the event loop is closed", len(reports))
+            if stop:
+                return
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._queue.put(self._STOP)
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+def _no_wakeup_preemption() -> bool:
+    """Put the calling thread under SCHED_BATCH (Linux, no privilege needed); False
+    where that is not available, which costs latency, not correctness."""
+    policy = getattr(os, "SCHED_BATCH", None)
+    if policy is None or not hasattr(os, "sched_setscheduler"):
+        return False
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: this thread, on Linux
+    except OSError as error:
+        log.warning("hand-off thread keeps the default scheduling policy (%s): controller callbacks "
+                    "may block longer when they wake it", error)
+        return False
+    return True
+
+
+class RecoveryClock:
+    """Phase timings of one controller fault flow, for the duration histograms."""
+
+    def __init__(self, metrics: BridgeMetrics) -> None:
+        self.metrics = metrics
+        self.started: float | None = None
+        self.stopped: float | None = None
+        self.offered: float | None = None
+
+    def fault(self, at: float) -> None:
+        if self.started is None:
+            self.started = at
+
+    def stop_complete(self, at: float) -> None:
+        if self.started is not None and self.stopped is None:
+            self.metrics.recovery_phase_seconds.labels("fault_to_stop").observe(at - self.started)
+            self.stopped = at
+
+    def strategies(self, at: float) -> None:
+        if self.stopped is not None and self.offered is None:
+            self.metrics.recovery_phase_seconds.labels("stop_to_strategy").observe(at - self.stopped)
+            self.offered = at
+
+    def exited(self, at: float) -> None:
+        """ClusterD chose exit: the controller goes down and reports no result."""
+        self.metrics.recovery_cycles.labels("exit", "exit").inc()
+        if self.started is not None:
+            self.metrics.recovery_seconds.labels("exit").observe(at - self.started)
+        self.started = self.stopped = self.offered = None
+
+    def result(self, at: float, strategy: str, code: int) -> None:
+        label = strategy if strategy in STRATEGIES else "other"
+        outcome = "success" if code == 0 else "isolated" if code == 201 else "failed"
+        self.metrics.recovery_cycles.labels(label, outcome).inc()
+        if self.offered is not None:
+            self.metrics.recovery_phase_seconds.labels("strategy_to_result").observe(at - self.offered)
+        if self.started is not None:
+            self.metrics.recovery_seconds.labels(label).observe(at - self.started)
+        if code in (0, 201):
+            self.started = self.stopped = self.offered = None
+        else:  # a failed strategy: the flow goes on with the next one
+            self.offered = None
+
+
+class ReportPath:
+    """The controller's reports, on the event loop: validate, tell the flow and the
+    clock, bind to a cycle, encode, queue in the outbox."""
+
+    def __init__(self, job_id: str, flow: ControllerFlow, relay: Relay, metrics: BridgeMetrics,
+                 observer: Callable[[str], None] | None = None) -> None:
+        self.job_id = job_id
+        self.flow = flow
+        self.relay = relay
+        self.metrics = metrics
+        self.clock = RecoveryClock(metrics)
+        self.observer: Callable[[str], None] = observer or (lambda line: None)
+        self._observed = observer is not None  # formatting a 100 000-rank timeline line costs ms
+        self.flow_faults: dict[int, int] = {}  # the controller's faults in the running flow
+
+    # ------------------------------------------------------------------ intake
+    def handle(self, reports: list[ControllerReport]) -> None:
+        """The hand-off's batch, in callback order."""
+        for report in reports:
+            self.on_report(report)
+
+    def on_report(self, report: ControllerReport) -> None:
+        """One callback; never raises (a bad one is counted, logged and answered 499)."""
+        self.metrics.callbacks.labels(report.callback).inc()
+        try:
+            REPORT_HANDLERS[report.callback](self, report)
+        except (TypeError, ValueError, IndexError) as error:
+            self.metrics.bad_inputs.labels(f"controller_{report.callback}").inc()
+            log.error("malformed %s from the controller %r: %s", report.callback, report.args[:2], error)
+            _answer(report, Code.ClientError)
+        except Exception:
+            self.metrics.callback_errors.inc()
+            log.exception("failed to handle %s", report.callback)
+            _answer(report, Code.ClientError)
+
+    def _clean(self, raw: Any, callback: str) -> dict[int, int]:
+        cleaned = codec.clean_faults(raw)
+        if cleaned.error:
+            log.error("bad fault map from the controller in %s: %s (%d entr%s left out)", callback,
+                      cleaned.error, cleaned.bad, "y" if cleaned.bad == 1 else "ies")
+        if cleaned.bad:
+            self.metrics.bad_inputs.labels("controller_fault_map").inc(cleaned.bad)
+        return cleaned.faults
+
+    # ------------------------------------------------------------------ the four callbacks
+    def fault_ranks(self, report: ControllerReport) -> None:
+        faults = self._clean(report.args[0] if report.args else {}, "report_fault_ranks")
+        first_of_flow = self.flow.step in (Step.IDLE, Step.PAUSED, Step.STOP_SENT)
+        self.flow.on_callback("report_fault_ranks")
+        self.metrics.count_faults(faults)
+        if first_of_flow:
+            self.clock.fault(report.at)
+            self.flow_faults = dict(faults)
+            self.metrics.faulty_ranks.set(len(faults))
+        else:
+            self.flow_faults = codec.merge_into(self.flow_faults, faults)
+            self.metrics.faulty_ranks.set(len(self.flow_faults))
+        if self._observed:
+            self.observer(f"controller report_fault_ranks {codec.format_faults(faults) or '(none)'}")
+        self.relay.submit_faults(faults, report.waiter)
+
+    def stop_complete(self, report: ControllerReport) -> None:
+        code, msg = _code(report.args[0]), str(report.args[1])
+        faults = self._clean(report.args[2] if len(report.args) > 2 else {}, "report_stop_complete")
+        cycle = self.flow.answering
+        self.flow.on_callback("report_stop_complete", code=code)
+        self.clock.stop_complete(report.at)
+        self.observer(f"controller report_stop_complete code={code}")
+        self.relay.submit_cycle_report("stop_complete", cycle,
+                                       codec.encode_stop_complete_request(self.job_id, code, msg, faults),
+                                       report.waiter)
+
+    def strategies(self, report: ControllerReport) -> None:
+        faults = self._clean(report.args[0], "report_strategies")
+        strategies = [str(s) for s in report.args[1]]
+        cycle = self.flow.answering
+        self.flow.on_callback("report_strategies", strategies=tuple(strategies))
+        self.clock.strategies(report.at)
+        self.observer(f"controller report_strategies {strategies}")
+        self.relay.submit_cycle_report("strategy", cycle,
+                                       codec.encode_recover_strategy_request(self.job_id, faults, strategies),
+                                       report.waiter)
+
+    def result(self, report: ControllerReport) -> None:
+        code, msg = _code(report.args[0]), str(report.args[1])
+        faults = self._clean(report.args[2] if len(report.args) > 2 else {}, "report_result")
+        strategy = str(report.args[3]) if len(report.args) > 3 else ""
+        cycle = self.flow.answering
+        self.flow.on_callback("report_result", code=code, strategy=strategy)
+        self.clock.result(report.at, strategy, code)
+        if code == 0:
+            self.metrics.faulty_ranks.set(0)
+        isolate = [str(rank) for rank in sorted(faults)] if code == 201 else []
+        self.observer(f"controller report_result code={code} strategy={strategy or '(none)'}")
+        self.relay.submit_cycle_report("result", cycle, codec.encode_recover_status_request(
+            self.job_id, code, msg, strategy, isolate), report.waiter)
+
+    # ------------------------------------------------------------------ from the signal side
+    def exit_decided(self) -> None:
+        """ClusterD chose exit and the controller accepted it: no result will follow."""
+        self.clock.exited(time.monotonic())
+
+    def on_session_state(self, state: SessionState) -> None:
+        """A new stream while the controller still waits for stop_train: every
+        subscription reset ClusterD's job, fault cache included, and a fault reported as a
+        cycle ended may have been lost with code 0; only a fresh report can start the cycle."""
+        if state is SessionState.SUBSCRIBED and self.flow.step is Step.AWAIT_STOP and self.flow_faults:
+            log.warning("re-reporting %d fault rank(s) on the new stream: ClusterD forgot them",
+                        len(self.flow_faults))
+            self.relay.submit_faults(dict(self.flow_faults))
+
+
+def _answer(report: ControllerReport, code: int) -> None:
+    if report.waiter is not None and not report.waiter.done():
+        report.waiter.set_result(code)
+
+
+def _code(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"status code must be an int, got {value!r}")
+    return value
+
+
+#: callback name -> its handler: the one place each callback is handled.
+REPORT_HANDLERS: dict[str, Callable[[ReportPath, ControllerReport], None]] = {
+    "report_fault_ranks": ReportPath.fault_ranks,
+    "report_stop_complete": ReportPath.stop_complete,
+    "report_strategies": ReportPath.strategies,
+    "report_result": ReportPath.result,
+}
