@@ -142,12 +142,12 @@ class RankTableSubscriber:
     """Register -> SubscribeRankTable -> write, again after every stream end."""
 
     def __init__(self, config: RankTableConfig, clusterd: ClusterDConfig, metrics: BridgeMetrics,
-                 on_written: Callable[[Path], None] = lambda path: None) -> None:
+                 on_written: Callable[[Path], None] = lambda path: None, *, hook_timeout: float = 60.0) -> None:
         self.config = config
         self.path = Path(config.path)
         self.client = ClusterDClient(clusterd, metrics)  # its own channel: never competes with the Recover stream
         self.metrics = metrics
-        self.hooks = NodeHooks(config.hook_command, 60.0, metrics)
+        self.hooks = NodeHooks(config.hook_command, hook_timeout, metrics)  # hooks.timeout of the job config
         self.on_written = on_written
         self.current: dict[str, Any] | None = self._load_existing()
         self._stopping = asyncio.Event()
