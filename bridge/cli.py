@@ -11,25 +11,18 @@ import argparse
 import asyncio
 import json
 import logging
-import os
-import signal
 import sys
 from collections.abc import Sequence
 
 from . import __version__
 from . import faults as codec
 from .config import BridgeConfig, ConfigError, load_config
+from .interrupts import capture_signals
+from .logs import setup_logging
 from .history import add_history_parser
 from .platform import add_platform_parser
 
 log = logging.getLogger("tft_bridge")
-
-
-def setup_logging(level: str) -> None:
-    """Plain lines under journald (it stamps them itself), timestamps otherwise."""
-    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else \
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)
 
 
 # --------------------------------------------------------------------------- run / check-config
@@ -52,25 +45,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         bridge = Bridge(config)
-        loop = asyncio.get_running_loop()
-        stops = 0
-
-        def on_signal(signum: int) -> None:
-            nonlocal stops
-            stops += 1
-            if stops > 1:  # a second signal: the operator insists
-                log.warning("second %s: exiting now", signal.Signals(signum).name)
-                os._exit(128 + signum)
-            log.info("%s: stopping gracefully", signal.Signals(signum).name)
-            bridge.request_stop()
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, on_signal, signum)
-        try:
+        with capture_signals(bridge.request_stop):
             return await bridge.run()
-        finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(signum)
 
     return asyncio.run(main())
 
@@ -88,11 +64,10 @@ def cmd_ranktable(args: argparse.Namespace) -> int:
     from .ranktable import RankTableSubscriber
 
     async def main() -> int:
-        subscriber = RankTableSubscriber(config.ranktable, config.clusterd, BridgeMetrics())
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, subscriber.stop)
-        await subscriber.run()
+        subscriber = RankTableSubscriber(config.ranktable, config.clusterd, BridgeMetrics(),
+                                         hook_timeout=config.hooks.timeout)
+        with capture_signals(subscriber.stop):
+            await subscriber.run()
         return 0
 
     return asyncio.run(main())

@@ -12,10 +12,12 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
 from typing import Any
+
+from ..interrupts import capture_signals
+from ..logs import setup_logging
 
 log = logging.getLogger("tft_bridge.platform")
 
@@ -93,8 +95,6 @@ def cmd_platform(args: argparse.Namespace) -> int:
     except Exception as error:  # kubeconfig or in-cluster configuration problems
         print(f"tft-bridge platform: no Kubernetes configuration: {error}", file=sys.stderr)
         return 1
-    from bridge.cli import setup_logging  # here, not at import: bridge.cli imports this module
-
     from .agent import AgentSettings, PlatformAgent
     from .metrics import MetricsServer, PlatformMetrics
 
@@ -124,18 +124,6 @@ def cmd_platform(args: argparse.Namespace) -> int:
 async def _serve(agent: Any, policy_path: str | None) -> int:
     from .policy import PolicyError, load_policy
 
-    loop = asyncio.get_running_loop()
-    stops = 0
-
-    def on_stop(signum: int) -> None:
-        nonlocal stops
-        stops += 1
-        if stops > 1:
-            log.warning("second %s: exiting now", signal.Signals(signum).name)
-            os._exit(128 + signum)
-        log.info("%s: stopping", signal.Signals(signum).name)
-        agent.request_stop()
-
     def on_reload() -> None:
         if policy_path is None:
             log.info("SIGHUP: no policy file to reload")
@@ -150,20 +138,13 @@ async def _serve(agent: Any, policy_path: str | None) -> int:
         agent.set_policy(policy)
         log.info("SIGHUP: policy reloaded from %s", policy_path)
 
-    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_stop, signum)
-    loop.add_signal_handler(signal.SIGHUP, on_reload)
-    try:
+    with capture_signals(agent.request_stop, {signal.SIGHUP: on_reload}):
         await agent.run()
-    finally:
-        for signum in handled:
-            loop.remove_signal_handler(signum)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bridge.platform``: the subcommand on its own, until it is wired in."""
+    """``python -m bridge.platform [options]``: the same as ``tft-bridge platform [options]``."""
     parser = argparse.ArgumentParser(prog="tft-bridge")
     add_platform_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["platform", *(sys.argv[1:] if argv is None else argv)])

@@ -1,0 +1,56 @@
+"""SIGTERM and SIGINT, handled the same way by every long-running command (``run``,
+``ranktable``, ``platform``, ``sim-clusterd``).
+
+systemd stops a unit with SIGTERM and, ``TimeoutStopSec`` later, SIGKILL; an operator at
+a terminal presses Ctrl-C, and presses it again when the graceful stop takes too long.
+So, as uvicorn's ``capture_signals`` does: the first SIGTERM or SIGINT only asks the
+command to stop -- the handler calls ``stop`` (which must only set a flag or an event)
+and returns; the graceful stop itself (drain, controller destroy, closing) runs in the
+command's own code. A second one forces the exit at once, with 128 + the signal number
+as the exit code, skipping whatever the graceful stop had left to do.
+
+The handlers are installed on the running event loop, so they run as loop callbacks
+between two steps of a task, never in the middle of one, and are removed on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+log = logging.getLogger("tft_bridge")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def capture_signals(stop: Callable[[], None],
+                    others: Mapping[signal.Signals, Callable[[], None]] | None = None) -> Iterator[None]:
+    """While inside: the first SIGTERM/SIGINT calls ``stop``; the second exits the
+    process now. ``others`` maps further signals (SIGHUP: reload) to their handlers.
+    Use inside the running event loop."""
+    loop = asyncio.get_running_loop()
+    received: list[signal.Signals] = []
+
+    def on_stop(signum: signal.Signals) -> None:
+        received.append(signum)
+        if len(received) > 1:  # the operator insists
+            log.warning("second %s: exiting now, without a graceful stop", signum.name)
+            os._exit(128 + signum)
+        log.info("%s: stopping gracefully (send it again to exit at once)", signum.name)
+        stop()
+
+    handled = [*STOP_SIGNALS, *(others or {})]
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, on_stop, signum)
+    for signum, handler in (others or {}).items():
+        loop.add_signal_handler(signum, handler)
+    try:
+        yield
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)

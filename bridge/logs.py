@@ -1,0 +1,20 @@
+"""Logging set-up for every ``tft-bridge`` command.
+
+Its own module, below everything else, so any command (``bridge.cli``, the platform
+agent's ``bridge.platform.cli``, the simulators) can import it at module level without
+importing the command line that imports them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+
+def setup_logging(level: str) -> None:
+    """Plain lines to stderr under journald (``JOURNAL_STREAM`` set: it stamps each line
+    itself), timestamped lines otherwise."""
+    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else \
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)

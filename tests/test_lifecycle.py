@@ -1,0 +1,144 @@
+"""The daemon's lifecycle: a part of the running bridge that dies stops the bridge cleanly
+with exit code 1 (not a half-dead process kept alive, nor a watchdog SIGABRT that skips
+the destroy); the signal helper every long-running command uses forces the exit on a
+second SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bridge.daemon import EXIT_FAILED
+from bridge.relay import Relay
+from bridge.sim.clusterd import SimJob
+from bridge.sim.scenario import SimulatedJob
+
+from .conftest import eventually, eventually_sync
+
+pytestmark = pytest.mark.timeout(90)
+JOB = "job-life"
+
+
+@pytest.fixture
+async def job() -> AsyncIterator[SimulatedJob]:
+    simulated = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4), keepalive_interval=0.1)
+    try:
+        yield simulated
+    finally:
+        await simulated.stop()
+
+
+def destroyed(job: SimulatedJob) -> bool:
+    return any(e.kind == "api" and e.name == "destroy" for e in job.training.events)
+
+
+async def assert_stopped_cleanly(job: SimulatedJob) -> None:
+    """Exit 1, and the graceful stop ran: the controller destroyed, the stream ended by the bridge."""
+    assert await job.wait_exit(30) == EXIT_FAILED
+    assert destroyed(job)
+    assert job.training.controller is None
+    await eventually(lambda: not job.sim.controllers[JOB].live, what="ClusterD seeing the stream end")
+
+
+async def test_a_background_task_that_fails_stops_the_bridge_with_exit_1(
+        job: SimulatedJob, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    fail = asyncio.Event()
+    deliver = Relay.run
+
+    async def failing_run(relay: Relay) -> None:
+        delivering = asyncio.ensure_future(deliver(relay))
+        try:
+            await fail.wait()
+        finally:
+            delivering.cancel()
+        raise RuntimeError("outbox broke")
+
+    monkeypatch.setattr(Relay, "run", failing_run)
+    caplog.set_level(logging.ERROR, logger="bridge.daemon")
+    await job.start()
+    await job.subscribed()
+    fail.set()
+    await assert_stopped_cleanly(job)
+    assert "background task relay ended: RuntimeError('outbox broke')" in caplog.text
+
+
+async def test_a_background_task_that_returns_stops_the_bridge_too(
+        job: SimulatedJob, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A loop that simply returns while the bridge is not stopping is just as dead."""
+    caplog.set_level(logging.ERROR, logger="bridge.daemon")
+    await job.start()
+    await job.subscribed()
+    assert job.bridge is not None
+    job.bridge.link.dispatcher.stop()  # its loop returns; nothing else asked the bridge to stop
+    await assert_stopped_cleanly(job)
+    assert "background task dispatcher ended: returned although the bridge was not stopping" in caplog.text
+
+
+async def test_a_dead_handoff_thread_stops_the_bridge(job: SimulatedJob, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="bridge.daemon")
+    await job.start()
+    await job.subscribed()
+    assert job.bridge is not None
+    await asyncio.to_thread(job.bridge.link.handoff.close)  # the thread ends as if it had died
+    await assert_stopped_cleanly(job)
+    assert "the controller hand-off thread ended; stopping the bridge" in caplog.text
+
+
+async def test_a_requested_stop_is_not_a_death(job: SimulatedJob, caplog: pytest.LogCaptureFixture) -> None:
+    """Every task ends during a normal stop: none of that may be reported or change the code."""
+    caplog.set_level(logging.ERROR, logger="bridge.daemon")
+    await job.start()
+    await job.subscribed()
+    assert job.bridge is not None
+    job.bridge.request_stop()
+    assert await job.wait_exit(30) == 0
+    assert destroyed(job)
+    assert "ended" not in caplog.text
+
+
+HELPER = textwrap.dedent("""
+    import asyncio, logging, sys
+    from bridge.interrupts import capture_signals
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        with capture_signals(stop.set):
+            print("ready", flush=True)
+            await stop.wait()
+            print("stopping slowly", flush=True)
+            await asyncio.sleep(600)  # a graceful stop that takes too long: the behaviour under test
+        return 0
+
+    logging.basicConfig(level="INFO", stream=sys.stdout)
+    sys.exit(asyncio.run(main()))
+""")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_forces_the_exit(signum: signal.Signals) -> None:
+    process = subprocess.Popen([sys.executable, "-c", HELPER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert process.stdout is not None
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        process.send_signal(signum)
+        seen: list[str] = []
+        eventually_sync(lambda: seen.append(process.stdout.readline()) or "stopping slowly" in seen[-1],
+                        20, "the first signal starting the graceful stop")
+        assert process.poll() is None  # the first signal did not end it
+        process.send_signal(signum)
+        assert process.wait(20) == 128 + signum
+        rest = process.stdout.read()
+        assert f"second {signum.name}: exiting now" in rest
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
