@@ -21,6 +21,7 @@ from .interrupts import capture_signals
 from .logs import setup_logging
 from .history import add_history_parser
 from .platform import add_platform_parser
+from .sim import cli as sim_cli
 
 log = logging.getLogger("tft_bridge")
 
@@ -151,15 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_lazy("demo", "cmd_demo"))
 
     sim = commands.add_parser("sim-clusterd", help="run the simulated ClusterD on its own, logging every RPC and signal")
-    sim.add_argument("--listen", default="127.0.0.1:8899")
-    sim.add_argument("--job", required=True, help="job id (the Recover jobId)")
-    sim.add_argument("--world-size", type=int, default=8)
-    sim.add_argument("--devices-per-pod", type=int, default=8)
-    sim.add_argument("--strategies", default="retry,recover,dump,exit")
-    sim.add_argument("--phase-delay", type=float, default=11.0, help="seconds before globalFault (the real server: ~11)")
-    sim.add_argument("--keepalive", type=float, default=5.0)
-    sim.add_argument("--process-recover", choices=["on", "off"], default="on")
-    sim.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sim_cli.add_arguments(sim)  # real delays by default; stdin commands (bridge/sim/cli.py)
     sim.set_defaults(func=_lazy("sim.cli", "cmd_sim_clusterd"))
 
     faults = commands.add_parser("faults", help="format, parse and merge \"rank:type\" fault strings")
