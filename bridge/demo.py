@@ -1,7 +1,10 @@
 """``tft-bridge demo``: one real recovery, end to end, on this machine.
 
 A simulated ClusterD (the real server's semantics, shorter delays), the stub MindIO
-controller with sixteen simulated training ranks, and the real bridge between them with
+controller with sixteen simulated training ranks (at a faster pace than the real one,
+``mindio_ttp.FAST_TIMINGS``: a demo is watched, and the real controller's 2 s to report a
+fault, ~2.3 s to repair by retry and ~5 s to shut down only add waiting; the intro line
+says so), and the real bridge between them with
 its metrics endpoint. A fault is injected and every step of the recovery is printed as
 it happens, from both sides of the bridge. Exit code 0 when the scenario ended as it
 should (a recovery for retry/recover/retry-fails, the job brought down cleanly for
@@ -17,7 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .cli import setup_logging
+from .logs import setup_logging
+from .sim import mindio_ttp
 from .sim.clusterd import SimJob
 from .sim.journal import JournalEntry
 from .sim.scenario import SimulatedJob
@@ -32,18 +36,17 @@ class Scenario:
     strategies: tuple[str, ...]
     fault: dict[int, int]
     expect: str  # the ProcessRecoverStatus ClusterD writes, or "exit" for a clean exit
-    clusterd_sees_fault: bool = False  # a UCE also reaches ClusterD's fault centre
     fail_repair: int | None = None
 
 
 SCENARIOS = {
     "retry": Scenario("an on-chip memory error (UCE) on rank 5, repaired in place by retry",
-                      ("retry", "recover", "dump", "exit"), {5: 0}, "retry-success", clusterd_sees_fault=True),
+                      ("retry", "recover", "dump", "exit"), {5: 0}, "retry-success"),
     "recover": Scenario("rank 5's process dies; its pod's ranks are restarted (recover)",
                         ("retry", "recover", "dump", "exit"), {5: 1}, "recover-success"),
     "retry-fails": Scenario("a UCE on rank 5 whose retry fails (405); ClusterD falls back to recover",
                             ("retry", "recover", "dump", "exit"), {5: 0}, "recover-success",
-                            clusterd_sees_fault=True, fail_repair=405),
+                            fail_repair=405),
     "dump": Scenario("rank 5's process dies on a job that allows only dump: save a checkpoint, then stop",
                      ("dump", "exit"), {5: 1}, "dump-success"),
     "exit": Scenario("rank 5's process dies on a job that allows only exit: stop cleanly",
@@ -80,6 +83,9 @@ class Timeline:
                 what = ",".join(f"{r}:{t}" for r, t in sorted(d.get("faults", {}).items()))
             code = f" code={status.get('code')}" if status else ""
             self.say("ClusterD", f"receives {entry.name}{code} {what}".rstrip())
+        elif entry.kind == "fault-centre" and entry.name == "retry-fault":
+            self.say("ClusterD", f"fault centre turns the UCE/HCCL report into a retry fault "
+                                 f"(stopTrain in {d.get('delay')} s)")
         elif entry.kind == "annotation" and entry.name == "ProcessRecoverStatus":
             self.say("ClusterD", f"writes ProcessRecoverStatus={d.get('value')} on the PodGroup")
 
@@ -98,11 +104,13 @@ async def run_demo(name: str, hold: float, metrics_port: int) -> int:
     timeline = Timeline()
     print(f"tft-bridge demo: {name} -- {scenario.description}")
     print(f"  job strategies {list(scenario.strategies)}; 16 ranks, 4 per pod; ClusterD's ~11 s wait before "
-          f"globalFault shortened to {GLOBAL_FAULT_DELAY:.0f} s\n")
+          f"globalFault shortened to {GLOBAL_FAULT_DELAY:.0f} s; the controller's own delays (2 s to report "
+          f"a fault, ~2.3 s to repair, ~5 s to shut down) shortened to milliseconds\n")
     job = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4, strategies=scenario.strategies),
                        keepalive_interval=1.0, global_fault_delay=GLOBAL_FAULT_DELAY, flush_delay=0.2,
                        dump_exit_repeat=1.0, wait_time=10, metrics_port=metrics_port,
-                       observer=lambda line: timeline.say("bridge", line))
+                       observer=lambda line: timeline.say("bridge", line),
+                       controller_timings=mindio_ttp.FAST_TIMINGS)
     job.sim.journal.add_listener(timeline.clusterd)
     await job.start()
     assert job.bridge is not None
@@ -115,11 +123,9 @@ async def run_demo(name: str, hold: float, metrics_port: int) -> int:
         print("  ---- fault injected: times below are since the fault ----", flush=True)
         timeline.t0 = time.monotonic()
         timeline.say("training", f"rank(s) {scenario.fault} fail (type 0 = on-chip memory error, 1 = process)")
+        # A UCE needs nothing else: ClusterD's fault centre turns the bridge's relayed
+        # report into a retry cycle by itself, as the real one does.
         job.training.inject_fault(scenario.fault)
-        if scenario.clusterd_sees_fault:
-            await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault", timeout=10)
-            timeline.say("training", "the device plugin reports the same UCE to ClusterD's fault centre")
-            await job.sim.start_clusterd_fault(JOB, scenario.fault)
         ok = await _wait(lambda: _finished(job, scenario), timeout=30)
         await asyncio.sleep(0.3)  # let the last reports and re-subscription show
     finally:
