@@ -147,7 +147,10 @@ class SimClusterD:
     ``bad_faults`` for non-canonical entries, ``status`` as ``{"code", "info"}`` or None,
     ``strategies``, ``strategy``, ``isolateRankIds``) and ``outcome`` where useful;
     signals carry ``uuid, jobId, actions, faults, changeStrategy, timeout, nodeRankIds,
-    extraParams`` and ``stream``; states carry the ``event`` that led there.
+    extraParams`` and ``stream``; states carry the ``event`` that led there;
+    ``fault-centre`` entries (``retry-fault`` with its ``delay``, ``pre-exit-scheduled``
+    with ``ranks`` and ``delay``, ``orphaned-global-fault``) are written when the fault
+    centre schedules something, before its delay starts, so tests measure delays from them.
     """
 
     def __init__(self, jobs: Iterable[SimJob] = (), *, timings: Timings | None = None,
