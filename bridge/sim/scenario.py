@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from ..config import BridgeConfig, build_config
@@ -84,7 +82,6 @@ class SimulatedJob:
         self.config: BridgeConfig = build_config(raw, env={})
         self.bridge: Bridge | None = None
         self._run: asyncio.Task[int] | None = None
-        self.started_at = time.monotonic()
 
     async def __aenter__(self) -> "SimulatedJob":
         await self.start()
@@ -118,7 +115,7 @@ class SimulatedJob:
 
     async def subscribed(self, timeout: float = 10.0) -> None:
         """Wait for a live subscription (the bridge's session)."""
-        assert self.bridge is not None and self.bridge.session is not None
+        assert self.bridge is not None
         await asyncio.wait_for(self.bridge.session.live.wait(), timeout)
 
     async def stop(self) -> int:
@@ -136,16 +133,9 @@ class SimulatedJob:
                 os.environ["MINDIO_WAIT_MINDX_TIME"] = previous
         return code
 
-    @property
-    def exit_code(self) -> int | None:
-        return self._run.result() if self._run is not None and self._run.done() else None
-
     async def wait_exit(self, timeout: float = 10.0) -> int:
         assert self._run is not None
         return await asyncio.wait_for(asyncio.shield(self._run), timeout)
-
-    def with_config(self, **changes: Any) -> BridgeConfig:
-        return replace(self.config, **changes)
 
 
 __all__ = ["SimJob", "SimulatedJob", "free_port"]
