@@ -5,14 +5,30 @@ touched once, so its samples exist under the names prometheus_client gives them
 (``_total`` for counters, ``_bucket``/``_sum``/``_count`` for histograms, ``_info`` for
 Info, gauges unchanged). Renaming or removing a metric therefore breaks this test until
 the dashboard follows.
+
+The last test runs the dashboard against a real Prometheus scraping the demo scenarios
+(skipped without Debian's ``prometheus`` binary, required in CI). The name and label
+checks above still earn their place: they run without Prometheus, and they catch what
+Prometheus cannot -- a misspelt metric or label in a query is not an error in PromQL, only
+an empty panel, and a panel over a counter the demo never moves is empty either way.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +37,14 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
 from bridge.metrics import BridgeMetrics
+from bridge.sim.scenario import free_port
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "contrib" / "grafana" / "tft-bridge.json"
+from .conftest import eventually_sync
+from .gated_demo import GATE_PROMPT
+from .prometheus_bin import required_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "contrib" / "grafana" / "tft-bridge.json"
 
 METRIC = re.compile(r"\btft_bridge_[A-Za-z0-9_:]*")
 # A metric name, then optionally its {matchers}.
@@ -229,3 +251,266 @@ def test_every_metric_family_has_a_panel(dashboard: dict[str, Any]) -> None:
     missing = sorted(family for family in exported_families()
                      if not any(name == family or name.startswith(family + "_") for name in used))
     assert not missing, f"metrics without a panel: {missing}"
+
+
+# --------------------------------------------------------------------------- against a real Prometheus
+#
+# The label check above knows the names; only a real Prometheus knows whether an expression
+# parses, whether a function fits the type it gets and whether a panel shows anything. A
+# Prometheus (Debian's package, 1 s scrape interval, its own storage in tmp_path, loopback
+# only) scrapes one `tft-bridge demo` per scenario, then every dashboard expression is
+# evaluated through the HTTP API the way Grafana would ask: variables substituted, instant
+# targets with /api/v1/query at the end of the range, range targets with
+# /api/v1/query_range over it. The rule file is loaded as well, so the recording rules and
+# alerts are evaluated on the same real data.
+
+DEMO_SCENARIOS = ("retry", "recover", "retry-fails", "dump", "exit")
+SCRAPE_INTERVAL = 1.0  # seconds: Prometheus' and the Grafana datasource's "scrape interval"
+GRAFANA_MAX_DATA_POINTS = 1000  # about a full-width panel
+RULES_FILE = DASHBOARD.parent.parent / "prometheus" / "tft-bridge.rules.yml"
+HTTP_TIMEOUT = 5.0
+# Range targets over counters must show the demo's events (a rate or increase that is not
+# 0 somewhere). These may stay empty after the five demo scenarios, and why. Each is
+# (panel title, refId).
+#: Counters the demo never moves; the test checks that they really stayed at 0.
+NEVER_MOVED: dict[tuple[str, str], str] = {
+    ("Bad inputs by kind", "A"): "the demo feeds no malformed input",
+    ("Controller callbacks", "B"): "no callback error in a clean demo",
+    ("Controller flow desyncs by callback and step", "A"): "the controller never surprises the flow tracker",
+    ("Rank table updates by result", "A"): "the demo subscribes to no rank table",
+    ("Reports dropped by kind and reason", "A"): "no report is dropped in a clean recovery",
+    ("Reports sent by kind", "B"): "one fault per scenario: nothing to merge",
+    ("Flight recorder errors by reason", "A"): "nothing makes the recorder fail in the demo",
+}
+#: Counters with open-ended label values (not pre-created in bridge/metrics.py): the series
+#: is born at its first event already at 1, so increase() shows 0 for that event. The
+#: test checks that the series exist (the panel draws them at 0).
+BORN_AT_FIRST_EVENT: dict[tuple[str, str], str] = {
+    ("Hook runs by hook and result", "A"): "each demo runs one node action (no_hook), its first",
+    ("Subscription reconnects by reason", "A"): "the one cycle_end reconnect of each demo is its first",
+    ("Signals refused by reason", "A"): "dump: ClusterD repeats its exit notice once, refused as the first duplicate",
+}
+
+
+@dataclass
+class DemoBridge:
+    scenario: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def at_gate(self) -> bool:
+        self._alive()
+        return GATE_PROMPT in self.output()
+
+    def release(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"go\n")
+        self.process.stdin.flush()
+
+    def _alive(self) -> None:
+        if self.process.poll() is not None:
+            raise AssertionError(f"demo {self.scenario} exited with {self.process.returncode}:\n{self.output()}")
+
+    def held(self) -> bool:
+        """True once the scenario ended and the demo holds its metrics endpoint up."""
+        self._alive()
+        return "holding for" in self.output()
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+
+class PrometheusServer:
+    """A throw-away Prometheus on loopback."""
+
+    def __init__(self, workdir: Path, targets: dict[str, int]) -> None:
+        binary = required_binary("prometheus")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = workdir / "prometheus.yml"
+        static = "\n".join(f"      - targets: ['127.0.0.1:{port}']\n        labels: {{scenario: '{name}'}}"
+                           for name, port in targets.items())
+        config.write_text(
+            f"global:\n  scrape_interval: {SCRAPE_INTERVAL:g}s\n  scrape_timeout: {SCRAPE_INTERVAL:g}s\n"
+            f"  evaluation_interval: {SCRAPE_INTERVAL:g}s\n"
+            f"rule_files: ['{RULES_FILE}']\n"
+            f"scrape_configs:\n  - job_name: tft-bridge-demo\n    static_configs:\n{static}\n",
+            encoding="utf-8")
+        self.log = workdir / "prometheus.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT)
+
+    def get(self, path: str, **params: Any) -> Any:
+        query = urllib.parse.urlencode(params, doseq=True)
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=HTTP_TIMEOUT) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as error:  # 400/422: Prometheus says what is wrong in the body
+            body = json.loads(error.read() or b"{}")
+        return body
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"prometheus exited with {self.process.returncode}:\n{self.log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=HTTP_TIMEOUT) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def scalar(self, expr: str) -> float | None:
+        body = self.get("/api/v1/query", query=expr)
+        result = body.get("data", {}).get("result") or []
+        return float(result[0]["value"][1]) if result else None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+
+def grafana_variables(start: float, end: float) -> dict[str, str]:
+    """The built-in variables as Grafana computes them for a panel over [start, end]:
+    ``$__interval`` is the range over the panel's data points, never below the datasource's
+    scrape interval; ``$__rate_interval`` is max($__interval + scrape interval, 4 x scrape
+    interval); ``$__range`` is the range in whole seconds."""
+    span = end - start
+    interval = max(SCRAPE_INTERVAL, math.ceil(span / GRAFANA_MAX_DATA_POINTS))
+    rate_interval = max(interval + SCRAPE_INTERVAL, 4 * SCRAPE_INTERVAL)
+    return {"$__rate_interval": f"{rate_interval:g}s", "$__interval": f"{interval:g}s",
+            "$__range": f"{math.ceil(span)}s", "$job": ".*", "$instance": ".*"}  # "All": allValue ".*"
+
+
+def substitute(expr: str, variables: dict[str, str]) -> str:
+    for name in sorted(variables, key=len, reverse=True):  # $__rate_interval before $__range
+        expr = expr.replace(name, variables[name])
+    assert "$" not in expr, f"unsubstituted variable in {expr!r}"
+    return expr
+
+
+def has_data(result: list[dict[str, Any]], *, moved: bool = False) -> bool:
+    """Something Grafana would draw: at least one finite value (NaN is a gap); with
+    ``moved``, at least one that is not 0 (a rate or increase that shows the event)."""
+    values = [s["value"][1] for s in result if "value" in s] + [v[1] for s in result for v in s.get("values", [])]
+    return any(math.isfinite(float(value)) and (not moved or float(value) != 0) for value in values)
+
+
+def panel_targets(dashboard: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for panel in data_panels(dashboard):
+        for target in panel.get("targets", []):
+            yield panel["title"], target
+
+
+def firing_alerts(prometheus: PrometheusServer, demos: list[DemoBridge]) -> set[tuple[str, str]]:
+    """(alert name, demo scenario) of every firing alert (the rules keep job and instance)."""
+    scenarios = {f"127.0.0.1:{demo.port}": demo.scenario for demo in demos}
+    return {(alert["labels"]["alertname"], scenarios.get(alert["labels"].get("instance", ""), "?"))
+            for alert in prometheus.get("/api/v1/alerts")["data"]["alerts"] if alert["state"] == "firing"}
+
+
+@pytest.fixture
+def demo_prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusServer, list[DemoBridge], float]]:
+    """A Prometheus scraping one gated demo per scenario (tests/gated_demo.py); the faults
+    are released once Prometheus has stored every bridge's state before its fault."""
+    required_binary("prometheus")
+    started = time.time()
+    ports = {scenario: free_port() for scenario in DEMO_SCENARIOS}
+    demos: list[DemoBridge] = []
+    prometheus = PrometheusServer(tmp_path, ports)
+    try:
+        eventually_sync(prometheus.ready, timeout=60, what="prometheus ready")
+        for scenario, port in ports.items():
+            log = tmp_path / f"demo-{scenario}.log"
+            with log.open("wb") as out:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "tests.gated_demo", "demo", "--scenario", scenario, "--hold", "600",
+                     "--metrics-port", str(port)], stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                    cwd=ROOT, env={**os.environ, "STATE_DIRECTORY": str(tmp_path / f"state-{scenario}")})
+            demos.append(DemoBridge(scenario, port, process, log))
+        eventually_sync(lambda: all(demo.at_gate() for demo in demos), timeout=90, what="every demo subscribed")
+        gated = time.time()
+        eventually_sync(lambda: prometheus.scalar(f"count(timestamp(tft_bridge_build_info) > {gated})") == len(demos),
+                        timeout=30, what="a scrape of every bridge before its fault")
+        for demo in demos:
+            demo.release()
+        yield prometheus, demos, started
+    finally:
+        for demo in demos:
+            demo.stop()
+        prometheus.stop()
+
+
+@pytest.mark.timeout(240)
+def test_dashboard_against_a_real_prometheus(
+        demo_prometheus: tuple[PrometheusServer, list[DemoBridge], float], dashboard: dict[str, Any]) -> None:
+    prometheus, demos, started = demo_prometheus
+    eventually_sync(lambda: all(demo.held() for demo in demos), timeout=120, what="every demo scenario finished")
+    done = time.time()
+    # One scrape of every bridge after its scenario ended, so the end state is stored (`up`
+    # is written for every scrape, also of a bridge that ended with its controller).
+    eventually_sync(lambda: prometheus.scalar(f"count(timestamp(up) > {done})") == len(demos),
+                    timeout=30, what="a scrape of every demo bridge after its scenario")
+    end = time.time()
+    variables = grafana_variables(started, end)
+    step = variables["$__interval"]
+
+    errors: list[str] = []
+    empty: set[tuple[str, str]] = set()
+    for title, target in panel_targets(dashboard):
+        expr = substitute(target["expr"], variables)
+        if target.get("instant"):
+            body = prometheus.get("/api/v1/query", query=expr, time=end)
+        else:
+            body = prometheus.get("/api/v1/query_range", query=expr, start=started, end=end, step=step)
+        if body.get("status") != "success":
+            errors.append(f"{title} {target['refId']}: {body.get('errorType')}: {body.get('error')}\n    {expr}")
+        elif not has_data(body["data"]["result"], moved=bool(RATE_ARG.search(expr))):
+            empty.add((title, target["refId"]))
+    assert not errors, "dashboard expressions Prometheus rejects:\n" + "\n".join(errors)
+    unexpected = sorted(empty - NEVER_MOVED.keys() - BORN_AT_FIRST_EVENT.keys())
+    assert not unexpected, f"panels without data after the demo scenarios: {unexpected}"
+    exprs_by_target = {(title, target["refId"]): target["expr"] for title, target in panel_targets(dashboard)}
+    for key in empty:
+        expr = substitute(exprs_by_target[key], variables)
+        if key in NEVER_MOVED:
+            moved = prometheus.get("/api/v1/query", query=f"{METRIC.findall(expr)[0]} > 0", time=end)  # any series
+            assert moved["data"]["result"] == [], f"{key} is listed as never moved, but it did: {moved}"
+        else:
+            shown = prometheus.get("/api/v1/query_range", query=expr, start=started, end=end, step=step)
+            assert has_data(shown["data"]["result"]), f"{key}: not even its series exist"
+
+    # The rule file on the same data: every rule evaluates cleanly, and the recoveries that
+    # did not keep the job whole raise their alerts (the others stay quiet).
+    expected = {("TftBridgeRecoveryFailed", "retry-fails"), ("TftBridgeRecoveryStoppedJob", "dump"),
+                ("TftBridgeRecoveryStoppedJob", "exit")}
+    eventually_sync(lambda: expected <= firing_alerts(prometheus, demos), timeout=30, what="the demo's alerts firing")
+    unhealthy = [(rule["name"], rule.get("lastError")) for group in prometheus.get("/api/v1/rules")["data"]["groups"]
+                 for rule in group["rules"] if rule["health"] != "ok"]
+    assert not unhealthy, unhealthy
+    assert firing_alerts(prometheus, demos) == expected
+
+    # The template variables' queries, the way Grafana runs label_values().
+    jobs = prometheus.get("/api/v1/label/job/values", **{"match[]": "tft_bridge_build_info"}, start=started, end=end)
+    assert jobs["data"] == ["tft-bridge-demo"]
+    instances = prometheus.get("/api/v1/label/instance/values", **{"match[]": 'tft_bridge_build_info{job=~".*"}'},
+                               start=started, end=end)
+    assert sorted(instances["data"]) == sorted(f"127.0.0.1:{demo.port}" for demo in demos)
