@@ -361,14 +361,17 @@ def merge_faults_into(target, *maps):
         return _py.merge_faults_into(target, *maps)  # raises the reference error
     for faults in maps:
         if type(faults) is not dict or not _all_fast(<dict>faults):
-            # Validate everything before touching ``target``, as the reference does.
-            return merge_faults_into(target, merge_faults(*maps))
+            # Validate everything before touching ``target``, as the reference does. (Not
+            # "fast" includes valid ranks CPython >= 3.12 stores in two digits, >= 2**30:
+            # so the merged map is not re-checked with _all_fast, it is merged below.)
+            maps = (merge_faults(*maps),)
+            break
     for faults in maps:
         source = <dict>faults
         pos = 0
         while _dict_next(source, &pos, &key, &value):
-            _fast(key, value, &rank, &ftype)
-            _merge_one(target, <object>key, ftype)
+            _entry(key, value, &rank, &ftype)  # cannot fail: every entry was checked above
+            _merge_one(target, _rank_object(key, rank), ftype)
     return target
 
 

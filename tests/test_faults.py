@@ -407,3 +407,11 @@ def test_clusterd_elements_trims_go_space_then_commas_from_the_whole_string_only
     assert clusterd_elements("\u3000,1:0, 2:1,\u00a0") == ["1:0", " 2:1"]
     assert clusterd_elements(GO_SPACE + ",," + GO_SPACE) == []
     assert clusterd_elements("") == []
+
+
+def test_merge_into_ranks_above_two_to_the_thirty(codec: ModuleType) -> None:
+    """CPython >= 3.12 stores these in two digits, off the compiled fast path."""
+    big = {2**31 - 1: 0, 2**30: 1, 2**30 - 1: 2}
+    target: dict[int, int] = {2**31 - 1: 1}
+    assert codec.merge_faults_into(target, big) == {2**31 - 1: 1, 2**30: 1, 2**30 - 1: 2}
+    assert codec.merge_faults_into({}, big, {2**30: 0}) == codec.merge_faults(big, {2**30: 0})
