@@ -51,6 +51,11 @@ RPC_METHODS = ("Init", "Register", "ReportProcessFault", "ReportStopComplete", "
 #: Report kinds of the relay (``kind`` label) and the recovery phases.
 REPORT_KINDS = ("fault", "stop_complete", "strategy", "result")
 RECOVERY_PHASES = ("fault_to_stop", "stop_to_strategy", "strategy_to_result")
+#: Why a signal or action was not forwarded (signals.py, clusterd.py, flow.py's gate; a
+#: test checks that every reason those modules use is listed here).
+REFUSAL_REASONS = ("foreign_job", "duplicate", "malformed", "no_actions", "stale_cycle", "unexpected_step",
+                   "clusterd_only_strategy", "unknown_strategy", "strategy_not_offered",
+                   "unsupported_by_controller", "unknown_action")
 #: Final strategies every job with process-level recovery can end a cycle with (the elastic
 #: ones appear when first used). Pre-created because a histogram child born at its first
 #: observation makes that recovery invisible to rate() and histogram_quantile() -- and the
@@ -171,6 +176,8 @@ class BridgeMetrics:
             self.faults_reported.labels(name)
         for signal_type in (*SIGNAL_TYPES, OTHER):
             self.signals_received.labels(signal_type)
+        for reason in REFUSAL_REASONS:
+            self.signals_refused.labels(reason)
         for method in RPC_METHODS:
             self.rpcs.labels(method, str(int(Code.OK)))
             self.rpc_seconds.labels(method)

@@ -3,7 +3,9 @@ set plus ``other``, and every series with known labels exists at 0 from the star
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -16,6 +18,7 @@ from bridge.flow import CALLBACKS, ControllerFlow, Step
 from bridge.metrics import (
     OTHER,
     RECOVERY_PHASES,
+    REFUSAL_REASONS,
     REPORT_KINDS,
     RPC_METHODS,
     SIGNAL_TYPES,
@@ -135,6 +138,8 @@ def test_known_children_exist_at_start_with_value_zero() -> None:
     assert {labels[0][1] for labels in series(metrics, "tft_bridge_faults_reported_total")} == {"uce", "hccl", "other"}
     phases = series(metrics, "tft_bridge_recovery_phase_duration_seconds_count")
     assert {labels[0][1] for labels in phases} == set(RECOVERY_PHASES)
+    refused = series(metrics, "tft_bridge_signals_refused_total")
+    assert {labels[0][1] for labels in refused} == set(REFUSAL_REASONS)
     desync = series(metrics, "tft_bridge_flow_desync_total")
     assert set(desync) == {(("callback", c), ("step", s.value)) for c in CALLBACKS for s in Step}
     for family in ("tft_bridge_signals_received_total", "tft_bridge_clusterd_rpcs_total",
@@ -152,3 +157,17 @@ def test_desync_hook_counts_by_callback_and_step() -> None:
     assert desync[(("callback", "report_strategies"), ("step", "idle"))] == 1
     assert desync[(("callback", "report_strategies"), ("step", "await_strategy"))] == 1
     assert sum(desync.values()) == 2
+
+
+def test_every_refusal_reason_the_code_uses_is_created_up_front() -> None:
+    """The reasons are string literals in three modules; a new one must join REFUSAL_REASONS."""
+    bridge = Path(__file__).resolve().parent.parent / "bridge"
+    used: set[str] = set()
+    used |= set(re.findall(r'_refuse\("([a-z_]+)"', (bridge / "signals.py").read_text()))
+    used |= set(re.findall(r'reason = "([a-z_]+)"', (bridge / "signals.py").read_text()))
+    used |= set(re.findall(r'signals_refused\.labels\("([a-z_]+)"\)', (bridge / "clusterd.py").read_text()))
+    gate = (bridge / "flow.py").read_text().split("def refusal", 1)[1].split("def snapshot", 1)[0]
+    used |= set(re.findall(r'return "([a-z_]+)"', gate))
+    used |= set(re.findall(r'else "([a-z_]+)"', gate))
+    assert {"foreign_job", "stale_cycle", "unexpected_step", "strategy_not_offered"} <= used  # the scan works
+    assert used <= set(REFUSAL_REASONS), sorted(used - set(REFUSAL_REASONS))
