@@ -235,7 +235,7 @@ def _from_environment(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str,
     if "PROCESS_RECOVER" in env:
         put("PROCESS_RECOVER", env["PROCESS_RECOVER"])  # a string: _coerce refuses what is not on/off
     if "HIGH_AVAILABILITY" in env:
-        put("HIGH_AVAILABILITY", "elastic-training" in env["HIGH_AVAILABILITY"].split(","))
+        put("HIGH_AVAILABILITY", "elastic-training" in env["HIGH_AVAILABILITY"])  # taskd's own test: contains
     return raw, sources
 
 
@@ -396,11 +396,11 @@ def _validate(config: BridgeConfig, problems: _Problems) -> None:
         problems.plain("clusterd.cert_file and clusterd.key_file: give both for mutual TLS, or neither")
     if c.module not in (STUB_CONTROLLER, REAL_CONTROLLER):
         problems.add("controller.module", f"expected {REAL_CONTROLLER!r} or {STUB_CONTROLLER!r}, got {c.module!r}")
-    why = host_problem(c.bind_ip.strip(), allow_unspecified=False)
+    why = host_problem(c.bind_ip, allow_unspecified=False)
     if why:
         problems.add("controller.bind_ip", why if "got" in why else f"{why}; the controller refuses it")
     m = config.metrics
-    why = host_problem(m.address.strip(), allow_unspecified=False)
+    why = host_problem(m.address, allow_unspecified=False)
     if why:
         problems.add("metrics.address", why)
     if bool(m.certfile) != bool(m.keyfile):

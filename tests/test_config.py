@@ -182,7 +182,7 @@ def test_metrics_address_accepts_loopback_node_ips_and_names(address: str) -> No
     assert build_config({**MINIMAL, "metrics": {"address": address}}, {}).metrics.address == address
 
 
-@pytest.mark.parametrize("bind_ip", ["999.1.1.1", "0.0.0.0", "::", "a b", "-x", "1.2.3"])
+@pytest.mark.parametrize("bind_ip", ["999.1.1.1", "0.0.0.0", "::", "a b", "-x", "1.2.3", " 10.0.0.1"])
 def test_bad_bind_ip_is_refused(bind_ip: str) -> None:
     assert one_problem({**MINIMAL, "controller": {"bind_ip": bind_ip}}).startswith("controller.bind_ip: ")
 
