@@ -18,8 +18,8 @@ docs/mindio-controller.md sections 4 and 6):
 gives at a step where the bridge expects it. ``outcome`` is what the callback says
 (``outcome()``): ``-`` for report_fault_ranks and report_strategies; ``ok``/``failed``
 for report_stop_complete; for report_result ``ok``, ``dump_ok`` (0 after a dump),
-``downgrade_ok`` (0 after a downgrade), ``downgraded`` (201), ``retry_failed`` (405), ``invalid_strategy`` (499 with no
-strategy) or ``failed`` (406, 499, anything else).
+``downgrade_ok`` (0 after a downgrade), ``downgraded`` (201), ``retry_failed`` (405),
+``invalid_strategy`` (499 with no strategy) or ``failed`` (406, 499, anything else).
 
 =============== ===================== ================= ==============================
 step            callback              outcome           next step
@@ -36,7 +36,8 @@ IDLE            report_result         downgrade_ok      (stays: the reduced job 
 REPAIRING       report_result         retry_failed      AWAIT_GLOBAL (405)
 REPAIRING       report_result         invalid_strategy  EXITING
 REPAIRING       report_result         failed            AWAIT_FINAL (406, 499)
-DUMPING         report_result         any but 201/405   EXITING
+DUMPING         report_result         ok / dump_ok      EXITING
+DUMPING         report_result         failed            EXITING (so does invalid_strategy)
 PAUSE_SENT      report_result         failed            IDLE (the pause timed out)
 PAUSED          report_result         failed            IDLE (the pause timed out)
 =============== ===================== ================= ==============================
