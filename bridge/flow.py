@@ -37,7 +37,8 @@ REPAIRING       report_result         retry_failed      AWAIT_GLOBAL (405)
 REPAIRING       report_result         invalid_strategy  EXITING
 REPAIRING       report_result         failed            AWAIT_FINAL (406, 499)
 DUMPING         report_result         ok / dump_ok      EXITING
-DUMPING         report_result         failed            EXITING (so does invalid_strategy)
+DUMPING         report_result         failed            EXITING
+DUMPING         report_result         invalid_strategy  EXITING
 PAUSE_SENT      report_result         failed            IDLE (the pause timed out)
 PAUSED          report_result         failed            IDLE (the pause timed out)
 =============== ===================== ================= ==============================

@@ -312,3 +312,25 @@ def test_every_notified_row(action: str, strategy: str, step: Step) -> None:
 def test_notified_table_has_a_row_for_every_forwarded_action_but_the_switches() -> None:
     forwarded = set().union(*ACCEPTS.values()) - {"hot switch", "stop switch"}
     assert {action for action, _ in NOTIFIED} == forwarded
+
+
+def test_the_module_docstring_table_is_the_expected_table() -> None:
+    """The docstring's table is what a reader trusts: it must say what EXPECTED does."""
+    import bridge.flow
+
+    lines = (bridge.flow.__doc__ or "").splitlines()
+    rules = [i for i, line in enumerate(lines) if line.startswith("=====")]
+    header = lines[rules[0]]
+    starts = [0] + [i + 1 for i, ch in enumerate(header) if ch == " " and header[i + 1] == "="]
+    documented: dict[tuple[Step, str, str], Step | None] = {}
+    for line in lines[rules[1] + 1:rules[2]]:
+        step, callback, outcomes, nexts = (line[a:b].strip() for a, b in zip(starts, [*starts[1:], None]))
+        names = [o.strip() for o in outcomes.split("/")]
+        if nexts.startswith("(stays"):
+            targets: list[Step | None] = [STAY] * len(names)
+        else:
+            targets = [Step[n.split("(")[0].strip()] for n in nexts.split("(")[0].split("/")]
+            targets = targets * len(names) if len(targets) == 1 else targets
+        for name, target in zip(names, targets, strict=True):
+            documented[(Step[step], callback, name)] = target
+    assert documented == EXPECTED
