@@ -139,8 +139,11 @@ def test_idle_connections_beyond_the_cap_add_no_thread_and_do_not_block_a_scrape
         assert server.stats.peak_connections <= server.max_connections
         status, _, body = scrape(server.port)
         assert status == 200 and b"tft_bridge_build_info" in body
-        assert server.stats.evicted >= 40 - server.max_connections
-        assert metrics.sample("tft_bridge_bad_inputs_total", {"kind": "metrics_http_slow_client"}) >= 32
+        # Each one beyond the cap was evicted, unless its 1 s header deadline came first
+        # (a loaded machine may take that long to accept 40).
+        cut = server.stats.evicted + server.stats.header_timeouts
+        assert cut >= 40 - server.max_connections
+        assert metrics.sample("tft_bridge_bad_inputs_total", {"kind": "metrics_http_slow_client"}) >= cut
     finally:
         for sock in idle:
             sock.close()
