@@ -30,9 +30,9 @@ encoders, OpenMetrics negotiation, gzip) and replaces only the transport:
   it (one per content type), so 200 concurrent scrapers cost a handful of renders, not
   200, and no answer is older than its request.
 * **A header deadline** (``header_timeout``) from the moment the server waits for a
-  request (the first one, or the next on a kept-alive connection), covering the TLS
-  handshake too, and a **write deadline** (``write_timeout``) for clients that stop
-  reading.
+  request (the first one, or the next on a kept-alive connection), a TLS handshake
+  deadline of the same length, and a **write deadline** (``write_timeout``) for
+  clients that stop reading.
 * HTTP/1.1 with keep-alive, ``GET``/``HEAD`` on ``/metrics`` and ``/``; 404 elsewhere,
   405 for other methods, 400/431/505 for malformed, oversized or unknown-version
   requests, each counted in ``tft_bridge_bad_inputs_total{kind="metrics_http_request"}``
