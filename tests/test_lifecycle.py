@@ -19,6 +19,7 @@ import pytest
 from bridge.daemon import EXIT_FAILED
 from bridge.relay import Relay
 from bridge.sim.clusterd import SimJob
+from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
 from .conftest import eventually, eventually_sync
@@ -29,7 +30,8 @@ JOB = "job-life"
 
 @pytest.fixture
 async def job() -> AsyncIterator[SimulatedJob]:
-    simulated = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4), keepalive_interval=0.1)
+    simulated = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4), keepalive_interval=0.1,
+                             controller_timings=FAST_TIMINGS)  # the controller's 5 s destroy is not under test
     try:
         yield simulated
     finally:
