@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bridge.sim.clusterd import SimJob
+from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
 from .conftest import eventually
@@ -41,6 +42,7 @@ async def running() -> AsyncIterator[list[SimulatedJob]]:
 
 
 async def started(running: list[SimulatedJob], **kwargs) -> SimulatedJob:  # type: ignore[no-untyped-def]
+    kwargs.setdefault("controller_timings", FAST_TIMINGS)  # the controller's real pace is not under test here
     job = SimulatedJob(kwargs.pop("job", None) or job_spec(), **kwargs)
     running.append(job)
     await job.start()
@@ -88,11 +90,11 @@ async def test_recover_success(running: list[SimulatedJob]) -> None:
 
 
 async def uce_fault(job: SimulatedJob, rank: int = 5) -> None:
-    """A UCE: the training rank reports it to the controller, and the device plugin to
-    ClusterD's fault centre (type-0 reports alone do not start a cycle on ClusterD)."""
+    """A UCE: the training rank reports it to the controller and the bridge relays it;
+    ClusterD's fault centre turns that report alone into a retry cycle (docs/clusterd.md)."""
     job.training.inject_fault({rank: 0})
-    await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault", timeout=10)
-    await job.sim.start_clusterd_fault(JOB, {rank: 0})
+    await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault"
+                           and e.detail.get("outcome") == "scheduled", timeout=10)
 
 
 async def test_retry_success(running: list[SimulatedJob]) -> None:
@@ -202,7 +204,7 @@ async def test_kill_master_stops_the_bridge_for_systemd_to_restart(running: list
 
 async def test_process_recovery_off_keeps_the_controller_down_until_switched_on(running: list[SimulatedJob]) -> None:
     spec = job_spec(process_recover=False)
-    job = SimulatedJob(spec)
+    job = SimulatedJob(spec, controller_timings=FAST_TIMINGS)
     running.append(job)
     await job.start()
     assert job.bridge is not None and job.bridge.controller is not None
