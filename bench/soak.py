@@ -7,8 +7,8 @@ process's resident memory is the bridge's own plus the stub controller it hosts 
 controller lives in the bridge process too). Cycles alternate between the two recoveries
 the simulations support end to end with a live controller afterwards:
 
-* retry: a UCE (type 0) on a rank, reported by the controller and, as the device plugin
-  would, to ClusterD's fault centre; ClusterD chooses retry; ``retry-success``;
+* retry: a UCE (type 0) on a rank, reported by the controller; ClusterD's fault centre
+  turns that report into a retry cycle by itself; ClusterD chooses retry; ``retry-success``;
 * recover: a process fault (type 1) reported by the controller; ClusterD chooses
   recover; ``recover-success``.
 
@@ -110,12 +110,7 @@ async def one_cycle(job: SimulatedJob, sim: RemoteSim, index: int) -> str | None
     expect = f"{kind}-success"
     mark = sim.last_seq
     try:
-        if kind == "retry":
-            training.inject_fault({rank: 0})
-            await sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault", CYCLE_TIMEOUT, after=mark)
-            await sim.command(f"fault {JOB} {rank}:0")
-        else:
-            training.inject_fault({rank: 1})
+        training.inject_fault({rank: 0 if kind == "retry" else 1})
         done = await sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus",
                                   CYCLE_TIMEOUT, after=mark)
         if done.detail.get("value") != expect:
