@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(20)
 
 ACTIONS = ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result")
 WAIT_ENV = "1"  # MINDIO_WAIT_MINDX_TIME for these tests (whole seconds, like the real one)
-WAIT_SCALE = 0.3  # the stub's clock for that wait: 1 s lasts 0.3 s
+WAIT_SCALE = 0.3  # the stub's clock for MindX waits and pause timeouts: 1 s lasts 0.3 s
 WAIT = int(WAIT_ENV) * WAIT_SCALE
 
 
@@ -407,11 +407,11 @@ def test_destroy_during_a_retry_repair_never_sends_report_result(m: Any) -> None
     used to send report_result(0, "Mindio do repair operation ok", {}, "retry")."""
     start(m)
     training.auto_step = True
-    training.retry_repair_time = 0.3
+    training.retry_repair_time = 0.2
     to_strategies(m, {0: 0})
     assert m.tft_notify_controller_change_strategy("retry") == 0
     assert training.wait_state("REPAIR")
-    training.destroy_delay = 0.5  # longer than the repair: the repair ends while destroy blocks
+    training.destroy_delay = 0.3  # longer than the repair: the repair ends while destroy blocks
     m.tft_destroy_controller()  # returns once the state machine has ended: nothing can follow
     assert result_calls() == []
     assert "REPAIR" in training.states() and training.states()[-2:] == ["FINAL", "UNINIT"]
@@ -774,11 +774,26 @@ def test_wait_timeouts_start_after_the_callback_returns(m: Any) -> None:
 
 def test_the_strategy_wait_is_max_of_time_and_wait(m: Any) -> None:
     start(m)
-    to_strategies(m, {0: 0}, hccl_time=1)
+    to_strategies(m, {0: 0}, hccl_time=2)  # 2 s > MINDIO_WAIT_MINDX_TIME (1 s), on the scaled clock
     offered = training.callbacks("report_strategies")[0]
     assert training.wait_state("EXIT", 3)
     exited = next(r for r in training.events if r.kind == "state" and r.name == "EXIT")
-    assert exited.t - offered.t >= 0.95
+    assert exited.t - offered.t >= 2 * WAIT_SCALE - 0.02
+
+
+def test_the_stop_wait_keeps_the_last_pause_timeout(m: Any) -> None:
+    """The wait for stop_train is max(last pause timeout, MINDIO_WAIT_MINDX_TIME), and the
+    pause timeout is never reset: after one pause, every later cycle waits that long."""
+    start(m)
+    assert m.tft_notify_controller_stop_train({}, "pause", 3) == 0
+    assert training.wait_callback("report_stop_complete")
+    assert m.tft_notify_controller_change_strategy("continue") == 0
+    assert training.wait_callback("report_result") and training.wait_state("NORMAL")
+    training.inject_fault({0: 0})  # no stop_train follows
+    called = training.wait_callback("report_fault_ranks")
+    assert called is not None and training.wait_state("EXIT", 5)
+    exited = next(r for r in training.events if r.kind == "state" and r.name == "EXIT")
+    assert after(called, exited) >= 3 * WAIT_SCALE - 0.02  # not the 1 s MINDIO_WAIT_MINDX_TIME
 
 
 def test_a_notify_during_exit_ends_it_without_telling_the_ranks(m: Any) -> None:

@@ -25,8 +25,8 @@ real build (docs/mindio-controller.md, the reference to read before changing it)
   ``training.use_timings(FAST_TIMINGS)`` or ``SimulatedJob(controller_timings=...)``;
 * ``MINDIO_WAIT_MINDX_TIME`` read from the environment at ``tft_init_controller`` and from
   nowhere else (``training.wait_mindx_time`` shows what was read), so a bridge that does
-  not export its configured wait is caught; ``training.wait_scale`` only runs that wait
-  on a faster clock in the stub's own unit tests;
+  not export its configured wait is caught; ``training.wait_scale`` only runs the MindX
+  waits and pause timeouts on a faster clock in the stub's own unit tests;
 * destroy as observed: while the controller waits for a notify it ends in FINAL (via
   EXIT); during a retry repair no report_result follows; during the recover wait a 406
   arrives while destroy blocks.

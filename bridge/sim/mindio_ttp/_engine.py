@@ -117,11 +117,16 @@ class MindXEngine:
 
     # ------------------------------------------------------------------ waits
 
-    def wait_mindx(self) -> float:
-        """MINDIO_WAIT_MINDX_TIME as read at init; only its clock can be sped up
-        (``training.wait_scale``), never its value replaced: a bridge that does not export
+    def wait_mindx(self, at_least: int = 0) -> float:
+        """How long a MindX wait lasts: max(``at_least``, MINDIO_WAIT_MINDX_TIME as read
+        at init) seconds. Only the clock can be sped up (``training.wait_scale``, for the
+        stub's own unit tests), never the value replaced: a bridge that does not export
         its configured wait must meet the real default here too."""
-        return float(self.wait_env) * self.training.wait_scale
+        return float(max(at_least, self.wait_env)) * self.training.wait_scale
+
+    def pause_seconds(self) -> float:
+        """The pause timeout of the last pause_train, on the same clock as the MindX waits."""
+        return float(self.wait_pause_time) * self.training.wait_scale
 
     def mindx_wait(self, seconds: float, expecting: str) -> bool:
         """MindXEngine::Wait: True when woken (flag consumed), False on timeout. Returns

@@ -265,7 +265,7 @@ class Flows(MindXEngine):
         fault_ranks again."""
         if not self.report_fault_ranks():
             return self.exit_because("report_fault_ranks failed")
-        if not self.mindx_wait(max(self.wait_pause_time, self.wait_mindx()), "stop_train"):
+        if not self.mindx_wait(self.wait_mindx(self.wait_pause_time), "stop_train"):
             return self.exit_because("timed out waiting for stop_train")
         event = self.event
         if event is Event.ELEGANT_DUMP:
@@ -291,7 +291,7 @@ class Flows(MindXEngine):
         strategies = self.generate_strategies(prelocked)
         if not self.report_strategies(strategies):
             return self.exit_because("report_strategies failed")
-        if not self.mindx_wait(max(self.wait_hccl_time, self.wait_mindx()), "change_strategy"):
+        if not self.mindx_wait(self.wait_mindx(self.wait_hccl_time), "change_strategy"):
             return self.exit_because("timed out waiting for change_strategy")
         return self.handle_recover_strategy()
 
@@ -489,7 +489,7 @@ class Flows(MindXEngine):
     def pause_wait(self) -> Ret:
         """Poll for continue (-> NORMAL) or stop_train (-> the fault flow) for the pause
         timeout; a rank fault or the timeout reports 406 and goes to the fault flow."""
-        deadline = time.monotonic() + self.wait_pause_time
+        deadline = time.monotonic() + self.pause_seconds()
         while time.monotonic() < deadline:
             with self.cond:
                 if self.stopping:

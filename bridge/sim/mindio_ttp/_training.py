@@ -11,8 +11,8 @@ explicitly and visibly, with ``training.use_timings(FAST_TIMINGS)`` or their own
 mapping. The controller's MindX wait is not a knob at all: like the real controller the
 stub reads ``MINDIO_WAIT_MINDX_TIME`` from the process environment at
 ``tft_init_controller`` and nowhere else, so a bridge that forgets to export its
-configured wait is caught (``wait_scale`` only makes that wait's clock run faster in the
-stub's own unit tests).
+configured wait is caught (``wait_scale`` only makes the clock of the MindX waits and
+pause timeouts run faster in the stub's own unit tests).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class Training:
     def _defaults(self) -> None:
         """Knobs and observations as after a fresh import."""
         # knobs
-        self.wait_scale: float = 1.0  # stub only: MindX waits last MINDIO_WAIT_MINDX_TIME x this
+        self.wait_scale: float = 1.0  # stub only: the clock of every MindX and pause wait (unit tests)
         self.auto_step: bool = False  # training steps on its own while NORMAL/DOWNGRADE
         self.step_interval: float = 0.05  # seconds per auto step
         self.replica_info: ReplicaInfo = "complete"  # processors' DP-group (replica) reports
