@@ -23,6 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+#: The job's strategies unless a bench asks for others: no ``retry``, because the
+#: latency benches report type-0 (UCE) maps over and over and rely on them starting no
+#: cycle, and with retry configured ClusterD's fault centre turns a UCE report alone into
+#: a retry cycle (docs/clusterd.md section 7). A bench that runs retry cycles (soak.py)
+#: passes its own.
+MEASURING_STRATEGIES: tuple[str, ...] = ("recover", "dump", "exit")
+
+
 @dataclass
 class Entry:
     seq: int
@@ -37,11 +45,11 @@ class RemoteSim:
 
     def __init__(self, listen: str, job: str, world_size: int, devices_per_pod: int = 8,
                  keepalive: float = 1.0, phase_delay: float = 0.05, dump_exit_repeat: float = 0.5,
-                 rank_sets: bool = True) -> None:
+                 rank_sets: bool = True, strategies: tuple[str, ...] = MEASURING_STRATEGIES) -> None:
         self.argv = [sys.executable, __file__, "--child", "--listen", listen, "--job", job,
                      "--world-size", str(world_size), "--devices-per-pod", str(devices_per_pod),
                      "--keepalive", str(keepalive), "--phase-delay", str(phase_delay),
-                     "--dump-exit-repeat", str(dump_exit_repeat)]
+                     "--dump-exit-repeat", str(dump_exit_repeat), "--strategies", ",".join(strategies)]
         if not rank_sets:
             # A fault report's rank list, parsed from JSON on the measured process's
             # event loop, holds the GIL ~9 ms per 100 000 ranks: only when asked for.
@@ -122,7 +130,9 @@ async def _child(args: argparse.Namespace) -> None:
 
     # The real delays / 100 (a bench measures the bridge, not ClusterD's sleeps), then the
     # ones the parent chose.
-    sim = SimClusterD([SimJob(args.job, world_size=args.world_size, devices_per_pod=args.devices_per_pod)],
+    strategies = tuple(name for name in args.strategies.split(",") if name)
+    sim = SimClusterD([SimJob(args.job, world_size=args.world_size, devices_per_pod=args.devices_per_pod,
+                              strategies=strategies)],
                       timings=FAST, keepalive_interval=args.keepalive, global_fault_delay=args.phase_delay,
                       flush_delay=0.01, dump_exit_repeat=args.dump_exit_repeat)
     out = sys.stdout
@@ -175,5 +185,6 @@ if __name__ == "__main__":
     parser.add_argument("--keepalive", type=float, default=1.0)
     parser.add_argument("--phase-delay", type=float, default=0.05)
     parser.add_argument("--dump-exit-repeat", type=float, default=0.5)
+    parser.add_argument("--strategies", default=",".join(MEASURING_STRATEGIES))
     parser.add_argument("--no-rank-sets", dest="rank_sets", action="store_false")
     asyncio.run(_child(parser.parse_args()))

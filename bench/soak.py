@@ -144,7 +144,7 @@ async def soak(cycles: int) -> SoakResult:
                        config_overrides={"clusterd": {"watchdog_intervals": 20.0}},
                        controller_timings=FAST_TIMINGS)  # memory per cycle is measured: cycles at a faster pace
     sim = RemoteSim(job._clusterd_address, JOB, WORLD_SIZE, DEVICES_PER_POD, keepalive=KEEPALIVE,
-                    phase_delay=PHASE_DELAY)
+                    phase_delay=PHASE_DELAY, strategies=("retry", "recover", "dump", "exit"))
     await sim.start()
     result.snapshots.append(snapshot("before start", 0))
     await job.start()
