@@ -37,6 +37,7 @@ from .controller import ControllerHost, StartupError, load_controller_module
 from .flow import ControllerFlow
 from .link import Link, finish, spawn
 from .metrics import BridgeMetrics, MetricsServer
+from .recorder import NullRecorder, Recording
 from .ranktable import RankTableSubscriber
 from .relay import Relay
 from .systemd import Notifier
@@ -68,6 +69,7 @@ class Bridge:
         self.exit_code = EXIT_OK
         self.metrics_server: MetricsServer | None = None  # None: metrics.enabled = false
         self.ranktable: RankTableSubscriber | None = None  # None: ranktable.enabled = false
+        self.recording = Recording(NullRecorder())  # the flight recorder, started with the link ([recorder])
         self.ready = asyncio.Event()
         self._link: Link | None = None  # built by run(), whole (see link.py)
         self._stop = asyncio.Event()
@@ -135,9 +137,12 @@ class Bridge:
             self.ranktable = RankTableSubscriber(c.ranktable, c.clusterd, self.metrics, hook_timeout=c.hooks.timeout)
             self._tasks["ranktable"] = spawn("ranktable", self.ranktable.run())
         module = load_controller_module(c.controller.module)
+        # Never fails the start: a store that cannot be written is counted and logged.
+        self.recording = Recording.start(c, self.flow, self.metrics)
         self._link = link = Link(c, self.metrics, ControllerHost(module, c.controller), self.flow,
                                  on_kill_master=lambda: self.request_stop(EXIT_RESCHEDULED),
-                                 on_state=lambda state: self._publish_status(), observer=self.observer)
+                                 on_state=lambda state: self._publish_status(), observer=self.observer,
+                                 recorder=self.recording.recorder)
         await link.start()
         self._tasks.update(link.tasks)
         self._watch_thread("controller hand-off thread", lambda: link.handoff.alive)
@@ -227,6 +232,7 @@ class Bridge:
                       self.config.controller.wait_mindx_time)
         if self.notifier.watchdog_interval:
             self.notifier.watchdog()  # from the loop: a stuck loop withholds it
+        self.recording.recorder.tick()
         self._publish_status()
 
     def _observe(self, line: str) -> None:
@@ -256,6 +262,8 @@ class Bridge:
         else:
             self._stop_ranktable()
         await finish([*self._tasks.values(), *self._thread_watches.values()])
+        self.recording.recorder.close()  # an open cycle ends as it stands
+        await asyncio.to_thread(self.recording.close)  # bounded: the writer flushes, the exporter sends
         if self.metrics_server is not None:
             self.metrics_server.close()
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from .logs import setup_logging
 from .sim import mindio_ttp
@@ -110,7 +113,8 @@ async def run_demo(name: str, hold: float, metrics_port: int) -> int:
                        keepalive_interval=1.0, global_fault_delay=GLOBAL_FAULT_DELAY, flush_delay=0.2,
                        dump_exit_repeat=1.0, wait_time=10, metrics_port=metrics_port,
                        observer=lambda line: timeline.say("bridge", line),
-                       controller_timings=mindio_ttp.FAST_TIMINGS)
+                       controller_timings=mindio_ttp.FAST_TIMINGS,
+                       config_overrides={"recorder": {"enabled": True, "directory": str(demo_state_dir())}})
     job.sim.journal.add_listener(timeline.clusterd)
     await job.start()
     assert job.bridge is not None
@@ -134,9 +138,27 @@ async def run_demo(name: str, hold: float, metrics_port: int) -> int:
         if hold > 0 and port:
             print(f"\nholding for {hold:.0f} s: curl -s http://127.0.0.1:{port}/metrics | grep tft_bridge_", flush=True)
             await asyncio.sleep(hold)
-        await job.stop()
+        await job.stop()  # also flushes the flight recorder
         print(summary)
+        print(_record(job))
     return 0 if ok and not violations else 1
+
+
+def demo_state_dir() -> Path:
+    """Where the demo's flight recorder keeps its cycles (a bridge under systemd uses its
+    unit's StateDirectory): kept across demo runs, so ``history`` lists them all."""
+    return Path(tempfile.gettempdir()) / f"tft-bridge-demo-{os.getuid()}"
+
+
+def _record(job: SimulatedJob) -> str:
+    """Where this run's cycle was recorded, and the command that shows it."""
+    signals = [e for e in job.sim.journal.signals(job_id=JOB) if e.detail.get("uuid")]
+    directory = demo_state_dir()
+    lines = [f"  flight record: {directory / 'recorder.sqlite3'}",
+             f"    all cycles:  tft-bridge history --state-dir {directory}"]
+    if signals:
+        lines.append(f"    this cycle:  tft-bridge history --state-dir {directory} --cycle {signals[0].detail['uuid']}")
+    return "\n".join(lines)
 
 
 def _finished(job: SimulatedJob, scenario: Scenario) -> bool:

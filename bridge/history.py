@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .recorder_config import STATE_ROOT, STORE_NAME, RecorderConfig, candidate_directories
-from .recorder_model import PARTIES, boundary, describe, faults_text, summarise
+from .recorder_model import PARTIES, boundary, describe, in_time_order, faults_text, summarise
 from .recorder_store import CycleRow, find_cycle, last_cycles, open_reader
 
 
@@ -181,7 +181,7 @@ def timeline(row: CycleRow, now: float) -> str:
     index = 0
     if phases:
         out.append(f"  ---- {phases[0]['name']} ({_seconds(phases[0]['seconds'])})")
-    for event in row.events:
+    for event in in_time_order(row.events):
         out.append(f"  +{event['t'] - row.started:9.3f}s  {describe(event)}")
         if boundary(event) and index + 1 < len(phases):
             index += 1

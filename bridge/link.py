@@ -29,6 +29,7 @@ from .controller import ControllerHost
 from .flow import ControllerFlow
 from .hooks import NodeHooks
 from .metrics import BridgeMetrics
+from .recorder import NullRecorder
 from .relay import Relay
 from .reports import Handoff, ReportFields, ReportPath
 from .signals import SignalDispatcher
@@ -40,8 +41,9 @@ class Link:
     def __init__(self, config: BridgeConfig, metrics: BridgeMetrics, controller: ControllerHost,
                  flow: ControllerFlow, *, on_kill_master: Callable[[], None],
                  on_state: Callable[[SessionState], None] = lambda state: None,
-                 observer: Callable[[str], None] | None = None) -> None:
+                 observer: Callable[[str], None] | None = None, recorder: NullRecorder | None = None) -> None:
         self.config = config
+        self.recorder = recorder or NullRecorder()  # the flight recorder: every part below reports to it
         self.metrics = metrics
         self.controller = controller
         self.flow = flow
@@ -60,6 +62,10 @@ class Link:
         self.reports = ReportPath(config.job_id, flow, self.relay, metrics, observer)
         self.dispatcher.on_exit_decided = self.reports.exit_decided
         self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle)
+        if self.recorder.enabled:
+            self.client.on_rpc = self.recorder.rpc
+            self.relay.on_drop = self.recorder.dropped
+            self.dispatcher.recorder = self.reports.recorder = self.recorder
         self.tasks: dict[str, asyncio.Task[Any]] = {}
 
     @property
@@ -95,6 +101,7 @@ class Link:
 
     def _session_state(self, state: SessionState) -> None:
         self._observer(f"ClusterD session: {state.value}")
+        self.recorder.session(state.value)
         self.reports.on_session_state(state)
         self._on_state(state)
 

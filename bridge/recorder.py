@@ -143,6 +143,12 @@ class _Cycle:
     closing_at: float | None = None  # monotonic time the final outcome was reached
     outcome: str | None = None  # forced outcome (not_forwarded)
     last: float = field(default_factory=time.monotonic)
+    # A cycle a signal opened stays tentative (nothing written) until the controller is
+    # involved: a repeated signal refused after a cycle closed (ClusterD repeats an exit
+    # notice every few seconds) belongs to that cycle, not to a new one.
+    tentative: bool = False
+    pending: list[tuple[float, str, dict[str, Any]]] = field(default_factory=list)
+    opened_at: float = 0.0
 
 
 class NullRecorder:
@@ -167,6 +173,7 @@ class Recorder(NullRecorder):
     """Loop-side hooks. Each call is O(1) and never raises into its caller."""
 
     enabled = True
+    LATE = 60.0  # seconds a closed cycle still takes late events (a report's RPC, a repeated signal)
 
     def __init__(self, job_id: str, flow: ControllerFlow, writer: RecorderWriter, *, grace: float = GRACE,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -179,36 +186,64 @@ class Recorder(NullRecorder):
         self._boot = f"{int(time.time() * 1000):x}"
         self._count = 0
         self._cycle: _Cycle | None = None
-        self._last_key: str | None = None  # the cycle closed last, for late RPCs and drops
-        self._last_closed = 0.0
+        self._last_key: str | None = None  # the cycle closed last, for late events
+        self._last_uuid: str | None = None
+        self._last_closed = float("-inf")
 
     @property
     def current(self) -> str | None:
-        """The open cycle's key (tests, the demo)."""
-        return self._cycle.key if self._cycle else None
+        """The open cycle's key (tests, the demo); None while nothing is open."""
+        return self._cycle.key if self._cycle is not None and not self._cycle.tentative else None
 
     @property
     def last_key(self) -> str | None:
-        return self._cycle.key if self._cycle else self._last_key
+        return self.current or self._last_key
 
     # ------------------------------------------------------------------ plumbing
     def _wall(self, mono: float) -> float:
         return mono + self._offset
 
-    def _open(self, opened_by: str, at: float) -> _Cycle:
+    def _open(self, opened_by: str, at: float, tentative: bool = False) -> _Cycle:
         self._count += 1
-        cycle = _Cycle(f"{self._boot}-{self._count}", opened_by, last=at)
+        cycle = _Cycle(f"{self._boot}-{self._count}", opened_by, last=at, tentative=tentative, opened_at=at)
         self._cycle = cycle
-        self.writer.put(("open", cycle.key, opened_by, self._wall(at), self.job_id))
+        if not tentative:
+            self.writer.put(("open", cycle.key, opened_by, self._wall(at), self.job_id))
         return cycle
 
+    def _commit(self, cycle: _Cycle) -> None:
+        """A tentative cycle becomes real: write its opening and what it held back."""
+        if not cycle.tentative:
+            return
+        cycle.tentative = False
+        self.writer.put(("open", cycle.key, cycle.opened_by, self._wall(cycle.opened_at), self.job_id))
+        if cycle.uuid:
+            self.writer.put(("uuid", cycle.key, cycle.uuid))
+        for at, kind, data in cycle.pending:
+            self.writer.put(("event", cycle.key, self._wall(at), kind, data))
+        cycle.pending.clear()
+
     def _emit(self, cycle: _Cycle | str, at: float, kind: str, data: dict[str, Any]) -> None:
-        key = cycle if isinstance(cycle, str) else cycle.key
-        if not isinstance(cycle, str):
-            cycle.last = max(cycle.last, at)
-        self.writer.put(("event", key, self._wall(at), kind, data))
+        if isinstance(cycle, str):
+            self.writer.put(("event", cycle, self._wall(at), kind, data))
+            return
+        cycle.last = max(cycle.last, at)
+        if cycle.tentative:
+            if len(cycle.pending) < 64:
+                cycle.pending.append((at, kind, data))
+            return
+        self.writer.put(("event", cycle.key, self._wall(at), kind, data))
+
+    def _recent_closed(self) -> str | None:
+        if self._last_key is not None and self._clock() - self._last_closed < self.LATE:
+            return self._last_key
+        return None
 
     def _finish(self, cycle: _Cycle, at: float | None = None) -> None:
+        if self._cycle is cycle:
+            self._cycle = None
+        if cycle.tentative:
+            self._commit(cycle)
         if cycle.outcome is not None:
             outcome = cycle.outcome
         elif cycle.exit_decided:
@@ -223,9 +258,7 @@ class Recorder(NullRecorder):
             outcome = "unfinished"
         ended = cycle.closing_at if cycle.closing_at is not None else (at if at is not None else cycle.last)
         self.writer.put(("close", cycle.key, self._wall(ended), outcome, cycle.strategy))
-        self._last_key, self._last_closed = cycle.key, self._clock()
-        if self._cycle is cycle:
-            self._cycle = None
+        self._last_key, self._last_uuid, self._last_closed = cycle.key, cycle.uuid, self._clock()
 
     def _closing(self, cycle: _Cycle, at: float, outcome: str | None = None) -> None:
         if cycle.closing_at is None:
@@ -238,15 +271,16 @@ class Recorder(NullRecorder):
         step = self.flow.step
         if step is Step.EXITED or step is Step.IDLE and cycle.progressed:
             self._closing(cycle, at)
-        elif cycle.closing_at is not None and cycle.outcome is None and cycle.progressed:
+        elif cycle.closing_at is not None and cycle.progressed:
             cycle.closing_at = None  # the flow went on (e.g. a second action of the signal)
+            cycle.outcome = None
 
-    def _late_target(self) -> _Cycle | str | None:
-        if self._cycle is not None:
-            return self._cycle
-        if self._last_key is not None and self._clock() - self._last_closed < 60.0:
-            return self._last_key
-        return None
+    def _involved(self) -> _Cycle | None:
+        """The cycle the controller is now part of (a tentative one becomes real)."""
+        cycle = self._cycle
+        if cycle is not None and cycle.tentative:
+            self._commit(cycle)
+        return cycle
 
     def _guard(self, what: str, error: BaseException) -> None:
         self.writer.errors("record_failed", f"{what}: {error!r}")
@@ -256,7 +290,7 @@ class Recorder(NullRecorder):
         """A controller callback, after the bridge handled it (``at``: the controller's
         monotonic time). ``fields``: code, strategies, strategy -- small values only."""
         try:
-            cycle = self._cycle
+            cycle = self._involved()
             if cycle is not None and cycle.closing_at is not None and name == "report_fault_ranks":
                 self._finish(cycle)
                 cycle = None
@@ -269,7 +303,8 @@ class Recorder(NullRecorder):
             cycle.progressed = True
             if name == "report_result":
                 cycle.result_code = fields.get("code")
-                cycle.strategy = fields.get("strategy") or cycle.strategy
+                if fields.get("strategy"):
+                    cycle.strategy = fields["strategy"]
             self._check_flow(cycle, at)
         except Exception as error:  # noqa: BLE001 - recording must never break the report path
             self._guard("callback", error)
@@ -277,13 +312,18 @@ class Recorder(NullRecorder):
     def rpc(self, method: str, code: str | int, started: float, duration: float) -> None:
         """A ClusterD unary RPC (``code``: ClusterD's Status code or the gRPC status)."""
         try:
-            target = self._late_target()
-            if target is None:
-                return
-            self._emit(target, started, "rpc", {"method": method, "code": code, "latency": round(duration, 6)})
+            data = {"method": method, "code": code, "latency": round(duration, 6)}
             cycle = self._cycle
-            if cycle is not None and cycle.closing_at is not None and method == "ReportRecoverStatus":
-                self._finish(cycle)
+            if cycle is not None and not cycle.tentative:
+                self._emit(cycle, started, "rpc", data)
+                if cycle.closing_at is not None and method == "ReportRecoverStatus":
+                    self._finish(cycle)
+                return
+            # Only a report's RPC belongs to a cycle already closed; the routine
+            # re-subscription after it (Init, Register) does not.
+            recent = self._recent_closed() if method.startswith("Report") else None
+            if recent is not None:
+                self._emit(recent, started, "rpc", data)
         except Exception as error:  # noqa: BLE001
             self._guard("rpc", error)
 
@@ -297,12 +337,13 @@ class Recorder(NullRecorder):
                 self._finish(cycle)
                 cycle = None
             if cycle is None:
-                cycle = self._open("signal", at)
+                cycle = self._open("signal", at, tentative=True)
             if uuid and uuid != cycle.uuid:
                 if cycle.uuid is not None:
                     self._emit(cycle, at, "uuid", {"old": cycle.uuid, "new": uuid})
                 cycle.uuid = uuid
-                self.writer.put(("uuid", cycle.key, uuid))
+                if not cycle.tentative:
+                    self.writer.put(("uuid", cycle.key, uuid))
             if signal_type == "killMaster":
                 cycle.rescheduled = True
             self._emit(cycle, at, "signal", {"type": signal_type, "uuid": uuid, "actions": list(actions),
@@ -313,7 +354,7 @@ class Recorder(NullRecorder):
     def notify(self, action: str, rc: int, started: float, duration: float, strategy: str = "") -> None:
         """A notify call into the controller and what it returned."""
         try:
-            cycle = self._cycle
+            cycle = self._involved()
             if cycle is None:
                 cycle = self._open("signal", started)
             data: dict[str, Any] = {"action": action, "rc": rc, "duration": round(duration, 6)}
@@ -323,8 +364,11 @@ class Recorder(NullRecorder):
             if rc == 0:
                 cycle.progressed = True
                 if action == "change_strategy":
-                    cycle.strategy = strategy
-                    cycle.exit_decided = cycle.exit_decided or strategy == "exit"
+                    if strategy == "exit":
+                        cycle.exit_decided = True
+                        cycle.strategy = cycle.strategy if cycle.strategy == "dump" else "exit"  # a dump's exit notice
+                    else:
+                        cycle.strategy = strategy
                 elif action == "save_and_exit":
                     cycle.strategy = "dump"
             self._check_flow(cycle, started + duration)
@@ -336,43 +380,59 @@ class Recorder(NullRecorder):
         try:
             at = self._clock()
             cycle = self._cycle
+            data = {"reason": reason, "signal": signal_type, "uuid": uuid, "actions": list(actions), "detail": detail}
             if cycle is None:
                 if reason == "foreign_job":
                     return  # another job's traffic is not this job's history
-                cycle = self._open("signal", at)
-            self._emit(cycle, at, "refused", {"reason": reason, "signal": signal_type, "uuid": uuid,
-                                              "actions": list(actions), "detail": detail})
-            if not cycle.progressed and self.flow.step is Step.IDLE:
-                self._closing(cycle, at, "not_forwarded")
+                cycle = self._open("signal", at, tentative=True)
+            self._emit(cycle, at, "refused", data)
+            if cycle.progressed or self.flow.step is not Step.IDLE:
+                return
+            recent = self._recent_closed()
+            if cycle.tentative and recent is not None and (not cycle.uuid or cycle.uuid == self._last_uuid):
+                # A repeat of the cycle that just closed: its events go there.
+                for when, kind, held in cycle.pending:
+                    self._emit(recent, when, kind, held)
+                self._cycle = None
+                return
+            self._commit(cycle)
+            self._closing(cycle, at, "not_forwarded")
         except Exception as error:  # noqa: BLE001
             self._guard("refused", error)
 
     def dropped(self, report: str, cycle: str | None, reason: str) -> None:
         """A report the relay dropped, and why."""
         try:
-            target = self._late_target()
-            if target is None:
-                return
-            self._emit(target, self._clock(), "dropped", {"report": report, "cycle": cycle, "reason": reason})
+            data = {"report": report, "cycle": cycle, "reason": reason}
             current = self._cycle
-            if current is not None and current.closing_at is not None and report == "result":
-                self._finish(current)
+            if current is not None and not current.tentative:
+                self._emit(current, self._clock(), "dropped", data)
+                if current.closing_at is not None and report == "result":
+                    self._finish(current)
+                return
+            recent = self._recent_closed()
+            if recent is not None:
+                self._emit(recent, self._clock(), "dropped", data)
         except Exception as error:  # noqa: BLE001
             self._guard("dropped", error)
 
     def session(self, state: str) -> None:
-        """A ClusterD session change, recorded only inside a cycle (re-subscriptions
-        mid-recovery are part of its story; the routine ones between cycles are not)."""
+        """A ClusterD session change, recorded only inside a cycle still running
+        (re-subscriptions mid-recovery are part of its story; the routine ones after it
+        are not)."""
         try:
-            if self._cycle is not None:
-                self._emit(self._cycle, self._clock(), "session", {"state": state})
+            cycle = self._cycle
+            if cycle is not None and not cycle.tentative and cycle.closing_at is None:
+                self._emit(cycle, self._clock(), "session", {"state": state})
         except Exception as error:  # noqa: BLE001
             self._guard("session", error)
 
     def hook(self, action: str, result: str) -> None:
+        """A node hook ClusterD asked for, and its result."""
         try:
-            if self._cycle is not None:
-                self._emit(self._cycle, self._clock(), "hook", {"action": action, "result": result})
+            cycle = self._involved()
+            if cycle is not None:
+                self._emit(cycle, self._clock(), "hook", {"action": action, "result": result})
         except Exception as error:  # noqa: BLE001
             self._guard("hook", error)
 
@@ -387,7 +447,7 @@ class Recorder(NullRecorder):
             if cycle.closing_at is None and cycle.progressed and self.flow.step is Step.IDLE \
                     and now - cycle.last >= self.grace:
                 self._closing(cycle, cycle.last)
-            if cycle.closing_at is not None and now - max(cycle.closing_at, cycle.last) >= self.grace:
+            if cycle.closing_at is not None and now - cycle.closing_at >= self.grace:
                 self._finish(cycle)
         except Exception as error:  # noqa: BLE001
             self._guard("tick", error)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PARTIES = ("clusterd", "bridge", "controller", "ranks")
+_TYPE_NAMES = {0: "uce", 1: "other", 2: "hccl"}
 
 #: Callbacks that end a phase, and the name of the point they mark.
 _BOUNDARIES = {"report_stop_complete": "stop", "report_strategies": "strategy", "report_result": "result"}
@@ -51,6 +52,12 @@ class Phase:
         return max(0.0, self.end - self.start)
 
 
+def in_time_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Events by time. They are recorded when they complete, so a notify (stamped with
+    its start) is recorded after the callbacks the controller made while it ran."""
+    return sorted(events, key=lambda event: event["t"])
+
+
 def boundary(event: dict[str, Any]) -> str | None:
     """The phase point ``event`` marks (stop, strategy, result, exit), or None."""
     if event["kind"] == "callback":
@@ -65,7 +72,7 @@ def phases(events: list[dict[str, Any]], started: float, ended: float, opened_by
     """The cycle's phases in order (see the module docstring)."""
     found: list[Phase] = []
     mark, since = opened_by, started
-    for event in events:
+    for event in in_time_order(events):
         point = boundary(event)
         if point is None:
             continue
@@ -80,28 +87,30 @@ def phases(events: list[dict[str, Any]], started: float, ended: float, opened_by
 
 def waits(events: list[dict[str, Any]], started: float, ended: float, opened_by: str = "fault") -> dict[str, float]:
     """Seconds of the cycle each party held it (see the module docstring)."""
-    marks: list[tuple[float, int, str | None, str]] = []  # (t, order, holder or None=restore, tag)
-    for order, event in enumerate(events):
+    # (t, order, holder or None = give back, tag, notify start)
+    marks: list[tuple[float, int, str | None, str, float]] = []
+    for order, event in enumerate(in_time_order(events)):
         kind, t = event["kind"], event["t"]
         if kind == "callback" and event.get("name") in _CLUSTERD_TURN:
-            marks.append((t, order, "clusterd", "set"))
+            marks.append((t, order, "clusterd", "callback", t))
         elif kind == "signal":
-            marks.append((t, order, "bridge", "signal"))
+            marks.append((t, order, "bridge", "signal", t))
         elif kind == "refused":
-            marks.append((t, order, None, "restore"))
+            marks.append((t, order, None, "restore", t))
         elif kind == "notify":
-            marks.append((t, order, "controller", "set"))
+            marks.append((t, order, "controller", "set", t))
             done = t + float(event.get("duration") or 0.0)
             if event.get("rc") == 0 and event.get("action") in _RANKS_TURN:
-                marks.append((done, order, "ranks", "set"))
+                marks.append((done, order, "ranks", "notify_end", t))
             else:
-                marks.append((done, order, None, "restore"))
+                marks.append((done, order, None, "notify_end", t))
     marks.sort(key=lambda m: (m[0], m[1]))
     totals = dict.fromkeys(PARTIES, 0.0)
     holder = "clusterd" if opened_by == "fault" else "bridge"
     before_signal = holder if opened_by == "fault" else "clusterd"
     at = started
-    for t, _, who, tag in marks:
+    last_callback = float("-inf")
+    for t, _, who, tag, since in marks:
         t = min(max(t, started), ended)
         totals[holder] += max(0.0, t - at)
         at = max(at, t)
@@ -109,18 +118,25 @@ def waits(events: list[dict[str, Any]], started: float, ended: float, opened_by:
             if holder != "bridge":
                 before_signal = holder
             holder = "bridge"
-        elif tag == "restore":
+        elif tag == "notify_end" and last_callback >= since:
+            continue  # the controller already answered while the call ran: ClusterD's turn stands
+        elif who is None:
             holder = before_signal
-        elif who is not None:
+        else:
             holder = who
+            if tag == "callback":
+                last_callback = t
     totals[holder] += max(0.0, ended - at)
     return totals
 
 
 def fault_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Fault ranks the controller reported in the cycle, by type; ranks listed when few."""
-    by_type: dict[str, int] = {}
-    ranks: dict[str, str] = {}
+    """Distinct fault ranks the controller reported in the cycle, by type (merged with
+    ClusterD's rule: type 1 sticky, else the later type), listed when few. A report too
+    large to list was counted only by type: then each type's largest count is given
+    (a lower bound), marked approximate."""
+    ranks: dict[int, int] = {}
+    largest: dict[str, int] = {}
     reports = 0
     approximate = False
     for event in events:
@@ -128,18 +144,25 @@ def fault_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         reports += 1
         faults = event.get("faults") or {}
-        approximate = approximate or bool(faults.get("approximate"))
-        if faults.get("list") is not None and len(ranks) < 64:
+        if faults.get("list") is None:
+            approximate = True
+        else:
             for item in str(faults["list"]).split(","):
-                if item:
-                    rank, _, kind = item.partition(":")
-                    if ranks.get(rank) != "1":  # ClusterD's rule: type 1 sticky
-                        ranks[rank] = kind
+                rank, _, kind = item.partition(":")
+                if rank and ranks.get(int(rank)) != 1:
+                    ranks[int(rank)] = int(kind)
+        approximate = approximate or bool(faults.get("approximate"))
         for name, count in (faults.get("by_type") or {}).items():
-            by_type[name] = by_type.get(name, 0) + int(count)
+            largest[name] = max(largest.get(name, 0), int(count))
+    by_type: dict[str, int] = {}
+    for kind in ranks.values():
+        name = _TYPE_NAMES.get(kind, str(kind))
+        by_type[name] = by_type.get(name, 0) + 1
+    if approximate:
+        by_type = {name: max(count, by_type.get(name, 0)) for name, count in largest.items()}
     summary: dict[str, Any] = {"reports": reports, "by_type": by_type}
-    if ranks and len(ranks) < 64:
-        summary["ranks"] = ",".join(f"{r}:{k}" for r, k in sorted(ranks.items(), key=lambda x: int(x[0])))
+    if ranks and not approximate and len(ranks) <= 64:
+        summary["ranks"] = ",".join(f"{r}:{k}" for r, k in sorted(ranks.items()))
     if approximate:
         summary["approximate"] = True
     return summary

@@ -28,6 +28,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -83,6 +84,7 @@ class Relay:
         self._wakeup = asyncio.Event()
         self._stopping = False
         self.sent: list[tuple[str, float]] = []  # (kind, monotonic time) each request went on the wire, bounded
+        self.on_drop: Callable[[str, str | None, str], None] | None = None  # (kind, cycle, reason): the flight recorder
         metrics.outbox_depth.set_function(lambda: len(self._queue))
         session.cycle_listeners.append(self._cycle_over)
 
@@ -132,6 +134,8 @@ class Relay:
     def _drop(self, pending: Pending, reason: str) -> None:
         pending.resolve(DROP_CODES.get(reason, Code.ServerInnerError))
         self.metrics.reports_dropped.labels(pending.kind, reason).inc()
+        if self.on_drop is not None:
+            self.on_drop(pending.kind, pending.cycle, reason)
         log.warning("dropped %s report for cycle %s: %s", pending.kind, pending.cycle, reason)
 
     def _cycle_over(self, uuid: str) -> None:

@@ -46,6 +46,7 @@ from .clusterd import SessionState
 from .codes import Code
 from .flow import STRATEGIES, ControllerFlow, Step
 from .metrics import BridgeMetrics
+from .recorder import NullRecorder
 from .relay import Relay
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,7 @@ class ReportPath:
         self.observer: Callable[[str], None] = observer or (lambda line: None)
         self._observed = observer is not None  # formatting a 100 000-rank timeline line costs ms
         self.flow_faults: dict[int, int] = {}  # the controller's faults in the running flow
+        self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder.py): O(1) hooks
 
     # ------------------------------------------------------------------ intake
     def handle(self, reports: list[ControllerReport]) -> None:
@@ -217,6 +219,7 @@ class ReportPath:
         except (TypeError, ValueError, IndexError) as error:
             self.metrics.bad_inputs.labels(f"controller_{report.callback}").inc()
             log.error("malformed %s from the controller %r: %s", report.callback, report.args[:2], error)
+            self.recorder.callback(report.callback, report.at, malformed=str(error)[:200])
             _answer(report, Code.ClientError)
         except Exception:
             self.metrics.callback_errors.inc()
@@ -247,6 +250,7 @@ class ReportPath:
             self.metrics.faulty_ranks.set(len(self.flow_faults))
         if self._observed:
             self.observer(f"controller report_fault_ranks {codec.format_faults(faults) or '(none)'}")
+        self.recorder.callback("report_fault_ranks", report.at, faults=faults)
         self.relay.submit_faults(faults, report.waiter)
 
     def stop_complete(self, report: ControllerReport) -> None:
@@ -256,6 +260,7 @@ class ReportPath:
         self.flow.on_callback("report_stop_complete", code=code)
         self.clock.stop_complete(report.at)
         self.observer(f"controller report_stop_complete code={code}")
+        self.recorder.callback("report_stop_complete", report.at, code=code)
         self.relay.submit_cycle_report("stop_complete", cycle,
                                        codec.encode_stop_complete_request(self.job_id, code, msg, faults),
                                        report.waiter)
@@ -267,6 +272,7 @@ class ReportPath:
         self.flow.on_callback("report_strategies", strategies=tuple(strategies))
         self.clock.strategies(report.at)
         self.observer(f"controller report_strategies {strategies}")
+        self.recorder.callback("report_strategies", report.at, strategies=strategies)
         self.relay.submit_cycle_report("strategy", cycle,
                                        codec.encode_recover_strategy_request(self.job_id, faults, strategies),
                                        report.waiter)
@@ -282,6 +288,7 @@ class ReportPath:
             self.metrics.faulty_ranks.set(0)
         isolate = [str(rank) for rank in sorted(faults)] if code == 201 else []
         self.observer(f"controller report_result code={code} strategy={strategy or '(none)'}")
+        self.recorder.callback("report_result", report.at, code=code, strategy=strategy)
         self.relay.submit_cycle_report("result", cycle, codec.encode_recover_status_request(
             self.job_id, code, msg, strategy, isolate), report.waiter)
 

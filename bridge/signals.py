@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,6 +21,7 @@ from .controller import ControllerHost
 from .flow import ControllerFlow
 from .hooks import NodeHooks
 from .metrics import BridgeMetrics, signal_type_label
+from .recorder import NullRecorder
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class SignalDispatcher:
         self._stopped = False
         self.observer: Callable[[str], None] = lambda line: None  # the demo's timeline
         self.on_exit_decided: Callable[[], None] = lambda: None  # ClusterD chose exit (no result follows)
+        self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder.py): O(1) hooks
 
     # ------------------------------------------------------------------ intake (session's reader)
     def submit(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
@@ -75,6 +78,7 @@ class SignalDispatcher:
 
     def _refuse(self, reason: str, signal: pb.ProcessManageSignal, detail: str = "") -> None:
         self.metrics.signals_refused.labels(reason).inc()
+        self.recorder.refused(reason, signal.signalType, signal.uuid, list(signal.actions), detail)
         self.observer(f"ClusterD {signal.signalType} {list(signal.actions)} refused: {reason}")
         log.warning("not forwarding %s %s (uuid %s): %s%s", signal.signalType, list(signal.actions),
                     signal.uuid, reason, f" ({detail})" if detail else "")
@@ -113,6 +117,8 @@ class SignalDispatcher:
         return False
 
     async def _dispatch(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
+        self.recorder.signal(signal.signalType, signal.uuid, list(signal.actions), signal.changeStrategy,
+                             signal.extraParams, len(signal.faultRanks))
         if signal.signalType == KILL_MASTER:
             log.warning("ClusterD sent killMaster for job %s: the job is being rescheduled; stopping", self.job_id)
             self.on_kill_master()
@@ -134,7 +140,7 @@ class SignalDispatcher:
 
     async def _act(self, action: str, signal: pb.ProcessManageSignal, faults: dict[int, int], token: str) -> None:
         if action in NODE_ACTIONS:
-            await self.hooks.run(action, list(signal.nodeRankIds))
+            self.recorder.hook(action, await self.hooks.run(action, list(signal.nodeRankIds)))
             return
         if action in LOG_ONLY_ACTIONS:
             log.info("ClusterD action %r (signal %s): nothing for the controller to do", action, signal.signalType)
@@ -153,6 +159,7 @@ class SignalDispatcher:
             return
         before = self.flow.snapshot()
         self.flow.notified(action, token, strategy)
+        started = time.monotonic()
         rc = await asyncio.get_running_loop().run_in_executor(
             self._executor, self._notify, action, faults, int(signal.timeout), strategy, params)
         self.metrics.notifies.labels(action, "ok" if rc == 0 else "refused").inc()
@@ -164,6 +171,8 @@ class SignalDispatcher:
         else:
             self.flow.restore(before)
             log.error("the controller refused %s (returned %s) for cycle %s", action, rc, signal.uuid)
+        self.recorder.notify(action, rc, started, time.monotonic() - started,
+                             strategy if action == "change_strategy" else "")
 
     def _notify(self, action: str, faults: dict[int, int], timeout: int, strategy: str, params: str) -> int:
         """The controller call for one action (spec: mindio-tft-controller.md section 5)."""

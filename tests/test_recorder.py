@@ -256,7 +256,7 @@ def test_large_fault_maps_are_counted_by_the_writer(tmp_path: Path) -> None:
     recorder.close()
     writer.close()
     (cycle,) = stored(writer.path)
-    assert cycle.summary["faults"]["by_type"]["uce"] == 10_000 + 9
+    assert cycle.summary["faults"]["by_type"] == {"uce": 10_000, "other": 10_000, "hccl": 10_000}
     assert cycle.summary["faults"]["approximate"] is True
     assert cycle.events_dropped == 11
 
@@ -295,3 +295,42 @@ def test_sqlite_wal_mode_is_set(tmp_path: Path) -> None:
     writer.close()
     (mode,) = sqlite3.connect(writer.path).execute("PRAGMA journal_mode").fetchone()
     assert mode == "wal"
+
+
+def test_a_signal_repeated_after_its_cycle_closed_joins_that_cycle(tmp_path: Path) -> None:
+    recorder, writer, flow, clock, _ = make(tmp_path)
+    run_retry_cycle(recorder, flow, clock, uuid="u-1")
+    assert recorder.current is None
+    clock.advance(3.0)
+    recorder.signal("changeStrategy", "u-1", ["change_strategy"], strategy="retry")  # ClusterD repeats itself
+    recorder.refused("unexpected_step", "changeStrategy", "u-1", ["change_strategy"])
+    assert recorder.current is None
+    recorder.signal("changeStrategy", "u-other", ["change_strategy"], strategy="retry")  # not a repeat
+    recorder.refused("unexpected_step", "changeStrategy", "u-other", ["change_strategy"])
+    recorder.close()
+    writer.close()
+    first, second = stored(writer.path)
+    db = open_reader(writer.path)
+    (full,) = find_cycle(db, "u-1")
+    assert [e["kind"] for e in full.events][-2:] == ["signal", "refused"], "the repeat is a late event of u-1"
+    assert (first.uuid, first.outcome) == ("u-1", "success")
+    assert (second.uuid, second.outcome) == ("u-other", "not_forwarded")
+
+
+def test_a_dump_then_its_exit_notice_is_one_dump_cycle(tmp_path: Path) -> None:
+    recorder, writer, flow, clock, _ = make(tmp_path)
+    flow.on_callback("report_fault_ranks")
+    recorder.callback("report_fault_ranks", clock(), faults={5: 1})
+    recorder.signal("saveAndExit", "", ["save_and_exit"])
+    flow.notified("save_and_exit", "stream-1")
+    recorder.notify("save_and_exit", 0, clock(), 0.001)
+    flow.on_callback("report_result", code=0, strategy="dump")
+    recorder.callback("report_result", clock(), code=0, strategy="dump")
+    recorder.signal("changeStrategy", "", ["change_strategy"], strategy="exit", params="dump_exit")
+    flow.notified("change_strategy", "stream-1", "exit")
+    recorder.notify("change_strategy", 0, clock(), 0.001, strategy="exit")
+    clock.advance(recorder.grace + 0.01)  # the grace itself is the behaviour under test
+    recorder.tick()
+    writer.close()
+    (cycle,) = stored(writer.path)
+    assert (cycle.outcome, cycle.strategy) == ("exit", "dump")

@@ -73,6 +73,9 @@ class SimulatedJob:
                            "enable_zit": enable_zit, "wait_mindx_time": max(1, int(wait_time)),
                            "destroy_timeout": 10.0},
             "metrics": {"enabled": metrics_port is not None, "port": metrics_port or 0},
+            # Off unless asked for (the demo, tests/test_recorder_e2e.py): its default
+            # store is /var/lib/tft-bridge/<job>, no place for a simulation.
+            "recorder": {"enabled": False},
         }
         for section, values in (config_overrides or {}).items():
             if isinstance(values, dict):
