@@ -234,6 +234,8 @@ def test_the_default_timings_are_the_real_controllers() -> None:
     training.reset()  # what every fixture starts from
     assert training.timings() == dict(REAL_TIMINGS) and training.wait_scale == 1.0
     assert all(0 < value < REAL_TIMINGS[name] for name, value in FAST_TIMINGS.items())
+    with pytest.raises(TypeError):
+        REAL_TIMINGS["destroy_delay"] = 0.01  # type: ignore[index]  # shorten on training, never here
 
 
 @pytest.mark.parametrize("bad", [{"destroy_dely": 0.1}, {"destroy_delay": -1}, {"destroy_delay": float("nan")},

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from . import _log
@@ -44,22 +45,22 @@ _STEPPING_STATES = frozenset({State.UNINIT, State.INIT, State.NORMAL, State.DOWN
 
 #: The real controller's timings, as observed on a real MindIO TFT build with fake ranks
 #: (docs/mindio-controller.md, "Timings"); the stub's defaults. Seconds.
-REAL_TIMINGS: Final[Mapping[str, float]] = {
+REAL_TIMINGS: Final[Mapping[str, float]] = MappingProxyType({
     "fault_detect_delay": 2.0,  # a rank raises -> report_fault_ranks (NORMAL re-checks after 2 s)
     "retry_repair_time": 2.3,  # change_strategy retry -> report_result (observed 1-5 s, smoke runs 2.3 s)
     "recover_repair_time": 2.9,  # restarted ranks registered -> report_result after recover
     "destroy_delay": 5.0,  # tft_destroy_controller blocks (observed 1-5 s; ~5 s typical)
-}
+})  # read-only: a test that shortens a timing must do it on ``training``, not here
 
 #: What the stub's own tests, the end-to-end tests and the benchmarks use when the real
 #: pace is not what they test: every controller-side delay shortened, none removed
 #: entirely (an ordering bug that a zero delay would hide still shows).
-FAST_TIMINGS: Final[Mapping[str, float]] = {
+FAST_TIMINGS: Final[Mapping[str, float]] = MappingProxyType({
     "fault_detect_delay": 0.01,
     "retry_repair_time": 0.01,
     "recover_repair_time": 0.01,
     "destroy_delay": 0.01,
-}
+})
 
 _WAIT_TIME_MOVED = ("training.wait_time is gone: like the real controller, the stub reads "
                     "MINDIO_WAIT_MINDX_TIME from the environment at tft_init_controller and nowhere "
