@@ -334,6 +334,9 @@ class JobController:
         if self.gen.cycle is not None and not self.gen.cycle.done():
             self.gen.cycle.cancel()
         self.gen.cycle = self.spawn(self._guard(coro), name)
+        # A reset may cancel the task before it ever runs: close the flow's coroutine then
+        # (a no-op once it ran), instead of a "never awaited" warning at collection.
+        self.gen.cycle.add_done_callback(lambda _: coro.close())
 
     async def _guard(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run a flow; an unexpected error resets the job like ClusterD's trigger error."""
