@@ -221,6 +221,38 @@ def test_the_wait_is_read_once_at_init_and_from_nowhere_else(m: Any, monkeypatch
     assert training.wait_mindx_time == 10
 
 
+@pytest.mark.xfail(strict=True, reason="issue 14 item 7: the bridge does not export controller.wait_mindx_time "
+                                      "as MINDIO_WAIT_MINDX_TIME before tft_init_controller yet; remove this mark "
+                                      "(and the export in SimulatedJob.start) when it does")
+async def test_a_bridge_configured_with_a_wait_gives_the_controller_that_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the stub's environment-only read is for: a bridge whose TOML says 12 s but
+    that never exports it leaves the real controller at 30 s while its own flow gate
+    expects 12 s (seen with 10: a globalFault at ~21 s refused, the job killed)."""
+    import asyncio
+
+    from bridge.config import build_config
+    from bridge.daemon import Bridge
+    from bridge.systemd import Notifier
+
+    monkeypatch.delenv("MINDIO_WAIT_MINDX_TIME")  # the operator set it in the TOML only
+    config = build_config({
+        "job_id": "job-wait",
+        "clusterd": {"address": f"127.0.0.1:{free_port()}", "startup_wait": 0.2,  # no ClusterD: start anyway
+                     "reconnect_max": 1.0},
+        "controller": {"module": "stub", "bind_ip": "127.0.0.1", "port": free_port(), "world_size": 4,
+                       "wait_mindx_time": 12, "destroy_timeout": 5.0},
+        "metrics": {"enabled": False},
+    }, env={})
+    bridge = Bridge(config, notifier=Notifier({}))
+    run = asyncio.create_task(bridge.run())
+    try:
+        await asyncio.wait_for(bridge.ready.wait(), 15)
+        assert training.wait_mindx_time == 12
+    finally:
+        bridge.request_stop()
+        await asyncio.wait_for(run, 30)
+
+
 # ---------------------------------------------------------------------------- timings
 
 
