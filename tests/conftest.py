@@ -16,6 +16,8 @@ import argparse
 import asyncio
 import importlib
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +38,15 @@ class CodecImplementation:
     def module(self) -> ModuleType:
         name = "bridge._faults_py" if self.is_pure_python else "bridge._faults_c"
         return importlib.import_module(name)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Bridges the suite starts keep their flight record (bridge/recorder.py) in
+    $STATE_DIRECTORY, else /var/lib/tft-bridge/<job>: point it at a directory of the
+    run's own, so a suite run as root leaves nothing on the machine."""
+    if "STATE_DIRECTORY" not in os.environ:
+        os.environ["STATE_DIRECTORY"] = directory = tempfile.mkdtemp(prefix="tft-bridge-suite-state-")
+        config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
