@@ -217,9 +217,14 @@ class BridgeMetrics:
 
         self.controller_connected.set_function(connected)
 
-    def count_faults(self, faults: dict[int, int]) -> None:
-        for fault_type, count in collections.Counter(faults.values()).items():  # counted in C, not per rank in Python
-            self.faults_reported.labels(FAULT_TYPE_NAMES[fault_type]).inc(count)
+    def count_faults(self, faults: dict[int, int]) -> dict[str, int]:
+        """Count a report's fault ranks by type; the counts, by type name (the flight
+        recorder keeps them: counting a 100 000-rank map twice would cost the loop)."""
+        counts = {FAULT_TYPE_NAMES[fault_type]: count
+                  for fault_type, count in collections.Counter(faults.values()).items()}  # counted in C
+        for name, count in counts.items():
+            self.faults_reported.labels(name).inc(count)
+        return counts
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
         return sample(self.registry, name, labels)

@@ -13,8 +13,10 @@ Two halves, because the peers forbid the obvious one:
 * ``Recorder`` runs on the event loop, called from the report path and the dispatcher.
   The controller blocks on every callback and ClusterD's decisions race the
   controller's own timeout, so recording must never delay a report or a notify: each
-  call builds one small tuple and appends it to a bounded deque (O(1); fault maps above
-  64 ranks are counted later, by the writer). A full deque drops the event and counts
+  call builds one small tuple and appends it to a bounded deque (O(1); a fault map
+  above 64 ranks keeps the counts the metrics made of it, and is never walked again,
+  here or on the writer, whose GIL time would delay that very report). A full deque
+  drops the event and counts
   ``tft_bridge_recorder_errors_total{reason="queue_full"}``. The controller's own
   thread never runs any of this: its callbacks reach the loop through the hand-off.
 * ``RecorderWriter`` is a thread that wakes on its own every ``poll`` seconds (the loop
@@ -57,48 +59,30 @@ from .recorder_store import Store, StoreError
 log = logging.getLogger(__name__)
 
 FAULT_TYPE_NAMES = {0: "uce", 1: "other", 2: "hccl"}
-#: Fault maps up to this size are summarised on the loop (exact, microseconds); larger
-#: ones are counted by the writer thread (a 100 000-rank map would cost the loop a ms).
+#: Fault maps up to this size are listed rank by rank (microseconds on the loop); larger
+#: ones are kept as the per-type counts the metrics made (BridgeMetrics.count_faults).
 INLINE_FAULTS = 64
 #: How long a closed cycle still takes the final report's RPC, a drop or a repeated signal.
 GRACE = 2.0
 LOG_EVERY = 300.0  # seconds between repeated log lines of one failure kind
 
 
-class _LateFaults:
-    """A large fault map, summarised by the writer (off the loop)."""
-
-    __slots__ = ("faults",)
-
-    def __init__(self, faults: dict[int, int]) -> None:
-        self.faults = faults
-
-    def summary(self) -> dict[str, Any]:
-        for _ in range(3):
-            try:
-                # One C-level copy (atomic under the GIL): the relay may merge later
-                # reports into this very dict in place, so the counts can include ranks
-                # reported just after; marked approximate.
-                snapshot = dict(self.faults)
-                break
-            except RuntimeError:
-                continue
-        else:
-            return {"ranks": len(self.faults), "by_type": {}, "approximate": True}
-        counts = collections.Counter(snapshot.values())
-        return {"ranks": len(snapshot), "approximate": True,
-                "by_type": {FAULT_TYPE_NAMES.get(k, str(k)): n for k, n in counts.items()}}
-
-
-def summarise_faults(faults: dict[int, int]) -> dict[str, Any] | _LateFaults:
-    if len(faults) > INLINE_FAULTS:
-        return _LateFaults(faults)
-    by_type: dict[str, int] = {}
-    for fault_type in faults.values():
-        name = FAULT_TYPE_NAMES.get(fault_type, str(fault_type))
-        by_type[name] = by_type.get(name, 0) + 1
-    return {"ranks": len(faults), "by_type": by_type,
-            "list": ",".join(f"{rank}:{kind}" for rank, kind in sorted(faults.items()))}
+def summarise_faults(faults: dict[int, int], by_type: dict[str, int] | None = None) -> dict[str, Any]:
+    """A fault map as the record keeps it: ranks by type, and the ranks themselves when
+    few. ``by_type``: the counts the metrics already made (see BridgeMetrics.count_faults),
+    so a 100 000-rank map is counted once, not again here; without them a large map is
+    recorded by size only (counting it would hold the loop -- or, on the writer thread,
+    the GIL -- for milliseconds while its report is being sent)."""
+    if len(faults) <= INLINE_FAULTS:
+        counted: dict[str, int] = {}
+        for fault_type in faults.values():
+            name = FAULT_TYPE_NAMES.get(fault_type, str(fault_type))
+            counted[name] = counted.get(name, 0) + 1
+        return {"ranks": len(faults), "by_type": counted,
+                "list": ",".join(f"{rank}:{kind}" for rank, kind in sorted(faults.items()))}
+    if by_type is not None:
+        return {"ranks": len(faults), "by_type": dict(by_type)}
+    return {"ranks": len(faults), "by_type": {}, "approximate": True}
 
 
 class ErrorLog:
@@ -156,7 +140,8 @@ class NullRecorder:
 
     enabled = False
 
-    def callback(self, name: str, at: float, faults: dict[int, int] | None = None, **fields: Any) -> None: ...
+    def callback(self, name: str, at: float, faults: dict[int, int] | None = None,
+                 by_type: dict[str, int] | None = None, **fields: Any) -> None: ...
     def rpc(self, method: str, code: str | int, started: float, duration: float) -> None: ...
     def signal(self, signal_type: str, uuid: str, actions: list[str], strategy: str = "", params: str = "",
                ranks: int = 0) -> None: ...
@@ -286,9 +271,11 @@ class Recorder(NullRecorder):
         self.writer.errors("record_failed", f"{what}: {error!r}")
 
     # ------------------------------------------------------------------ hooks (event loop)
-    def callback(self, name: str, at: float, faults: dict[int, int] | None = None, **fields: Any) -> None:
+    def callback(self, name: str, at: float, faults: dict[int, int] | None = None,
+                 by_type: dict[str, int] | None = None, **fields: Any) -> None:
         """A controller callback, after the bridge handled it (``at``: the controller's
-        monotonic time). ``fields``: code, strategies, strategy -- small values only."""
+        monotonic time). ``by_type``: the fault counts already made for the metrics.
+        ``fields``: code, strategies, strategy -- small values only."""
         try:
             cycle = self._involved()
             if cycle is not None and cycle.closing_at is not None and name == "report_fault_ranks":
@@ -298,7 +285,7 @@ class Recorder(NullRecorder):
                 cycle = self._open("fault" if name == "report_fault_ranks" else "callback", at)
             data: dict[str, Any] = {"name": name, **fields}
             if faults is not None:
-                data["faults"] = summarise_faults(faults)
+                data["faults"] = summarise_faults(faults, by_type)
             self._emit(cycle, at, "callback", data)
             cycle.progressed = True
             if name == "report_result":
@@ -575,9 +562,6 @@ class RecorderWriter:
                 self._unwritten[key] = (key, job, opened_by, started)
             elif op == "event":
                 _, _, t, kind, data = item
-                faults = data.get("faults")
-                if isinstance(faults, _LateFaults):
-                    data = {**data, "faults": faults.summary()}
                 cycle = self._open.get(key)
                 if cycle is None:  # a late event of a closed cycle
                     if key not in self._late_seq:

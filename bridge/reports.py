@@ -240,7 +240,7 @@ class ReportPath:
         faults = self._clean(report.args[0] if report.args else {}, "report_fault_ranks")
         first_of_flow = self.flow.step in (Step.IDLE, Step.PAUSED, Step.STOP_SENT)
         self.flow.on_callback("report_fault_ranks")
-        self.metrics.count_faults(faults)
+        by_type = self.metrics.count_faults(faults)
         if first_of_flow:
             self.clock.fault(report.at)
             self.flow_faults = dict(faults)
@@ -250,7 +250,7 @@ class ReportPath:
             self.metrics.faulty_ranks.set(len(self.flow_faults))
         if self._observed:
             self.observer(f"controller report_fault_ranks {codec.format_faults(faults) or '(none)'}")
-        self.recorder.callback("report_fault_ranks", report.at, faults=faults)
+        self.recorder.callback("report_fault_ranks", report.at, faults=faults, by_type=by_type)
         self.relay.submit_faults(faults, report.waiter)
 
     def stop_complete(self, report: ControllerReport) -> None:

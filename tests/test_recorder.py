@@ -244,13 +244,15 @@ def test_a_full_queue_drops_and_counts_without_blocking(tmp_path: Path) -> None:
     writer.close()
 
 
-def test_large_fault_maps_are_counted_by_the_writer(tmp_path: Path) -> None:
-    recorder, writer, flow, clock, _ = make(tmp_path, max_events_per_cycle=10)
+def test_large_fault_maps_keep_the_metrics_counts_and_are_never_walked_again(tmp_path: Path) -> None:
+    recorder, writer, flow, clock, metrics = make(tmp_path, max_events_per_cycle=10)
     faults = {rank: rank % 3 for rank in range(30_000)}
     flow.on_callback("report_fault_ranks")
-    recorder.callback("report_fault_ranks", clock(), faults=faults)
-    item = writer._items[-1]
-    assert not isinstance(item[4]["faults"], dict), "30 000 ranks are not counted on the event loop"
+    recorder.callback("report_fault_ranks", clock(), faults=faults, by_type=metrics.count_faults(faults))
+    assert writer._items[-1][4]["faults"] == {"ranks": 30_000, "by_type": {"uce": 10_000, "other": 10_000,
+                                                                            "hccl": 10_000}}
+    recorder.callback("report_fault_ranks", clock(), faults=dict.fromkeys(range(100), 2))  # no counts given
+    assert writer._items[-1][4]["faults"] == {"ranks": 100, "by_type": {}, "approximate": True}
     for _ in range(20):
         recorder.callback("report_fault_ranks", clock(), faults={1: 0})
     recorder.close()
@@ -258,7 +260,7 @@ def test_large_fault_maps_are_counted_by_the_writer(tmp_path: Path) -> None:
     (cycle,) = stored(writer.path)
     assert cycle.summary["faults"]["by_type"] == {"uce": 10_000, "other": 10_000, "hccl": 10_000}
     assert cycle.summary["faults"]["approximate"] is True
-    assert cycle.events_dropped == 11
+    assert cycle.events_dropped == 12
 
 
 def test_the_store_is_readable_while_the_writer_holds_it(tmp_path: Path) -> None:
