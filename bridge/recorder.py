@@ -431,6 +431,17 @@ class Recorder(NullRecorder):
             if cycle is None:
                 return
             now = self._clock()
+            if cycle.tentative and cycle.closing_at is None and self.flow.step is Step.IDLE \
+                    and now - cycle.last >= self.grace:
+                # A signal that asked the controller for nothing (a log-only action): a
+                # repeat of the cycle just closed goes there, anything else stands alone.
+                recent = self._recent_closed()
+                if recent is not None and (not cycle.uuid or cycle.uuid == self._last_uuid):
+                    for when, kind, held in cycle.pending:
+                        self._emit(recent, when, kind, held)
+                    self._cycle = None
+                    return
+                self._closing(cycle, cycle.last, "not_forwarded")
             if cycle.closing_at is None and cycle.progressed and self.flow.step is Step.IDLE \
                     and now - cycle.last >= self.grace:
                 self._closing(cycle, cycle.last)

@@ -336,3 +336,17 @@ def test_a_dump_then_its_exit_notice_is_one_dump_cycle(tmp_path: Path) -> None:
     writer.close()
     (cycle,) = stored(writer.path)
     assert (cycle.outcome, cycle.strategy) == ("exit", "dump")
+
+
+def test_a_signal_that_asks_the_controller_for_nothing_does_not_absorb_the_next_fault(tmp_path: Path) -> None:
+    recorder, writer, flow, clock, _ = make(tmp_path)
+    recorder.signal("notify", "u-log", ["new pod running"])  # log-only: no notify, no refusal
+    clock.advance(recorder.grace)  # the grace itself is the behaviour under test
+    recorder.tick()
+    clock.advance(recorder.grace)
+    recorder.tick()
+    run_retry_cycle(recorder, flow, clock, uuid="u-2")
+    writer.close()
+    first, second = stored(writer.path)
+    assert (first.uuid, first.outcome) == ("u-log", "not_forwarded")
+    assert (second.uuid, second.outcome, second.opened_by) == ("u-2", "success", "fault")
