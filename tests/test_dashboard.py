@@ -465,10 +465,12 @@ def test_dashboard_against_a_real_prometheus(
     prometheus, demos, started = demo_prometheus
     eventually_sync(lambda: all(demo.held() for demo in demos), timeout=120, what="every demo scenario finished")
     done = time.time()
-    # One scrape of every bridge after its scenario ended, so the end state is stored (`up`
-    # is written for every scrape, also of a bridge that ended with its controller).
-    eventually_sync(lambda: prometheus.scalar(f"count(timestamp(up) > {done})") == len(demos),
-                    timeout=30, what="a scrape of every demo bridge after its scenario")
+    # Scrapes of every bridge more than two intervals after its scenario ended, so the end
+    # state is stored and a series born at the very end has the two samples rate() needs
+    # (`up` is written for every scrape, also of a bridge that ended with its controller).
+    settled = done + 2 * SCRAPE_INTERVAL
+    eventually_sync(lambda: prometheus.scalar(f"count(timestamp(up) > {settled})") == len(demos),
+                    timeout=30, what="scrapes of every demo bridge after its scenario")
     end = time.time()
     variables = grafana_variables(started, end)
     step = variables["$__interval"]
@@ -502,7 +504,11 @@ def test_dashboard_against_a_real_prometheus(
     # did not keep the job whole raise their alerts (the others stay quiet).
     expected = {("TftBridgeRecoveryFailed", "retry-fails"), ("TftBridgeRecoveryStoppedJob", "dump"),
                 ("TftBridgeRecoveryStoppedJob", "exit")}
-    eventually_sync(lambda: expected <= firing_alerts(prometheus, demos), timeout=30, what="the demo's alerts firing")
+    try:
+        eventually_sync(lambda: expected <= firing_alerts(prometheus, demos), timeout=60, what="the demo's alerts firing")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nfiring: {sorted(firing_alerts(prometheus, demos))}\n"
+                             + "\n".join(demo.output()[-3000:] for demo in demos)) from None
     unhealthy = [(rule["name"], rule.get("lastError")) for group in prometheus.get("/api/v1/rules")["data"]["groups"]
                  for rule in group["rules"] if rule["health"] != "ok"]
     assert not unhealthy, unhealthy
