@@ -97,6 +97,8 @@ class ControllerHost:
         """Register all four callbacks, then init, then start (the controller checks that
         all four are registered once, while starting, and silently never calls any of
         them otherwise)."""
+        if not self.owned:  # re-registering and re-initialising the caller's controller would break it
+            raise StartupError("this controller is run by the caller (external=True): it is never started here")
         m, c = self.module, self.config
         self.callbacks = {name: make_callback(name, sink, on_error) for name in CALLBACKS}
         for name, callback in self.callbacks.items():
@@ -142,8 +144,9 @@ class ControllerHost:
 
     def destroy(self, timeout: float) -> bool:
         """Destroy from a fresh thread (never the controller's own: that deadlocks) and wait
-        at most ``timeout``; False when it did not finish in time."""
-        if not self.started:
+        at most ``timeout``; False when it did not finish in time. A caller-run controller
+        (``external=True``) is left alone: its owner destroys it."""
+        if not self.started or not self.owned:
             return True
         self.started = False
         worker = threading.Thread(target=self._destroy_quietly, name="tft-destroy", daemon=True)

@@ -162,3 +162,24 @@ async def test_close_ends_the_thread_after_delivering_what_was_queued() -> None:
     assert not handoff.alive
     reports = await collected.wait_for(50)
     assert [r.args[0] for r in reports] == [{rank: 0} for rank in range(50)]
+
+
+def test_an_external_controller_is_never_started_here() -> None:
+    """The seed API hosts a controller its caller runs: registering the callbacks again and
+    re-initialising it would break the caller's, so start() refuses."""
+    from bridge.config import ControllerConfig
+    from bridge.controller import ControllerHost, StartupError
+
+    calls: list[str] = []
+
+    class Module:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: calls.append(name) or 0
+
+    host = ControllerHost(Module(), ControllerConfig(), external=True)  # type: ignore[arg-type]
+    assert host.started and not host.owned
+    with pytest.raises(StartupError, match="run by the caller"):
+        host.start(lambda fields: None, lambda: None)
+    assert calls == []
+    assert host.destroy(1.0) is True  # a destroy request is accepted and does nothing to the caller's
+    assert calls == []
