@@ -94,6 +94,20 @@ async def test_a_dead_handoff_thread_stops_the_bridge(job: SimulatedJob, caplog:
     assert "the controller hand-off thread ended; stopping the bridge" in caplog.text
 
 
+async def test_a_dead_metrics_endpoint_stops_the_bridge(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="bridge.daemon")
+    job = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4), keepalive_interval=0.1, metrics_port=0)
+    try:
+        await job.start()
+        await job.subscribed()
+        assert job.bridge is not None and job.bridge.metrics_server is not None
+        await asyncio.to_thread(job.bridge.metrics_server.close)  # its thread ends as if it had died
+        await assert_stopped_cleanly(job)
+        assert "the metrics endpoint thread ended; stopping the bridge" in caplog.text
+    finally:
+        await job.stop()
+
+
 async def test_a_requested_stop_is_not_a_death(job: SimulatedJob, caplog: pytest.LogCaptureFixture) -> None:
     """Every task ends during a normal stop: none of that may be reported or change the code."""
     caplog.set_level(logging.ERROR, logger="bridge.daemon")
