@@ -55,8 +55,9 @@ THREAD_POLL_INTERVAL = 0.5
 
 
 class Bridge:
-    """One job's bridge process, from ``run()`` to its exit code. Create it inside the
-    running event loop."""
+    """One job's bridge process, from ``run()`` to its exit code. ``run()`` builds the
+    link (``link.py``) whole once the controller module is loaded; until then ``link``
+    raises."""
 
     def __init__(self, config: BridgeConfig, *, metrics: BridgeMetrics | None = None,
                  notifier: Notifier | None = None, observer: Callable[[str], None] | None = None) -> None:
