@@ -21,8 +21,10 @@ import pytest
 
 from bridge.platform import add_platform_parser, cmd_platform
 from bridge.platform.annotations import ENABLE_LABEL, RESULT, STRATEGY
-from bridge.platform.sim.apiserver import StandInApiServer, wait_until
+from bridge.platform.sim.apiserver import StandInApiServer
 from bridge.platform.sim.clusterd import SimPlatformClusterD
+
+from .conftest import eventually_sync
 
 pytestmark = pytest.mark.timeout(30)
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,15 +112,17 @@ def test_the_agent_process_end_to_end(server: StandInApiServer, tmp_path: Path) 
 
     try:
         port = int(wait_for_line(r"metrics on http://127\.0\.0\.1:(\d+)/metrics").group(1))
-        assert wait_until(lambda: server.store.annotations("ml", "job").get(STRATEGY) == "dump", 10)
+        eventually_sync(lambda: server.store.annotations("ml", "job").get(STRATEGY) == "dump", 10,
+                        what="the standing strategy written")
         report = SimPlatformClusterD(server.store, "ml", "job").fault({0: 0, 1: 0})
         assert report.violations == [] and report.statuses == ["retry-success"]
-        assert wait_until(lambda: RESULT not in server.store.annotations("ml", "job"), 5)
+        eventually_sync(lambda: RESULT not in server.store.annotations("ml", "job"), 5, what="the result cleared")
 
         policy.write_text('[defaults]\nstanding_strategy = "retry"\n')
         process.send_signal(signal.SIGHUP)
         wait_for_line(r"policy reloaded")
-        assert wait_until(lambda: server.store.annotations("ml", "job").get(STRATEGY) == "retry", 5)
+        eventually_sync(lambda: server.store.annotations("ml", "job").get(STRATEGY) == "retry", 5,
+                        what="the reloaded policy's standing strategy written")
 
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             text = response.read().decode()

@@ -630,13 +630,3 @@ class StandInApiServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` passes (for tests and demos)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
