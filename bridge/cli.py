@@ -2,7 +2,9 @@
 run the simulated ClusterD, run the AI-platform policy agent.
 
 Exit codes: 0 ok; 1 start-up failed; 2 bad configuration or bad input; 75 ClusterD sent
-killMaster (the job is being rescheduled; the systemd unit restarts the bridge for it).
+killMaster (the job is being rescheduled; the systemd unit restarts the bridge for it);
+76 the controller ended on its own (EXIT/FINAL; the unit restarts the bridge with a fresh
+controller).
 """
 
 from __future__ import annotations
@@ -42,14 +44,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     setup_logging(args.log_level or config.log_level)
-    from .daemon import Bridge
+    from .daemon import Bridge, arm_exit_deadline, exit_now, stop_budget
+
+    bridges: list[Bridge] = []
+
+    def stopping() -> None:
+        # The whole stop is bounded whatever the controller does (bridge/daemon.py).
+        arm_exit_deadline(stop_budget(config), lambda: bridges[0].exit_code)
 
     async def main() -> int:
-        bridge = Bridge(config)
+        bridge = Bridge(config, on_stopping=stopping)
+        bridges.append(bridge)
         with capture_signals(bridge.request_stop):
             return await bridge.run()
 
-    return asyncio.run(main())
+    # Never returns: the process ends with os._exit once the bounded stop is over, so the
+    # controller's atexit destroy cannot hang it (issue 14 item 9; daemon.exit_now).
+    exit_now(asyncio.run(main()))
+    return 1  # not reached
 
 
 def cmd_ranktable(args: argparse.Namespace) -> int:

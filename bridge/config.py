@@ -101,6 +101,9 @@ class ControllerConfig:
     wait_mindx_time: int = 30  # MINDIO_WAIT_MINDX_TIME: how long the controller waits for each answer
     pause_timeout: int = 600  # used when a pause_train signal carries timeout 0
     destroy_timeout: float = 30.0
+    # Where the orphaned-job marker lives (bridge/orphan.py): "" = $STATE_DIRECTORY (the
+    # unit's StateDirectory=), else /var/lib/tft-bridge/<job_id>.
+    state_directory: str = ""
 
 
 @dataclass(frozen=True)

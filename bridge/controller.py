@@ -84,6 +84,10 @@ class ControllerHost:
         self.started = external
         self.owned = not external
         self.callbacks: dict[str, Callable[..., int]] = {}  # as registered (benchmarks call them directly)
+        # True once a destroy did not return in time: its thread still runs and may hold
+        # the controller's locks, so the process must not run the module's atexit destroy
+        # (the daemon ends with os._exit; bridge/daemon.py).
+        self.destroy_abandoned = False
         self._prepare_action: Callable[..., int] | None = getattr(
             module, "tft_notify_controller_prepare_action", None
         )
@@ -153,6 +157,7 @@ class ControllerHost:
         worker.start()
         worker.join(timeout)
         if worker.is_alive():
+            self.destroy_abandoned = True
             log.error("tft_destroy_controller did not return within %.0f s; leaving it behind", timeout)
             return False
         return True

@@ -19,24 +19,51 @@ controller's destroy; outside systemd nothing would ever end the half-dead proce
 tick pings the systemd watchdog from the event loop, so a *stuck* loop (which supervision
 cannot see) still gets the service restarted.
 
-Stop (SIGTERM, killMaster, a dead task): STOPPING=1, no new action to the controller,
-drain the outbox for a moment, end the session, destroy the controller off its own
-thread with a bounded wait, close everything.
+The controller ending on its own (issue 14 item 2): after EXIT (a failed or ``exit``
+strategy, a dump, a 404 stop-complete, a wait for ClusterD that ran out) and FINAL the
+controller serves no fault flow any more, and it cannot be restarted in place: the real
+one, started again on the same address, rejects every heartbeat of ranks it did not
+start ("not exist in statusMap"). A bridge that lived on would be a zombie: WATCHDOG=1
+forever, STATUS "controller: exiting", later faults never reaching ClusterD. So once the
+tracked flow says the controller has ended -- the exit notice was given (it goes to
+FINAL), or it has sat in EXIT longer than its own ``wait_mindx_time`` wait (it then tells
+every rank to exit and stops) -- the tick stops pinging the watchdog, logs why, and
+stops the bridge with ``EXIT_CONTROLLER_ENDED`` (76), which the unit restarts
+(``RestartForceExitStatus=``) for the job's next incarnation. The outbox is drained first
+(bounded), so the controller's last report reaches ClusterD.
+
+Stop (SIGTERM, killMaster, a dead task, the controller ended): STOPPING=1, no new action
+to the controller, drain the outbox for a moment, end the session, destroy the
+controller off its own thread with a bounded wait, close everything. The whole stop is
+bounded by ``stop_budget`` (the drain + ``controller.destroy_timeout`` + ``STOP_SLACK``)
+whatever the controller does (issue 14 item 9): the real controller registers its
+destroy with ``atexit`` (docs/mindio-controller.md section 1), and a destroy that never
+returns holds the lock that handler takes, so a normal interpreter exit hung for good.
+``tft-bridge run`` therefore ends the process with ``exit_now`` (logs flushed, then
+``os._exit``) once the bounded stop is over, and arms ``arm_exit_deadline`` when the
+stop begins, so even a stop step stuck in the controller cannot outlast the budget.
+The orphaned-job marker (``bridge/orphan.py``) is written when the controller starts and
+removed by a stop that leaves no rank attached to a dead controller.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from .clusterd import Session
 from .config import BridgeConfig
 from .controller import ControllerHost, StartupError, load_controller_module
-from .flow import ControllerFlow
+from .flow import ControllerFlow, Step
 from .link import Link, finish, spawn
 from .metrics import BridgeMetrics, MetricsServer
+from .orphan import ControllerMarker, OrphanWatch, state_directory
 from .recorder import NullRecorder, Recording
 from .ranktable import RankTableSubscriber
 from .relay import Relay
@@ -49,6 +76,19 @@ EXIT_FAILED = 1  # start-up failed, or a part of the running bridge died
 EXIT_STARTUP_FAILED = EXIT_FAILED
 EXIT_CONFIG = 2
 EXIT_RESCHEDULED = 75  # killMaster: the job is rescheduled; systemd restarts the bridge for it (EX_TEMPFAIL)
+#: The controller ended on its own (EXIT/FINAL) and cannot be restarted in place; systemd
+#: restarts the bridge (RestartForceExitStatus=) so a fresh controller awaits the job's
+#: next incarnation.
+EXIT_CONTROLLER_ENDED = 76
+#: Exit codes after which the job's ranks are gone or going: the orphan marker is removed.
+JOB_ENDING_CODES = frozenset({EXIT_RESCHEDULED, EXIT_CONTROLLER_ENDED})
+
+#: After the controller's own EXIT wait (``wait_mindx_time``) it tells every rank to exit
+#: and stops; this much longer and the bridge counts it as ended (the flow's own margin).
+ENDED_GRACE = 5.0
+#: Seconds a stop may take beyond the drain and the bounded destroy: the tasks' grace,
+#: closing the channel, the recorder and the metrics endpoint.
+STOP_SLACK = 10.0
 
 #: How often a supervised thread is looked at (a thread cannot be awaited).
 THREAD_POLL_INTERVAL = 0.5
@@ -60,7 +100,8 @@ class Bridge:
     raises."""
 
     def __init__(self, config: BridgeConfig, *, metrics: BridgeMetrics | None = None,
-                 notifier: Notifier | None = None, observer: Callable[[str], None] | None = None) -> None:
+                 notifier: Notifier | None = None, observer: Callable[[str], None] | None = None,
+                 on_stopping: Callable[[], None] | None = None) -> None:
         self.config = config
         self.metrics = metrics or BridgeMetrics()
         self.notifier = notifier or Notifier()
@@ -77,6 +118,12 @@ class Bridge:
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # supervised: its end stops the bridge
         self._thread_watches: dict[str, asyncio.Task[None]] = {}  # supervised threads, polled
         self._status = ""
+        self._on_stopping = on_stopping  # told once when the stop begins (the CLI arms its exit deadline)
+        directory = state_directory(config.controller.state_directory, config.job_id)
+        self.orphan = OrphanWatch(ControllerMarker(directory, self.metrics), self.metrics, config.job_id)
+        self.ended_reason: str | None = None  # why the controller counts as ended (EXIT_CONTROLLER_ENDED)
+        self.abandoned: list[str] = []  # what the stop had to leave running (a destroy that did not return)
+        self._marked = False  # this bridge's controller started and wrote the marker
 
     # ------------------------------------------------------------------ public
     def request_stop(self, exit_code: int = EXIT_OK) -> None:
@@ -138,6 +185,7 @@ class Bridge:
             self.ranktable = RankTableSubscriber(c.ranktable, c.clusterd, self.metrics, hook_timeout=c.hooks.timeout)
             self._tasks["ranktable"] = spawn("ranktable", self.ranktable.run())
         module = load_controller_module(c.controller.module)
+        self.orphan.check_leftover()  # before this controller overwrites the marker
         # Never fails the start: a store that cannot be written is counted and logged.
         self.recording = Recording.start(c, self.flow, self.metrics)
         self._link = link = Link(c, self.metrics, ControllerHost(module, c.controller), self.flow,
@@ -165,6 +213,8 @@ class Bridge:
     async def _start_controller(self) -> None:
         c, link = self.config, self.link
         await asyncio.to_thread(link.controller.start, link.sink, self.metrics.callback_errors.inc)
+        self.orphan.controller_started(f"{c.controller.bind_ip}:{c.controller.port}")
+        self._marked = True
         self._observe(f"controller listening for training ranks on {c.controller.bind_ip}:{c.controller.port}")
         log.info("controller listening on %s:%d (world size %d)", c.controller.bind_ip, c.controller.port,
                  c.controller.world_size)
@@ -222,6 +272,29 @@ class Bridge:
                     log.error("start-up failed: %s", error)
                     self.request_stop(EXIT_STARTUP_FAILED)
 
+    def _controller_ended(self) -> bool:
+        """True (and the stop requested, once) when the controller has ended on its own."""
+        if self._stop.is_set() or not self.link.controller.started:
+            return False
+        step, _, since, _ = self.flow.snapshot()
+        wait = self.config.controller.wait_mindx_time
+        if step is Step.EXITED:
+            why = "it was given ClusterD's exit notice in EXIT and has gone to FINAL"
+        elif step is Step.EXITING and time.monotonic() - since > wait + ENDED_GRACE:
+            why = (f"it went to EXIT and its {wait} s wait there ran out: it has told every rank to exit "
+                   "and stopped serving")
+        else:
+            return False
+        self.ended_reason = why
+        log.error("the controller has ended on its own (%s). A controller that has ended cannot be restarted in "
+                  "place (the real one rejects the heartbeats of ranks it did not start), so the bridge delivers "
+                  "the last reports and exits with code %d for systemd to restart it with a fresh controller",
+                  why, EXIT_CONTROLLER_ENDED)
+        self.notifier.status(f"stopping: the controller ended ({why}); exit code {EXIT_CONTROLLER_ENDED}")
+        self._observe(f"controller ended: {why}")
+        self.request_stop(EXIT_CONTROLLER_ENDED)
+        return True
+
     def _controller_waits_for_recovery(self) -> bool:
         """Started with recovery off (403) and a re-check now finds it on."""
         link = self.link
@@ -231,6 +304,11 @@ class Bridge:
         if self.flow.expire():
             log.error("the controller did not hear from ClusterD within %ss; it has gone to EXIT",
                       self.config.controller.wait_mindx_time)
+        if self._controller_ended():
+            return  # no watchdog ping after the decision: the bridge is stopping
+        link = self.link
+        if link.controller.started:
+            self.orphan.poll(link.controller.connected())
         if self.notifier.watchdog_interval:
             self.notifier.watchdog()  # from the loop: a stuck loop withholds it
         self.recording.recorder.tick()
@@ -243,7 +321,7 @@ class Bridge:
     def _status_line(self) -> str:
         link = self.link
         ranks = "yes" if link.controller.started and link.controller.connected() else "no"
-        return (f"ClusterD: {link.session.state.value}; controller: {self.flow.step.value}, "
+        return (f"{self.orphan.status_prefix()}ClusterD: {link.session.state.value}; controller: {self.flow.step.value}, "
                 f"ranks connected: {ranks}; outbox: {len(link.relay)}")
 
     def _publish_status(self) -> None:
@@ -255,18 +333,52 @@ class Bridge:
     # ------------------------------------------------------------------ stop
     async def _shutdown(self) -> None:
         self._stop.set()  # from here on a part that ends is stopping, not dying
+        if self._on_stopping is not None:
+            self._on_stopping()
         self.notifier.stopping("stopping: draining reports, then destroying the controller")
         for watch in self._thread_watches.values():
             watch.cancel()
+        ranks_connected = False
         if self._link is not None:
-            await self._link.stop(before_destroy=self._stop_ranktable)
+            link = self._link
+            ranks_connected = self._ranks_connected()
+            if self.exit_code == EXIT_CONTROLLER_ENDED:
+                await self._await_stream_for_last_reports()
+            await link.stop(before_destroy=self._stop_ranktable)
+            if link.controller.destroy_abandoned:
+                self.abandoned.append("tft_destroy_controller")
+                log.warning("the controller's destroy is left running; the process exits without running the "
+                            "controller's atexit destroy, which would wait for it (exit code %d)", self.exit_code)
         else:
             self._stop_ranktable()
+        if self._marked:
+            self.orphan.controller_stopped(job_ending=self.exit_code in JOB_ENDING_CODES,
+                                           ranks_connected=ranks_connected)
         await finish([*self._tasks.values(), *self._thread_watches.values()])
         self.recording.recorder.close()  # an open cycle ends as it stands
         await asyncio.to_thread(self.recording.close)  # bounded: the writer flushes, the exporter sends
         if self.metrics_server is not None:
             self.metrics_server.close()
+
+    def _ranks_connected(self) -> bool:
+        try:
+            return self.link.controller.started and self.link.controller.connected()
+        except Exception:  # noqa: BLE001 - a failing query must not break the stop; assume the worst
+            log.exception("tft_query_high_availability_switch failed during the stop")
+            return True
+
+    async def _await_stream_for_last_reports(self) -> None:
+        """The controller ended: its last report must reach ClusterD before the exit. When
+        the stream is down right now, give it one RPC deadline (at most 5 s) to come back;
+        the drain itself is bounded the same way (``Link.stop``)."""
+        link = self.link
+        if len(link.relay) and not link.session.live.is_set():
+            wait = min(5.0, self.config.clusterd.rpc_timeout)
+            try:
+                await asyncio.wait_for(link.session.live.wait(), wait)
+            except asyncio.TimeoutError:
+                log.warning("ClusterD's stream is down; %d report(s) of the ended controller may not be delivered",
+                            len(link.relay))
 
     def _stop_ranktable(self) -> None:
         if self.ranktable is not None:
@@ -277,3 +389,42 @@ async def _until_dead(alive: Callable[[], bool]) -> None:
     """Return once a thread has ended (polled: threads cannot be awaited)."""
     while alive():
         await asyncio.sleep(THREAD_POLL_INTERVAL)
+
+
+def stop_budget(config: BridgeConfig) -> float:
+    """How long a whole stop may take: the drain (at most 5 s, one RPC deadline), the
+    bounded destroy and ``STOP_SLACK``. Also the wait for ClusterD's stream when the
+    controller ended. The unit's TimeoutStopSec must stay above it."""
+    drain = min(5.0, config.clusterd.rpc_timeout)
+    return 2 * drain + config.controller.destroy_timeout + STOP_SLACK
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code`` now: logs flushed, no interpreter clean-up.
+
+    Python's own exit would run the controller module's ``atexit`` destroy (which waits on
+    the lock of a destroy the stop abandoned: forever), join every non-daemon thread and
+    run native destructors; none of those is bounded, and all the bridge needs at exit
+    (reports drained, controller destroyed or abandoned, recorder closed) the bounded stop
+    has done."""
+    try:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def arm_exit_deadline(budget: float, code: Callable[[], int]) -> threading.Thread:
+    """Start a daemon thread that ends the process with ``code()`` if it is still alive
+    ``budget`` seconds from now (a stop step stuck in the controller)."""
+
+    def expire() -> None:
+        time.sleep(budget)  # the delay is the deadline itself
+        log.critical("the stop did not finish within %.0f s (controller.destroy_timeout + drain + %.0f s); "
+                     "exiting now with code %d", budget, STOP_SLACK, code())
+        exit_now(code())
+
+    thread = threading.Thread(target=expire, name="tft-bridge-exit-deadline", daemon=True)
+    thread.start()
+    return thread

@@ -177,12 +177,15 @@ def test_notify_and_watchdog(unit: dict[str, list[tuple[str, str]]]) -> None:
 
 
 def test_restart_policy_matches_the_exit_codes(unit: dict[str, list[tuple[str, str]]]) -> None:
-    from bridge.daemon import EXIT_CONFIG, EXIT_RESCHEDULED
+    from bridge.daemon import EXIT_CONFIG, EXIT_CONTROLLER_ENDED, EXIT_RESCHEDULED
 
     assert last(unit, "Service", "Restart") == "on-failure"
     forced = " ".join(values(unit, "Service", "RestartForceExitStatus")).split()
     prevented = " ".join(values(unit, "Service", "RestartPreventExitStatus")).split()
     assert str(EXIT_RESCHEDULED) == "75" and "75" in forced
+    # A controller that ended cannot be restarted in place: a fresh bridge must take the
+    # job's next incarnation, even if a drop-in changes Restart= (issue 14 item 2).
+    assert str(EXIT_CONTROLLER_ENDED) == "76" and "76" in forced and "76" not in prevented
     assert str(EXIT_CONFIG) == "2" and "2" in prevented
     for key in ("StartLimitIntervalSec", "StartLimitBurst"):
         assert values(unit, "Unit", key), f"{key}= belongs in [Unit]"
@@ -221,6 +224,13 @@ def test_timeouts_cover_start_up_and_stop(unit: dict[str, list[tuple[str, str]]]
     assert seconds(last(unit, "Service", "TimeoutStartSec")) >= startup_wait + 30
     # Up to 5 s of drain, the bounded destroy, then task and metrics shutdown.
     assert seconds(last(unit, "Service", "TimeoutStopSec")) >= 5 + destroy + 10
+    # The bridge's own bound on a whole stop (it exits past it, whatever the controller
+    # does) ends before systemd's SIGKILL, which would skip the log flush.
+    from bridge.daemon import stop_budget
+
+    assert stop_budget(load_config(EXAMPLE, env={})) + 5 <= seconds(last(unit, "Service", "TimeoutStopSec"))
+    # The default destroy bound covers the real destroy (1-5 s, about 5 s typical) with room.
+    assert ControllerConfig().destroy_timeout >= 3 * 5
 
 
 def test_parse_unit_helpers() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -63,6 +64,7 @@ class SimulatedJob:
         self.metrics = BridgeMetrics()
         self.observer = observer
         self._clusterd_address = f"127.0.0.1:{free_port()}"
+        self._state_dir = tempfile.TemporaryDirectory(prefix="tft-bridge-sim-", ignore_cleanup_errors=True)
         raw: dict[str, Any] = {
             "job_id": self.job.job_id,
             "clusterd": {"address": self._clusterd_address, "keepalive_interval": keepalive_interval,
@@ -71,7 +73,11 @@ class SimulatedJob:
             "controller": {"module": "stub", "bind_ip": "127.0.0.1", "port": free_port(),
                            "world_size": self.job.world_size, "enable_arf": enable_arf,
                            "enable_zit": enable_zit, "wait_mindx_time": max(1, int(wait_time)),
-                           "destroy_timeout": 10.0},
+                           "destroy_timeout": 10.0,
+                           # The orphaned-job marker (bridge/orphan.py) in a directory of
+                           # this job's own, never /var/lib/tft-bridge: a test that stops
+                           # mid-job must not make the next one report an orphaned job.
+                           "state_directory": self._state_dir.name},
             "metrics": {"enabled": metrics_port is not None, "port": metrics_port or 0},
             # Off unless asked for (the demo, tests/test_recorder_e2e.py): its default
             # store is /var/lib/tft-bridge/<job>, no place for a simulation.
