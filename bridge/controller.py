@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -73,6 +74,26 @@ def make_callback(callback: str, sink: Callable[[ReportFields], None], on_error:
     return relay_callback
 
 
+#: The controller's wait for every ClusterD answer, read from the environment only.
+WAIT_ENV = "MINDIO_WAIT_MINDX_TIME"
+
+
+def export_wait_time(seconds: int) -> None:
+    """Put the configured wait where the controller reads it: ``MINDIO_WAIT_MINDX_TIME``
+    in this process's environment, read once by ``tft_init_controller`` and from nowhere
+    else (docs/mindio-controller.md section 6). Without it the controller kept its default
+    30 s while the flow gate (``ControllerFlow(wait_timeout=...)``, the same configured
+    value) assumed another: with 10 configured, ClusterD's globalFault at about 21 s was
+    refused as unexpected_step and the controller, still waiting, later went to EXIT
+    (issue 14 item 7). The configured value already holds the environment's when the TOML
+    does not set it (config.py's precedence), so exporting it never loses the operator's
+    word; written as plain ASCII digits, the only form the controller accepts."""
+    value = str(int(seconds))
+    if os.environ.get(WAIT_ENV) != value:
+        log.info("exporting %s=%s for the controller (was %r)", WAIT_ENV, value, os.environ.get(WAIT_ENV))
+    os.environ[WAIT_ENV] = value
+
+
 class ControllerHost:
     """Owns the controller singleton of this process -- or, with ``external=True``, only
     talks to one its caller runs (the seed API, ``bridge.recover_manager``): that one is
@@ -108,6 +129,7 @@ class ControllerHost:
         for name, callback in self.callbacks.items():
             if m.tft_register_mindx_callback(name, callback) != 0:
                 raise StartupError(f"the controller refused to register callback {name!r}")
+        export_wait_time(c.wait_mindx_time)
         try:
             m.tft_init_controller(-1, c.world_size, c.enable_local_copy, c.enable_arf, c.enable_zit)
         except Exception as error:

@@ -69,6 +69,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from .logbudget import LogBudget, suppressed_note
+
 log = logging.getLogger(__name__)
 
 STRATEGIES = frozenset({"retry", "recover", "dump", "exit", "downgrade", "upgrade", "migration", "continue"})
@@ -201,7 +203,8 @@ class ControllerFlow:
         self._wait_timeout = wait_timeout
         # Told (callback, step it arrived at) for every callback the step did not expect.
         self._on_desync = on_desync
-        self._desyncs: dict[tuple[str, Step], int] = {}  # how often, for the log's back-off
+        self._desyncs: dict[tuple[str, Step], int] = {}  # how often, for the log line
+        self._log_budget = LogBudget(burst=4, window=60.0)
 
     def _move(self, step: Step) -> None:
         self.step = step
@@ -293,13 +296,15 @@ class ControllerFlow:
             self._desync(callback, before, how)
 
     def _desync(self, callback: str, step: Step, how: str) -> None:
-        # Logged on the 1st, 2nd, 4th, 8th, ... time per (callback, step): a storm of
-        # unexpected callbacks must not flood the log from the controller's thread.
+        # Logged within a budget per (callback, step) (bridge/logbudget.py, shared with the
+        # signal refusals): a storm of unexpected callbacks must not flood the log from
+        # the controller's thread. Every one is still counted through on_desync.
         seen = self._desyncs[(callback, step)] = self._desyncs.get((callback, step), 0) + 1
-        if seen & (seen - 1) == 0:
+        suppressed = self._log_budget.allow((callback, step))
+        if suppressed is not None:
             log.warning("controller flow desync: %s (%s) arrived at step %s, which does not expect it; "
-                        "following the controller to %s (%d time(s) so far)",
-                        callback, how, step.value, self.step.value, seen)
+                        "following the controller to %s (%d time(s) so far)%s",
+                        callback, how, step.value, self.step.value, seen, suppressed_note(suppressed))
         if self._on_desync is None:
             return
         try:

@@ -55,7 +55,8 @@ RECOVERY_PHASES = ("fault_to_stop", "stop_to_strategy", "strategy_to_result")
 #: test checks that every reason those modules use is listed here).
 REFUSAL_REASONS = ("foreign_job", "duplicate", "malformed", "no_actions", "stale_cycle", "unexpected_step",
                    "clusterd_only_strategy", "unknown_strategy", "strategy_not_offered",
-                   "unsupported_by_controller", "unknown_action")
+                   "unsupported_by_controller", "unknown_action", "too_many_actions", "bad_argument",
+                   "orphaned_global_fault")
 #: Final strategies every job with process-level recovery can end a cycle with (the elastic
 #: ones appear when first used). Pre-created because a histogram child born at its first
 #: observation makes that recovery invisible to rate() and histogram_quantile() -- and the

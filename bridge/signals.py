@@ -4,6 +4,42 @@ Signals arrive on the session's stream and are queued here, so reading the strea
 feeding the keep-alive watchdog) never waits for the controller. One task then handles
 them in arrival order and runs each notify call on one dedicated thread: notify calls
 release the GIL in C++ but may take a moment, and the event loop must stay free.
+
+What each rule guards against (issue 14, items 4 and 6, and issue 13 item 6):
+
+* **Arguments are checked and clamped before the flow moves** (``notify_arguments``).
+  The controller's notify functions are SWIG wrappers: a pause ``timeout`` that is
+  negative or >= 2^32 raises ``OverflowError`` (docs/mindio-controller.md section 2),
+  an ``on_global_rank`` time outside 1..3600 returns 1, a fault rank outside
+  ``[0, world_size)`` returns 1 *after* the entries before it were merged, and
+  ``downgrade``/``upgrade`` need 1..1023 bytes of params. The flow tracker moves before
+  the call (the next callback may run before the call returns), so a call that then
+  failed left it at PAUSE_SENT and the next real stopTrain was refused: the controller
+  timed out and killed the job.
+* **Every notify failure restores the flow**: a non-zero return and an exception alike.
+* **One signal has a bounded cost.** A signal with 10 000 unknown actions wrote one
+  warning each (428 MB of log) and held the next real stopTrain back by > 8 s. Real
+  signals carry at most two actions (docs/clusterd.md section 5): more than
+  ``MAX_ACTIONS`` is refused whole (``too_many_actions``); an unknown action is counted
+  as ``unknown_action`` (it used to be counted as ``unexpected_step``); one signal's
+  refusals make one log line, and those lines are budgeted (``bridge/logbudget.py``,
+  the same mechanism as the flow tracker's desync lines).
+* **The orphaned globalFault is refused** (``orphaned_global_fault``). When a client
+  re-subscribes while a type-1 cycle waits before its globalFault, the real ClusterD
+  still sends that globalFault, 11 s after the old StopComplete, on the *new* stream,
+  with uuid "", no fault ranks and no node ranks (docs/clusterd.md section 7). Every
+  signal of a real cycle carries the cycle's uuid (section 5), so this one belongs to
+  no cycle: forwarded, the controller reported strategies into nothing, the stale
+  ReportRecoverStrategy sat in ClusterD's one-slot buffer and the next real stopTrain
+  was refused. Its ``fault_nodes_exit`` names no node and ends nothing real, so its
+  node hook is not run either. The check does not look at the session's cycle: with
+  the bridge's resume (a new subscription re-reports the stopped cycle's faults), a
+  fresh cycle may already run on the new stream when the orphan arrives. uuid-less
+  signals that are legitimate (saveAndExit, preExitProcess) carry no on_global_rank.
+
+``signal_problem`` says whether a signal is well-formed and why not, without the
+controller or the flow, so the session can ask it before the signal may touch cycle
+tracking.
 """
 
 from __future__ import annotations
@@ -13,6 +49,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from . import faults as codec
@@ -20,8 +57,10 @@ from ._proto import recover_pb2 as pb
 from .controller import ControllerHost
 from .flow import ControllerFlow
 from .hooks import NodeHooks
-from .metrics import BridgeMetrics, signal_type_label
+from .logbudget import LogBudget, suppressed_note
+from .metrics import SIGNAL_TYPES, BridgeMetrics, signal_type_label
 from .recorder import NullRecorder
+from .resume import RESUMED, CycleResume
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +70,142 @@ NOTIFY_ACTIONS = frozenset({"stop_train", "pause_train", "on_global_rank", "chan
                             "hot switch", "stop switch"})
 KEEP_ALIVE = "keep-alive"
 KILL_MASTER = "killMaster"
+KNOWN_ACTIONS = NODE_ACTIONS | LOG_ONLY_ACTIONS | NOTIFY_ACTIONS
+#: ClusterD's signal types (docs/clusterd.md section 5): any other is not a real signal.
+KNOWN_SIGNAL_TYPES = frozenset(SIGNAL_TYPES)
+#: Real signals carry at most two actions (docs/clusterd.md section 5); a few more are
+#: tolerated for actions a newer ClusterD may add, anything beyond is not a real signal.
+MAX_ACTIONS = 8
+#: The controller's upper bound for on_global_rank's ``time`` (and MINDIO_WAIT_MINDX_TIME).
+WAIT_MAX = 3600
+#: A pause longer than this is clamped: the controller remembers the last pause timeout
+#: as its minimum wait for the next stop_train (docs/mindio-controller.md section 6), so
+#: a huge one would leave a later real fault waiting that long. ClusterD sends 0 or 900.
+PAUSE_TIMEOUT_MAX = 3600
+#: downgrade/upgrade params: 1..1023 bytes, else the controller returns 1.
+PARAMS_MAX_BYTES = 1023
+PARAMS_STRATEGIES = frozenset({"downgrade", "upgrade"})
+#: Actions whose notify takes the signal's fault ranks.
+RANK_ACTIONS = frozenset({"stop_train", "on_global_rank", "hot switch", "stop switch"})
+SHOWN_ACTIONS = 4  # how many actions a log line or a record names
 
 
 def clamp_wait(timeout: int) -> int:
     """on_global_rank's ``time`` must be 1..3600; ClusterD sends 0 for "no minimum"."""
-    return min(max(int(timeout), 1), 3600)
+    return min(max(int(timeout), 1), WAIT_MAX)
+
+
+def shown_actions(signal: pb.ProcessManageSignal) -> list[str]:
+    """The actions as a log line or a record names them: at most ``SHOWN_ACTIONS``,
+    then how many more, so a huge signal cannot make a huge line."""
+    actions = signal.actions
+    if len(actions) <= SHOWN_ACTIONS:
+        return list(actions)
+    return [*actions[:SHOWN_ACTIONS], f"... {len(actions)} actions in all"]
+
+
+def is_orphaned_global_fault(signal: pb.ProcessManageSignal) -> bool:
+    """The globalFault ClusterD sends on a new stream for a cycle a reset aborted
+    (module docstring): on_global_rank with no uuid, no fault ranks and no node ranks."""
+    return (not signal.uuid and "on_global_rank" in signal.actions and not signal.faultRanks
+            and not signal.nodeRankIds)
+
+
+def screen_signal(signal: pb.ProcessManageSignal, raw: bytes) -> tuple[str, str] | None:
+    """``signal_problem`` plus what the dispatcher finds later: fault ranks that do not
+    decode, no known action. The session asks it before a signal with a new uuid may
+    become the running cycle (issue 14 item 5: a garbage globalFault adopted as the cycle
+    got the real result dropped as no_live_cycle); the dispatcher refuses the same signal
+    and counts it, so a refused signal changes neither the controller nor the cycle."""
+    problem = signal_problem(signal)
+    if problem is not None or signal.signalType in (KEEP_ALIVE, KILL_MASTER):
+        return problem
+    if not any(action in KNOWN_ACTIONS for action in signal.actions):
+        return "unknown_action", f"none of its {len(signal.actions)} action(s) is known"
+    try:
+        codec.decode_signal_faults(raw)
+    except ValueError as error:
+        return "malformed", str(error)
+    return None
+
+
+def signal_problem(signal: pb.ProcessManageSignal) -> tuple[str, str] | None:
+    """``(refusal reason, detail)`` when ``signal`` must reach neither the controller nor
+    cycle tracking, else None. Needs no controller, flow or fault decoding (the fault
+    ranks are checked when decoded), so the session may call it on every signal."""
+    if signal.signalType in (KEEP_ALIVE, KILL_MASTER):
+        return None
+    count = len(signal.actions)
+    if count > MAX_ACTIONS:
+        return "too_many_actions", f"{count} actions; real signals carry at most 2, the bridge takes {MAX_ACTIONS}"
+    if count == 0:
+        return "no_actions", ""
+    if signal.signalType not in KNOWN_SIGNAL_TYPES:
+        return "malformed", f"unknown signal type {signal.signalType[:64]!r}"
+    if is_orphaned_global_fault(signal):
+        return "orphaned_global_fault", ("globalFault with no uuid and no fault ranks: the leftover of a cycle "
+                                         "a stream reset aborted; it belongs to no cycle")
+    return None
+
+
+class BadArgument(ValueError):
+    """A notify argument the controller would refuse or crash on, and that no clamp fixes."""
+
+
+@dataclass(frozen=True)
+class NotifyArguments:
+    """What one notify call gets, checked (``notify_arguments``); ``notes`` says what was
+    clamped or dropped, for the log and ``bad_inputs``."""
+
+    faults: dict[int, int]
+    timeout: int  # pause: seconds; on_global_rank: the minimum strategy wait
+    strategy: str
+    params: str
+    notes: tuple[str, ...] = ()
+
+
+def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy: str, params: str, *,
+                     world_size: int, pause_default: int) -> NotifyArguments:
+    """The arguments of ``action``'s notify call, inside the ranges the controller takes
+    (docs/mindio-controller.md section 2), or ``BadArgument``. Runs before the flow moves.
+
+    * fault ranks outside ``[0, world_size)`` are dropped (the controller would return 1
+      after merging the entries before them); the others still go through;
+    * pause: negative is refused (no pause length means it), 0 is the configured default
+      (the controller has no default: ``None`` raises), above ``PAUSE_TIMEOUT_MAX`` clamped;
+    * on_global_rank: 0 means "no minimum" (1); otherwise clamped to 1..3600;
+    * downgrade/upgrade: params must be 1..1023 bytes (no clamp: cutting ClusterD's JSON
+      would hand the controller a different instruction).
+    """
+    notes: list[str] = []
+    if action in RANK_ACTIONS:
+        bad = [rank for rank in faults if not 0 <= rank < world_size]
+        if bad:
+            faults = {rank: kind for rank, kind in faults.items() if 0 <= rank < world_size}
+            notes.append(f"dropped {len(bad)} fault rank(s) outside 0..{world_size - 1} "
+                         f"(e.g. {sorted(bad)[:3]})")
+    else:
+        faults = {}
+    if action == "pause_train":
+        if timeout < 0:
+            raise BadArgument(f"pause timeout {timeout} s is negative")
+        if timeout == 0:
+            timeout = pause_default
+        elif timeout > PAUSE_TIMEOUT_MAX:
+            notes.append(f"pause timeout {timeout} s clamped to {PAUSE_TIMEOUT_MAX} s")
+            timeout = PAUSE_TIMEOUT_MAX
+    elif action == "on_global_rank":
+        clamped = clamp_wait(timeout)
+        if timeout and clamped != timeout:
+            notes.append(f"on_global_rank time {timeout} s clamped to {clamped} s (the controller takes 1..{WAIT_MAX})")
+        timeout = clamped
+    else:
+        timeout = 0
+    if action == "change_strategy" and strategy in PARAMS_STRATEGIES:
+        size = len(params.encode())
+        if not 0 < size <= PARAMS_MAX_BYTES:
+            raise BadArgument(f"{strategy} needs params of 1..{PARAMS_MAX_BYTES} bytes, got {size}")
+    return NotifyArguments(faults, timeout, strategy, params, tuple(notes))
 
 
 class SignalDispatcher:
@@ -53,9 +223,11 @@ class SignalDispatcher:
         self._seen: set[tuple[Any, ...]] = set()
         self._seen_round = -1
         self._stopped = False
+        self._log_budget = LogBudget(burst=5, window=60.0)  # refusal lines, per reason
         self.observer: Callable[[str], None] = lambda line: None  # the demo's timeline
         self.on_exit_decided: Callable[[], None] = lambda: None  # ClusterD chose exit (no result follows)
         self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder.py): O(1) hooks
+        self.resume: CycleResume | None = None  # answers a restarted ClusterD's new cycle (resume.py)
 
     # ------------------------------------------------------------------ intake (session's reader)
     def submit(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
@@ -77,11 +249,30 @@ class SignalDispatcher:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _refuse(self, reason: str, signal: pb.ProcessManageSignal, detail: str = "") -> None:
+        """A whole signal not forwarded: counted each time, logged within the budget."""
         self.metrics.signals_refused.labels(reason).inc()
-        self.recorder.refused(reason, signal.signalType, signal.uuid, list(signal.actions), detail)
-        self.observer(f"ClusterD {signal.signalType} {list(signal.actions)} refused: {reason}")
-        log.warning("not forwarding %s %s (uuid %s): %s%s", signal.signalType, list(signal.actions),
-                    signal.uuid, reason, f" ({detail})" if detail else "")
+        actions = shown_actions(signal)
+        self.recorder.refused(reason, signal.signalType, signal.uuid, actions, detail)
+        self.observer(f"ClusterD {signal.signalType} {actions} refused: {reason}")
+        suppressed = self._log_budget.allow(reason)
+        if suppressed is not None:
+            log.warning("not forwarding %s %s (uuid %s): %s%s%s", signal.signalType, actions,
+                        signal.uuid, reason, f" ({detail})" if detail else "", suppressed_note(suppressed))
+
+    def _refuse_actions(self, signal: pb.ProcessManageSignal, refused: list[tuple[str, str]], step: str) -> None:
+        """Some actions of one signal not forwarded: each counted, one line for the signal."""
+        for action, reason in refused:
+            self.metrics.signals_refused.labels(reason).inc()
+            self.recorder.refused(reason, signal.signalType, signal.uuid, [action], f"controller at {step}")
+            self.observer(f"ClusterD {signal.signalType} [{action!r}] refused: {reason}")
+        reasons = sorted({reason for _, reason in refused})
+        suppressed = self._log_budget.allow(tuple(reasons))
+        if suppressed is not None:
+            listed = ", ".join(f"{action!r}: {reason}" for action, reason in refused[:SHOWN_ACTIONS])
+            more = f", and {len(refused) - SHOWN_ACTIONS} more" if len(refused) > SHOWN_ACTIONS else ""
+            log.warning("not forwarding %d of %d action(s) of %s (uuid %s), controller at %s: %s%s%s",
+                        len(refused), len(signal.actions), signal.signalType, signal.uuid, step, listed, more,
+                        suppressed_note(suppressed))
 
     # ------------------------------------------------------------------ dispatch task
     async def run(self) -> None:
@@ -117,11 +308,15 @@ class SignalDispatcher:
         return False
 
     async def _dispatch(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
-        self.recorder.signal(signal.signalType, signal.uuid, list(signal.actions), signal.changeStrategy,
+        self.recorder.signal(signal.signalType, signal.uuid, shown_actions(signal), signal.changeStrategy,
                              signal.extraParams, len(signal.faultRanks))
         if signal.signalType == KILL_MASTER:
             log.warning("ClusterD sent killMaster for job %s: the job is being rescheduled; stopping", self.job_id)
             self.on_kill_master()
+            return
+        problem = signal_problem(signal)
+        if problem is not None:
+            self._refuse(problem[0], signal, problem[1])
             return
         if self._is_duplicate(signal):
             self._refuse("duplicate", signal)
@@ -132,19 +327,32 @@ class SignalDispatcher:
             self.metrics.bad_inputs.labels("signal_fault_ranks").inc()
             self._refuse("malformed", signal, str(error))
             return
-        if not signal.actions:
-            self._refuse("no_actions", signal)
-            return
+        refused: list[tuple[str, str]] = []
         for action in signal.actions:  # in order: never a set
-            await self._act(action, signal, faults, token)
+            reason = await self._act(action, signal, faults, token)
+            if reason is not None:
+                refused.append((action, reason))
+        if refused:
+            self._refuse_actions(signal, refused, self.flow.step.value)
 
-    async def _act(self, action: str, signal: pb.ProcessManageSignal, faults: dict[int, int], token: str) -> None:
+    async def _act(self, action: str, signal: pb.ProcessManageSignal, faults: dict[int, int],
+                   token: str) -> str | None:
+        """Carry out one action; the reason when it was refused (the caller counts and logs)."""
         if action in NODE_ACTIONS:
             self.recorder.hook(action, await self.hooks.run(action, list(signal.nodeRankIds)))
-            return
+            return None
         if action in LOG_ONLY_ACTIONS:
             log.info("ClusterD action %r (signal %s): nothing for the controller to do", action, signal.signalType)
-            return
+            return None
+        if action not in NOTIFY_ACTIONS:
+            return "unknown_action"
+        if self.resume is not None:  # a restarted ClusterD's new cycle, for a controller already stopped
+            resumed = self.resume.intercept(action, faults, token)
+            if resumed == RESUMED:
+                self.observer(f"ClusterD {signal.signalType} [{action}] -> answered by the bridge (resumed cycle)")
+                return None
+            if resumed is not None:
+                return resumed
         strategy, params = signal.changeStrategy, signal.extraParams
         exit_decision = action == "change_strategy" and strategy == "exit" and params != "dump_exit"
         if action == "change_strategy" and strategy == "exit":
@@ -152,39 +360,57 @@ class SignalDispatcher:
         reason = self.flow.refusal(action, strategy, params)
         if reason is None and action in ("hot switch", "stop switch") and not self.controller.has_prepare_action:
             reason = "unsupported_by_controller"
-        if reason is None and action not in NOTIFY_ACTIONS:
-            reason = "unknown_action"
         if reason is not None:
-            self._refuse(reason, signal, f"action {action!r}, controller at {self.flow.step.value}")
-            return
+            return reason
+        try:
+            args = notify_arguments(action, faults, int(signal.timeout), strategy, params,
+                                    world_size=self.controller.config.world_size, pause_default=self.pause_timeout)
+        except BadArgument as error:
+            self.metrics.bad_inputs.labels("signal_argument").inc()
+            log.warning("not forwarding %s of %s (uuid %s): %s", action, signal.signalType, signal.uuid, error)
+            return "bad_argument"
+        if args.notes:
+            self.metrics.bad_inputs.labels("signal_argument").inc()
+            log.warning("%s of %s (uuid %s) forwarded with corrected arguments: %s", action, signal.signalType,
+                        signal.uuid, "; ".join(args.notes))
         before = self.flow.snapshot()
         self.flow.notified(action, token, strategy)
         started = time.monotonic()
-        rc = await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._notify, action, faults, int(signal.timeout), strategy, params)
+        try:
+            rc = await asyncio.get_running_loop().run_in_executor(self._executor, self._notify, action, args)
+        except Exception as error:  # a notify that raised changed nothing in the controller: undo the move
+            self.flow.restore(before)
+            self.metrics.notifies.labels(action, "error").inc()
+            log.error("the controller's %s notify raised %s: %s (cycle %s); the flow is back at %s",
+                      action, type(error).__name__, error, signal.uuid, self.flow.step.value)
+            self.recorder.notify(action, -1, started, time.monotonic() - started,
+                                 strategy if action == "change_strategy" else "")
+            return None
         self.metrics.notifies.labels(action, "ok" if rc == 0 else "refused").inc()
         if rc == 0:
             if exit_decision:
                 self.on_exit_decided()
-            detail = f" {strategy}" if action == "change_strategy" else f" ({len(faults)} ranks)" if faults else ""
+            detail = f" {strategy}" if action == "change_strategy" else \
+                f" ({len(args.faults)} ranks)" if args.faults else ""
             self.observer(f"ClusterD {signal.signalType} -> controller {action}{detail}")
         else:
             self.flow.restore(before)
             log.error("the controller refused %s (returned %s) for cycle %s", action, rc, signal.uuid)
         self.recorder.notify(action, rc, started, time.monotonic() - started,
                              strategy if action == "change_strategy" else "")
+        return None
 
-    def _notify(self, action: str, faults: dict[int, int], timeout: int, strategy: str, params: str) -> int:
-        """The controller call for one action (spec: mindio-tft-controller.md section 5)."""
+    def _notify(self, action: str, args: NotifyArguments) -> int:
+        """The controller call for one action (docs/mindio-controller.md section 10)."""
         c = self.controller
         if action == "stop_train":
-            return c.stop_train(faults, "stop")
+            return c.stop_train(args.faults, "stop")
         if action == "pause_train":
-            return c.stop_train(faults, "pause", timeout or self.pause_timeout)
+            return c.stop_train(args.faults, "pause", args.timeout)
         if action == "on_global_rank":
-            return c.on_global_rank(faults, clamp_wait(timeout))
+            return c.on_global_rank(args.faults, args.timeout)
         if action == "change_strategy":
-            return c.change_strategy(strategy, params)
+            return c.change_strategy(args.strategy, args.params)
         if action == "save_and_exit":
             return c.dump()
-        return c.prepare_action(action, faults)  # hot switch / stop switch
+        return c.prepare_action(action, args.faults)  # hot switch / stop switch

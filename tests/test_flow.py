@@ -271,7 +271,8 @@ def test_a_desync_storm_logs_with_back_off_but_counts_every_one(caplog: pytest.L
         for _ in range(1000):
             flow.on_callback("report_fault_ranks")
     assert len(desyncs.seen) == 1000
-    assert len([r for r in caplog.records if "desync" in r.getMessage()]) == 10  # 1, 2, 4, ..., 512
+    # the log budget (bridge/logbudget.py): 4 lines per (callback, step) per minute
+    assert len([r for r in caplog.records if "desync" in r.getMessage()]) == 4
 
 
 def test_a_failing_desync_hook_never_reaches_the_controller(caplog: pytest.LogCaptureFixture) -> None:

@@ -105,12 +105,11 @@ class SimulatedJob:
         self.training.use_timings(self.controller_timings)
         self.training.auto_step = self.auto_step
         # The controller reads MINDIO_WAIT_MINDX_TIME from the environment at init (so does
-        # the stub). Until the bridge exports its configured wait itself (issue 14 item 7)
-        # the harness does it here; remove this once it does, so the tests catch a bridge
-        # that forgets.
+        # the stub); the bridge exports its configured wait before init (issue 14 item 7).
+        # The harness does not, so the tests catch a bridge that forgets; it only puts the
+        # variable back as it was once the job stops.
         if self._saved_wait_env is None:
             self._saved_wait_env = (os.environ.get("MINDIO_WAIT_MINDX_TIME"),)
-        os.environ["MINDIO_WAIT_MINDX_TIME"] = str(self.config.controller.wait_mindx_time)
         if self.start_clusterd:
             await self.sim.start(self._clusterd_address)
         self.bridge = Bridge(self.config, metrics=self.metrics, notifier=Notifier({}), observer=self.observer)

@@ -1,0 +1,64 @@
+"""A log budget: at most a few lines per kind of event per window, the rest summed up.
+
+Why it exists (issue 14 item 6): one ClusterD signal carrying 10 000 unknown actions
+wrote one warning per action, 428 MB of log in about 18 s, and the next real stopTrain
+waited more than 8 s behind that logging. A peer (or a storm of controller callbacks,
+``flow.py``'s desyncs) decides how often an event happens; the bridge alone must decide
+how much log that costs. Every refusal and every desync is still *counted* in a metric
+each time; only the log lines are budgeted.
+
+The budget is per key (a refusal reason, a (callback, step) pair): ``burst`` lines per
+``window`` seconds. The first line after a suppressed stretch says how many were
+suppressed, so the log stays truthful about volume. Keys come from small fixed sets;
+the table is bounded anyway (``max_keys``), oldest key first out, so a stream of
+distinct keys cannot grow memory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable
+
+
+class LogBudget:
+    """Decides whether one more log line of a kind may be written now.
+
+    Thread-safe: ``flow.py`` asks from the controller's callback thread, ``signals.py``
+    from the event loop. ``allow`` is O(1) and never raises."""
+
+    def __init__(self, burst: int = 5, window: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 max_keys: int = 256) -> None:
+        if burst < 1 or not window > 0:
+            raise ValueError(f"a log budget needs burst >= 1 and window > 0, got burst={burst}, window={window}")
+        self.burst = burst
+        self.window = window
+        self._clock = clock
+        self._max_keys = max_keys
+        self._lock = threading.Lock()
+        # key -> [window start, lines written in it, lines suppressed since the last one written]
+        self._keys: dict[Hashable, list[float]] = {}
+
+    def allow(self, key: Hashable) -> int | None:
+        """None: do not log this one. An int: log it, and that many were suppressed
+        since the last line of this key (say so in the line when it is not 0)."""
+        now = self._clock()
+        with self._lock:
+            entry = self._keys.get(key)
+            if entry is None:
+                if len(self._keys) >= self._max_keys:
+                    del self._keys[next(iter(self._keys))]
+                entry = self._keys[key] = [now, 0.0, 0.0]
+            if now - entry[0] >= self.window:
+                entry[0], entry[1] = now, 0.0
+            if entry[1] >= self.burst:
+                entry[2] += 1
+                return None
+            entry[1] += 1
+            suppressed, entry[2] = int(entry[2]), 0.0
+            return suppressed
+
+
+def suppressed_note(suppressed: int) -> str:
+    """The tail of a budgeted line: empty, or how many like it were not written."""
+    return f" [{suppressed} similar line(s) suppressed]" if suppressed else ""
