@@ -44,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     setup_logging(args.log_level or config.log_level)
-    from .daemon import Bridge, arm_exit_deadline, exit_now, stop_budget
+    from .daemon import EXIT_FAILED, Bridge, arm_exit_deadline, exit_now, stop_budget
 
     bridges: list[Bridge] = []
 
@@ -60,8 +60,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # Never returns: the process ends with os._exit once the bounded stop is over, so the
     # controller's atexit destroy cannot hang it (issue 14 item 9; daemon.exit_now).
-    exit_now(asyncio.run(main()))
-    return 1  # not reached
+    code = EXIT_FAILED
+    try:
+        code = asyncio.run(main())
+    except BaseException:  # noqa: BLE001 - a normal exit after this could hang in the controller's atexit
+        log.exception("the bridge failed outside its own stop")
+    exit_now(code)
+    return code  # not reached
 
 
 def cmd_ranktable(args: argparse.Namespace) -> int:
