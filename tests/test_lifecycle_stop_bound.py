@@ -34,12 +34,13 @@ RUN_WITH_HANGING_DESTROY = ("import sys, tests.hanging_controller; from bridge.c
                             "sys.exit(main(sys.argv[1:]))")
 
 
-def write_config(tmp_path: Path) -> Path:
+def write_config(tmp_path: Path, clusterd: str = "") -> Path:
+    """``clusterd``: its address; by default one where nothing listens."""
     config = tmp_path / "job.toml"
     config.write_text(f"""
 job_id = "job-stop"
 [clusterd]
-address = "127.0.0.1:{free_port()}"
+address = "{clusterd or f'127.0.0.1:{free_port()}'}"
 rpc_timeout = 1.0
 startup_wait = 0.2
 [controller]
@@ -57,10 +58,10 @@ enabled = false
     return config
 
 
-def spawn(code: str, *argv: str) -> subprocess.Popen[str]:
+def spawn(code: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", code, *argv], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 def test_sigterm_exits_within_the_stop_budget_although_destroy_never_returns(tmp_path: Path) -> None:
@@ -87,6 +88,40 @@ def test_sigterm_exits_within_the_stop_budget_although_destroy_never_returns(tmp
     assert DESTROY_TIMEOUT <= took, "the bridge did not even wait for the destroy"
     assert "tft_destroy_controller did not return within 2 s" in output
     assert "exits without running the controller's atexit destroy" in output
+
+
+def test_sigterm_during_a_process_level_repair_exits_within_the_stop_budget(tmp_path: Path) -> None:
+    """The issue's case: ClusterD (simulated, a real process) chose retry and the
+    controller is repairing when SIGTERM arrives; its destroy never returns."""
+    port = free_port()
+    sim = subprocess.Popen([sys.executable, "-m", "bridge.cli", "sim-clusterd", "--listen", f"127.0.0.1:{port}",
+                            "--job", "job-stop", "--world-size", "4", "--devices-per-pod", "4", "--keepalive", "0.5",
+                            "--phase-delay", "0.1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    config_path = write_config(tmp_path, clusterd=f"127.0.0.1:{port}")
+    config = load_config(config_path, env={})
+    repairing = tmp_path / "repairing"
+    process = spawn(RUN_WITH_HANGING_DESTROY, "run", "--config", str(config_path),
+                    env={"HANGING_CONTROLLER_REPAIR": str(repairing)})
+    try:
+        eventually_sync(lambda: repairing.exists() or process.poll() is not None, 60,
+                        what="the controller repairing after ClusterD chose retry")
+        assert process.poll() is None, process.communicate()[0]
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        budget = stop_budget(config)
+        output, _ = process.communicate(timeout=budget + 30)
+        took = time.monotonic() - sent
+    finally:
+        for running in (process, sim):
+            if running.poll() is None:
+                running.kill()
+                running.communicate()
+    assert process.returncode == EXIT_OK, output
+    assert took <= budget, f"the stop took {took:.1f} s, more than its {budget:.0f} s budget:\n{output}"
+    assert "tft_destroy_controller did not return within 2 s" in output
+    # Ranks were connected when the stop began: they outlive the controller, the marker stays.
+    assert (tmp_path / "state" / "controller.json").exists()
 
 
 def test_the_exit_deadline_ends_a_stuck_process_with_the_decided_code() -> None:
