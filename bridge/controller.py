@@ -94,6 +94,18 @@ def export_wait_time(seconds: int) -> None:
     os.environ[WAIT_ENV] = value
 
 
+def wait_time_from_environment() -> int:
+    """The wait a controller initialised in this process has read: the variable as plain
+    ASCII digits in 1..3600, anything else (unset, empty, blanks, a sign, out of range)
+    the controller's default 30 (docs/mindio-controller.md section 6). For a controller
+    someone else started (``external=True``), whose wait the bridge did not choose: the
+    flow gate must assume the wait the controller really has."""
+    raw = os.environ.get(WAIT_ENV, "")
+    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 3600:
+        return int(raw)
+    return 30
+
+
 class ControllerHost:
     """Owns the controller singleton of this process -- or, with ``external=True``, only
     talks to one its caller runs (the seed API, ``bridge.recover_manager``): that one is

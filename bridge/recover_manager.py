@@ -56,7 +56,7 @@ from ._proto import recover_pb2
 from .clusterd import RpcFailure, client_info
 from .codes import Code
 from .config import build_config
-from .controller import ControllerHost, load_controller_module
+from .controller import ControllerHost, load_controller_module, wait_time_from_environment
 from .flow import ControllerFlow
 from .link import Link
 from .metrics import BridgeMetrics
@@ -205,7 +205,9 @@ class DLRecoverManager:
 
     async def _start_link(self, controller: ControllerHost) -> Link:
         link = Link(self.config, self.metrics, controller,
-                    ControllerFlow(wait_timeout=self.config.controller.wait_mindx_time,
+                    # The caller's controller read its wait from this process's environment
+                    # at its own init; the gate assumes that wait, not a default (issue 14 item 7).
+                    ControllerFlow(wait_timeout=wait_time_from_environment(),
                                    on_desync=self.metrics.count_desync),
                     on_kill_master=lambda: None)  # the caller's process: its launcher decides (logged)
         await link.start()

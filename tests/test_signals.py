@@ -443,3 +443,15 @@ def test_start_exports_the_configured_wait_before_init(monkeypatch: pytest.Monke
     host = ControllerHost(Module(), ControllerConfig(wait_mindx_time=10))  # type: ignore[arg-type]
     host.start(lambda fields: None, lambda: None)
     assert seen == ["10"]
+
+
+@pytest.mark.parametrize("raw, read", [("10", 10), ("3600", 3600), (" 10", 30), ("+10", 30), ("0", 30),
+                                       ("3601", 30), ("", 30), ("\uff11\uff10", 30)])
+def test_an_external_controllers_wait_is_read_as_the_controller_reads_it(monkeypatch: pytest.MonkeyPatch,
+                                                                         raw: str, read: int) -> None:
+    """The seed API's controller is started by its caller, who never exported the bridge's
+    config: its flow gate takes the wait the controller itself read at init."""
+    from bridge.controller import wait_time_from_environment
+
+    monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", raw)
+    assert wait_time_from_environment() == read
