@@ -169,6 +169,11 @@ class SessionState(enum.Enum):
 #: (signal, raw bytes, cycle token): the token is the signal's uuid, or for the signals
 #: ClusterD sends without one (saveAndExit, pre exit) the stream's own token.
 SignalHandler = Callable[[pb.ProcessManageSignal, bytes, str], None]
+#: (signal, raw bytes) -> None when the signal is well-formed, else (refusal reason, detail).
+SignalScreen = Callable[[pb.ProcessManageSignal, bytes], "tuple[str, str] | None"]
+#: Signal types whose uuid is never a cycle: ClusterD's fault centre sends preExitProcess
+#: with a fresh uuid it does not keep, and changes no state (docs/clusterd.md section 5).
+UNTRACKED_TYPES = frozenset({"preExitProcess"})
 
 
 class Session:
@@ -181,13 +186,18 @@ class Session:
     """
 
     def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, on_signal: SignalHandler,
-                 on_state: Callable[[SessionState], None] = lambda state: None) -> None:
+                 on_state: Callable[[SessionState], None] = lambda state: None,
+                 screen: SignalScreen = lambda signal, raw: None) -> None:
         self.job_id = job_id
         self.client = client
         self.config = client.config
         self.metrics = metrics
         self.on_signal = on_signal
         self.on_state = on_state
+        # Refuses a malformed signal before it may touch cycle tracking (the dispatcher's
+        # own checks, signals.screen_signal): a refused signal with a new uuid
+        # must not end the running cycle, or the real result is dropped as no_live_cycle.
+        self.screen = screen
         self.state = SessionState.CONNECTING
         self.live = asyncio.Event()  # set while a subscription is live
         self.init_answered = asyncio.Event()
@@ -319,7 +329,7 @@ class Session:
                 signal, raw = item
                 if self._is_stale(signal):
                     continue
-                self._track_cycle(signal)
+                self._track_cycle(signal, raw)
                 self.on_signal(signal, raw, signal.uuid or self.stream_token())
         except asyncio.CancelledError:
             if self._stopping.is_set() or self._resubscribe.is_set():
@@ -352,9 +362,11 @@ class Session:
                         list(signal.actions), signal.uuid)
         return True
 
-    def _track_cycle(self, signal: pb.ProcessManageSignal) -> None:
+    def _track_cycle(self, signal: pb.ProcessManageSignal, raw: bytes) -> None:
         uuid = signal.uuid
         if signal.jobId and signal.jobId != self.job_id:
+            return
+        if signal.signalType in UNTRACKED_TYPES:
             return
         if signal.signalType == "keep-alive":
             if self.current_uuid and uuid != self.current_uuid:
@@ -364,6 +376,11 @@ class Session:
                 self.current_uuid = uuid
             return
         if uuid and uuid != self.current_uuid:
+            refusal = self.screen(signal, raw)
+            if refusal is not None:  # counted and logged (within a budget) by the dispatcher, which refuses it too
+                log.debug("%s with uuid %s is %s: the running cycle %s stays current", signal.signalType or "(no type)",
+                            uuid, refusal[0], self.current_uuid)
+                return
             self._end_cycle()
             self.current_uuid = uuid
 

@@ -32,7 +32,7 @@ from .metrics import BridgeMetrics
 from .recorder import NullRecorder
 from .relay import Relay
 from .reports import Handoff, ReportFields, ReportPath
-from .signals import SignalDispatcher
+from .signals import SignalDispatcher, screen_signal
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +56,13 @@ class Link:
                                            on_kill_master=on_kill_master,
                                            pause_timeout=config.controller.pause_timeout)
         self.dispatcher.observer = self._observer
-        self.session = Session(config.job_id, self.client, metrics, self.dispatcher.submit, self._session_state)
+        self.session = Session(config.job_id, self.client, metrics, self.dispatcher.submit, self._session_state,
+                               screen=screen_signal)
         metrics.bind_keepalive_clock(lambda: self.session.last_message_at)
         self.relay = Relay(config.job_id, self.client, self.session, metrics, config.outbox_limit)
         self.reports = ReportPath(config.job_id, flow, self.relay, metrics, observer)
         self.dispatcher.on_exit_decided = self.reports.exit_decided
+        self.dispatcher.resume = self.reports.resume
         self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle)
         if self.recorder.enabled:
             self.client.on_rpc = self.recorder.rpc

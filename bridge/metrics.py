@@ -57,6 +57,11 @@ REFUSAL_REASONS = ("foreign_job", "duplicate", "malformed", "no_actions", "stale
                    "clusterd_only_strategy", "unknown_strategy", "strategy_not_offered",
                    "unsupported_by_controller", "unknown_action", "too_many_actions", "bad_argument",
                    "orphaned_global_fault")
+#: What the bridge did when a new ClusterD subscription came up during a controller's
+#: fault flow (bridge/resume.py): re-reported the cycle's faults, rebound the flow to the
+#: new cycle, answered a new signal with the controller's earlier report, or found the
+#: controller already past the step the new ClusterD restarts at.
+RESUME_RESULTS = ("re_reported", "rebound", "answered_stop_complete", "answered_strategies", "too_late")
 #: Final strategies every job with process-level recovery can end a cycle with (the elastic
 #: ones appear when first used). Pre-created because a histogram child born at its first
 #: observation makes that recovery invisible to rate() and histogram_quantile() -- and the
@@ -167,6 +172,10 @@ class BridgeMetrics:
             "tft_bridge_flow_desync",
             "Controller callbacks the tracked flow step did not expect (the tracker then follows the controller), "
             "by callback and the step it arrived at", ["callback", "step"], registry=r)
+        self.cycle_resumes = Counter(
+            "tft_bridge_cycle_resumes",
+            "Recoveries carried across a ClusterD restart or freeze (a new subscription mid-flow), by result",
+            ["result"], registry=r)
         self.keepalive_age.set_function(lambda: 0.0)
         self.controller_connected.set_function(lambda: 0.0)
         self._precreate()
@@ -193,6 +202,8 @@ class BridgeMetrics:
             self.callbacks.labels(callback)
             for step in Step:
                 self.flow_desync.labels(callback, step.value)
+        for result in RESUME_RESULTS:
+            self.cycle_resumes.labels(result)
         for result in ("written", "unchanged", "rejected", "write_failed"):
             self.ranktable_updates.labels(result)
 

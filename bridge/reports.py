@@ -22,7 +22,9 @@ The peer facts behind the rules here:
   logged; the rest still goes out. A malformed callback never raises into the loop.
 * Every subscription resets ClusterD's job, fault cache included: when a new stream
   opens while the controller still waits for stop_train, the running flow's faults
-  are reported again (``ReportPath.on_session_state``).
+  are reported again (``ReportPath.on_session_state``); when it opens while the
+  controller is stopped for a cycle, ``resume.CycleResume`` restarts that cycle with the
+  answers remembered here (stop-complete, strategies).
 
 Seams for later work: every callback enters through ``ReportPath.handle`` -> one entry
 of ``REPORT_HANDLERS``; every report leaves through ``Relay.submit_faults`` or
@@ -48,6 +50,7 @@ from .flow import STRATEGIES, ControllerFlow, Step
 from .metrics import BridgeMetrics
 from .recorder import NullRecorder
 from .relay import Relay
+from .resume import CycleResume
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +207,8 @@ class ReportPath:
         self._observed = observer is not None  # formatting a 100 000-rank timeline line costs ms
         self.flow_faults: dict[int, int] = {}  # the controller's faults in the running flow
         self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder.py): O(1) hooks
+        # Remembers this flow's answers, to carry the recovery across a ClusterD restart (resume.py).
+        self.resume = CycleResume(job_id, flow, relay, metrics)
 
     # ------------------------------------------------------------------ intake
     def handle(self, reports: list[ControllerReport]) -> None:
@@ -244,6 +249,7 @@ class ReportPath:
         if first_of_flow:
             self.clock.fault(report.at)
             self.flow_faults = dict(faults)
+            self.resume.new_flow()
             self.metrics.faulty_ranks.set(len(faults))
         else:
             self.flow_faults = codec.merge_into(self.flow_faults, faults)
@@ -259,6 +265,7 @@ class ReportPath:
         cycle = self.flow.answering
         self.flow.on_callback("report_stop_complete", code=code)
         self.clock.stop_complete(report.at)
+        self.resume.remember_stop(code, msg, faults)
         self.observer(f"controller report_stop_complete code={code}")
         self.recorder.callback("report_stop_complete", report.at, code=code)
         self.relay.submit_cycle_report("stop_complete", cycle,
@@ -271,6 +278,7 @@ class ReportPath:
         cycle = self.flow.answering
         self.flow.on_callback("report_strategies", strategies=tuple(strategies))
         self.clock.strategies(report.at)
+        self.resume.remember_strategies(faults, strategies)
         self.observer(f"controller report_strategies {strategies}")
         self.recorder.callback("report_strategies", report.at, strategies=strategies)
         self.relay.submit_cycle_report("strategy", cycle,
@@ -298,13 +306,18 @@ class ReportPath:
         self.clock.exited(time.monotonic())
 
     def on_session_state(self, state: SessionState) -> None:
-        """A new stream while the controller still waits for stop_train: every
-        subscription reset ClusterD's job, fault cache included, and a fault reported as a
-        cycle ended may have been lost with code 0; only a fresh report can start the cycle."""
-        if state is SessionState.SUBSCRIBED and self.flow.step is Step.AWAIT_STOP and self.flow_faults:
+        """A new stream: every subscription reset ClusterD's job, fault cache included.
+        While the controller still waits for stop_train, a fault reported as a cycle ended
+        may have been lost with code 0; only a fresh report can start the cycle. While it
+        is stopped for a cycle, ``CycleResume`` restarts that cycle (resume.py)."""
+        if state is not SessionState.SUBSCRIBED:
+            return
+        if self.flow.step is Step.AWAIT_STOP and self.flow_faults:
             log.warning("re-reporting %d fault rank(s) on the new stream: ClusterD forgot them",
                         len(self.flow_faults))
             self.relay.submit_faults(dict(self.flow_faults))
+            return
+        self.resume.on_subscribed(self.flow_faults)
 
 
 def _answer(report: ControllerReport, code: int) -> None:

@@ -268,6 +268,10 @@ def refusals(job: SimulatedJob) -> float:
 
 async def test_stream_drop_mid_cycle_no_stale_report_reaches_the_next_cycle(running: list[SimulatedJob]) -> None:
     job = await started(running, wait_time=30)
+    # The outbox's own rule, alone: with the resume on (bridge/resume.py) the bridge would
+    # re-report the cycle and answer the new stopTrain itself (tests/test_clusterd_restart.py).
+    assert job.bridge is not None
+    job.bridge.link.reports.resume.enabled = False
     # From the moment ClusterD sends stopTrain every call bounces with "qps exceeded": the
     # stop-complete report provably does not arrive and waits in the outbox.
     job.sim.journal.add_listener(
@@ -307,6 +311,10 @@ async def test_stream_drop_mid_cycle_no_stale_report_reaches_the_next_cycle(runn
 
 async def test_clusterd_restart_mid_cycle(running: list[SimulatedJob]) -> None:
     job = await started(running, global_fault_delay=2.0, wait_time=30)
+    # Nothing of the old cycle may reach the new ClusterD; the resume (which starts a new
+    # cycle and answers it) is off here, tested in tests/test_clusterd_restart.py.
+    assert job.bridge is not None
+    job.bridge.link.reports.resume.enabled = False
     job.training.inject_fault({5: 1})
     await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportStopComplete", timeout=10)
     await job.sim.restart()  # all ClusterD state is gone; the stream breaks

@@ -1,0 +1,182 @@
+"""Carry a recovery across a ClusterD restart or freeze: the controller never notices.
+
+The peer facts that force this module:
+
+* Every new subscription resets ClusterD's job (docs/clusterd.md section 4): after a
+  ClusterD restart, or a freeze long enough for the bridge to declare the stream dead
+  and subscribe again, the new stream knows no cycle. A report answering the old cycle
+  is dropped (``relay.py``: its cycle is over), correctly, but then nothing ever moves:
+  the controller, stopped, waits ``MINDIO_WAIT_MINDX_TIME`` for on_global_rank (or
+  change_strategy) and goes to EXIT, which kills the job (docs/mindio-controller.md).
+* A ReportProcessFault starts a new cycle on the new ClusterD: a type-1 fault at once
+  (stopTrain, then ~11 s to globalFault), UCE/HCCL ones within ~1 s when the job's
+  strategies include retry (docs/clusterd.md section 7). So the bridge re-reports the
+  stopped flow's fault ranks as soon as the new stream is live (``on_subscribed``).
+* The controller keeps one wake-up flag: a notify it is not waiting for is consumed by
+  its next wait as the wrong event and kills the job. So the new cycle's stopTrain must
+  NOT reach a controller that is already stopped, nor its globalFault one that already
+  had on_global_rank. The bridge answers them itself (``intercept``) with what the
+  controller said the first time (its stop-complete code, message and fault ranks; its
+  strategy list), bound to the new cycle's uuid; or, when the controller's own answer is
+  still to come, rebinds the flow (``ControllerFlow.answering``) so that answer goes to
+  the new cycle.
+* ClusterD's reports carry no uuid and are queued in one-slot buffers (docs/clusterd.md
+  section 4): a resumed answer is sent only in reply to the new cycle's own signal,
+  never ahead of it.
+
+What cannot be carried over: once the controller has had change_strategy (REPAIRING
+and later) the new ClusterD's cycle starts at a step the controller is past; its result
+is then dropped as ``no_live_cycle`` and training resumes on its own. That is counted as
+``too_late`` and logged, and the cycle ends the normal way.
+
+Counted in ``tft_bridge_cycle_resumes_total{result}`` (``metrics.RESUME_RESULTS``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from . import faults as codec
+from .flow import ControllerFlow, Step
+from .metrics import BridgeMetrics
+from .relay import Relay
+
+log = logging.getLogger(__name__)
+
+#: The controller has stopped training for a cycle and waits for ClusterD's next step.
+STOPPED = frozenset({Step.STOP_SENT, Step.AWAIT_GLOBAL, Step.GLOBAL_SENT, Step.AWAIT_STRATEGY})
+#: The controller has been told a strategy (or to dump): a new cycle cannot catch up.
+PAST_RESUME = frozenset({Step.REPAIRING, Step.AWAIT_FINAL, Step.DUMPING})
+#: Steps at which a stop_train notify is forwarded (a new flow's faults come from it).
+_STOP_ACCEPTED = frozenset({Step.IDLE, Step.AWAIT_STOP, Step.PAUSED})
+#: ``CycleResume.intercept``: the action was answered by the bridge, not the controller.
+RESUMED = "resumed"
+
+
+class CycleResume:
+    """Remembers the controller's answers of the running flow and replays them to a new
+    ClusterD cycle. Runs on the event loop only (never on the controller's thread)."""
+
+    def __init__(self, job_id: str, flow: ControllerFlow, relay: Relay, metrics: BridgeMetrics) -> None:
+        self.job_id = job_id
+        self.flow = flow
+        self.relay = relay
+        self.metrics = metrics
+        self.enabled = True  # off: a new stream mid-flow is left alone (the pre-issue-14 behaviour)
+        #: None, "stop" (the new cycle's stopTrain is awaited) or "global" (its globalFault).
+        self.pending: str | None = None
+        self.stop_faults: dict[int, int] = {}  # ranks of the stop_train notify that started the flow
+        self.stop_report: tuple[int, str, dict[int, int]] | None = None  # the controller's stop-complete
+        self.strategies_report: tuple[dict[int, int], list[str]] | None = None  # its report_strategies
+
+    # ------------------------------------------------------------------ from the return path
+    def new_flow(self) -> None:
+        """A fault flow starts: nothing of the previous one may be replayed."""
+        self.stop_report = self.strategies_report = None
+
+    def remember_stop(self, code: int, message: str, faults: dict[int, int]) -> None:
+        self.stop_report = (code, message, dict(faults))
+
+    def remember_strategies(self, faults: dict[int, int], strategies: list[str]) -> None:
+        self.strategies_report = (dict(faults), list(strategies))
+
+    def on_subscribed(self, flow_faults: dict[int, int]) -> None:
+        """A new stream is live: ClusterD's job was reset. Restart the cycle the
+        controller is stopped for, or say that it cannot be."""
+        self.pending = None
+        if not self.enabled:
+            return
+        step = self.flow.step
+        if step in PAST_RESUME:
+            self._count("too_late")
+            log.warning("ClusterD's job was reset (new subscription) while the controller is at %s: the new "
+                        "ClusterD would restart the cycle at stopTrain, which the controller is already past; "
+                        "not re-reporting (its result will be dropped as no_live_cycle)", step.value)
+            return
+        if step not in STOPPED:
+            return
+        faults = dict(flow_faults) or dict(self.stop_faults)
+        if not faults:
+            log.error("ClusterD's job was reset while the controller is stopped at %s, but no fault rank of "
+                      "the flow is known: cannot restart the cycle", step.value)
+            return
+        self.pending = "stop"
+        self._count("re_reported")
+        log.warning("ClusterD's job was reset (new subscription) while the controller is stopped at %s: "
+                    "re-reporting %d fault rank(s) to start the cycle again; the new stopTrain will be "
+                    "answered without stopping the controller twice", step.value, len(faults))
+        self.relay.submit_faults(faults)
+
+    # ------------------------------------------------------------------ from the signal side
+    def intercept(self, action: str, faults: dict[int, int], token: str) -> str | None:
+        """What to do with ``action`` of a signal for cycle ``token``: None to let the
+        dispatcher gate and forward it as usual, ``RESUMED`` when it was answered here
+        and must not reach the controller, any other string: refuse it for that reason."""
+        if self.pending is None:
+            if action == "stop_train" and self.flow.step in _STOP_ACCEPTED:
+                self.stop_faults = dict(faults)
+            return None
+        step = self.flow.step
+        if self.pending == "stop" and action == "stop_train":
+            return RESUMED if self._resume_stop(step, faults, token) else None
+        if self.pending == "global" and action == "on_global_rank":
+            return RESUMED if self._resume_global(step, token) else None
+        if self.pending == "stop" and action == "on_global_rank":
+            # Not the new cycle's (which starts with stopTrain): the old cycle's globalFault
+            # that a reset does not stop (docs/clusterd.md section 7). A strategy report in
+            # answer would sit in ClusterD's slot and be consumed by the new cycle.
+            log.warning("not forwarding on_global_rank (cycle %r) before the new cycle's stopTrain: the "
+                        "reset cycle's late globalFault", token)
+            return "unexpected_step"
+        return None
+
+    def _resume_stop(self, step: Step, faults: dict[int, int], token: str) -> bool:
+        self.pending = None
+        if step is Step.STOP_SENT:
+            # The controller's own stop-complete is still to come: it answers this cycle.
+            self.flow.answering = token
+            self._resumed("rebound", "stopTrain", token, "the controller's coming stop-complete answers it")
+            return True
+        if step not in STOPPED:
+            return False  # the controller moved on meanwhile (e.g. its wait ran out): the gate decides
+        if self.stop_report is None:
+            log.error("cannot answer the new cycle's stopTrain (%s): the controller's stop-complete is not known",
+                      token)
+            return False
+        extra = set(faults) - set(self.stop_report[2]) - set(self.stop_faults)
+        if extra:
+            log.warning("the new cycle's stopTrain names %d rank(s) the controller did not stop for (e.g. %s); "
+                        "answering with the controller's stop-complete anyway (a second stop would kill the job)",
+                        len(extra), sorted(extra)[:5])
+        code, message, stopped = self.stop_report
+        self.relay.submit_cycle_report("stop_complete", token,
+                                       codec.encode_stop_complete_request(self.job_id, code, message, stopped))
+        if step is Step.AWAIT_GLOBAL:
+            self.flow.answering = token
+        else:  # GLOBAL_SENT / AWAIT_STRATEGY: the new globalFault must not reach the controller either
+            self.pending = "global"
+        self._resumed("answered_stop_complete", "stopTrain", token, f"with code {code}")
+        return True
+
+    def _resume_global(self, step: Step, token: str) -> bool:
+        self.pending = None
+        if step is Step.GLOBAL_SENT:
+            self.flow.answering = token
+            self._resumed("rebound", "globalFault", token, "the controller's coming report_strategies answers it")
+            return True
+        if step is not Step.AWAIT_STRATEGY or self.strategies_report is None:
+            return False
+        faults, strategies = self.strategies_report
+        self.relay.submit_cycle_report("strategy", token,
+                                       codec.encode_recover_strategy_request(self.job_id, faults, strategies))
+        self.flow.answering = token
+        self._resumed("answered_strategies", "globalFault", token, f"with {strategies}")
+        return True
+
+    def _resumed(self, result: str, signal_type: str, token: str, how: str) -> None:
+        self._count(result)
+        log.warning("resumed the recovery on ClusterD's new cycle %s: %s answered by the bridge (%s), "
+                    "not forwarded to the controller, which already had it", token, signal_type, how)
+
+    def _count(self, result: str) -> None:
+        self.metrics.cycle_resumes.labels(result).inc()

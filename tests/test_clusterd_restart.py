@@ -1,0 +1,365 @@
+"""A recovery survives ClusterD restarting or freezing mid-cycle (issue 14 items 1 and 5).
+
+Item 1. Every new subscription resets ClusterD's job (docs/clusterd.md section 4): a
+ClusterD killed and restarted, or frozen long enough that the bridge declares the stream
+dead and subscribes again, forgets the cycle the controller is stopped for. Without the
+bridge's resume (bridge/resume.py) nothing ever moves again, the controller waits out
+``MINDIO_WAIT_MINDX_TIME`` and goes to EXIT: the job is killed. Each test here stops the
+controller at one step of a type-1 cycle, restarts or freezes ClusterD, and asserts that
+the controller ends the cycle successfully (report_result 0, NORMAL, never killed, never
+notified twice) and that the new ClusterD saw a complete cycle.
+
+The freeze is a TCP proxy between the bridge and the simulated ClusterD that stops
+forwarding bytes both ways (what SIGSTOP looks like from the network: connections stay
+open, nothing is answered) for longer than the RPC deadline and the stream watchdog, then
+forwards everything it held.
+
+"Before stop-complete" and "after globalFault" need the controller's own answer to be
+still to come when ClusterD goes away: the test holds that callback inside the bridge's
+hand-off (``HeldCallback``) and lets it through once the new ClusterD's cycle reached the
+same step, which is the controller answering late.
+
+Item 5. A malformed signal with a new uuid during a repair must not become the running
+cycle: the real result must still reach ClusterD.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from bridge.flow import Step
+from bridge.reports import ControllerReport
+from bridge.sim.mindio_ttp import FAST_TIMINGS
+from bridge.sim.scenario import SimulatedJob
+
+from .conftest import eventually
+from .test_fault_injection import (JOB, TRIGGERS, after, annotation, check_invariants, dropped, job_spec,
+                                   kill_clusterd, last_seq, m, on_journal, running, step_and_wait_result)
+
+pytestmark = pytest.mark.timeout(60)
+
+__all__ = ["running"]  # the fixture, shared with test_fault_injection
+
+#: The controller's MindX wait in these tests: long enough for a freeze plus a new cycle on
+#: a loaded machine, short enough that a job the bridge fails to rescue ends the test soon.
+WAIT = 8.0
+#: How long a freeze lasts: past the RPC deadline (2 s in SimulatedJob) and the stream
+#: watchdog (20 keep-alives of 50 ms), so the bridge gives up on the stream and re-subscribes.
+FREEZE = 2.6
+
+
+# --------------------------------------------------------------------------- a freezable ClusterD
+
+class FreezableProxy:
+    """TCP proxy ``listen`` -> ``upstream``; ``freeze()`` holds every byte in both
+    directions (new connections are accepted but carry nothing) until ``thaw()``."""
+
+    def __init__(self, listen: str, upstream: str) -> None:
+        self.listen = listen
+        self.upstream = upstream
+        self.thawed = asyncio.Event()
+        self.thawed.set()
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        host, port = self.listen.rsplit(":", 1)
+        self._server = await asyncio.start_server(self._accept, host, int(port))
+
+    def freeze(self) -> None:
+        self.thawed.clear()
+
+    def thaw(self) -> None:
+        self.thawed.set()
+
+    async def close(self) -> None:
+        self.thaw()
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host, port = self.upstream.rsplit(":", 1)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.get_running_loop().create_task(self._pump(source, sink, (writer, up_writer)))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter,
+                    both: tuple[asyncio.StreamWriter, asyncio.StreamWriter]) -> None:
+        try:
+            while True:
+                data = await source.read(65536)
+                await self.thawed.wait()  # frozen: whatever arrived waits here, in order
+                if not data:
+                    break
+                sink.write(data)
+                await sink.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            for writer in both:
+                writer.close()
+                self._writers.discard(writer)
+
+
+@pytest.fixture
+async def proxies() -> AsyncIterator[list[FreezableProxy]]:
+    """Closed after the jobs (request it before ``running``): the bridge's shutdown still
+    talks to ClusterD through it."""
+    made: list[FreezableProxy] = []
+    yield made
+    for proxy in made:
+        await proxy.close()
+
+
+async def launch(running: list[SimulatedJob], proxies: list[FreezableProxy] | None = None,
+                 **kwargs: Any) -> SimulatedJob:
+    """The fault-injection job (short phases, fast controller) with a ``WAIT`` s MindX
+    wait; behind a FreezableProxy when ``proxies`` is given."""
+    kwargs.setdefault("auto_step", True)
+    job = SimulatedJob(job_spec(), keepalive_interval=0.05, global_fault_delay=0.02, wait_time=WAIT,
+                       controller_timings=FAST_TIMINGS, start_clusterd=proxies is None,
+                       config_overrides={"clusterd": {"watchdog_intervals": 20.0}}, **kwargs)
+    running.append(job)
+    if proxies is not None:
+        upstream = await job.sim.start("127.0.0.1:0")
+        proxy = FreezableProxy(job.config.clusterd.address, upstream)
+        proxies.append(proxy)
+        await proxy.start()
+    await job.start()
+    await job.subscribed()
+    return job
+
+
+def begin(disruption: str, job: SimulatedJob, proxies: list[FreezableProxy]) -> None:
+    """The instant a phase is reached (inside the journal listener, before ClusterD's next
+    signal is written): a freeze starts now; a ClusterD about to be killed sends nothing
+    more (its next signal waits, and dies with it)."""
+    if disruption == "freeze":
+        proxies[0].freeze()
+    else:
+        job.sim.delay_next_signal(30.0)
+
+
+async def finish(disruption: str, job: SimulatedJob, proxies: list[FreezableProxy]) -> None:
+    """ClusterD killed and back 0.1 s later, or the freeze held ``FREEZE`` s and lifted."""
+    if disruption == "freeze":
+        await asyncio.sleep(FREEZE)  # the delay is the behaviour under test: ClusterD answers nothing this long
+        proxies[0].thaw()
+    else:
+        async def forget_held_signal() -> None:
+            job.sim.take_tweaks()  # a delay nothing consumed must not hold the new server's first signal
+
+        await kill_clusterd(job, down=0.1, while_down=forget_held_signal)
+
+
+async def disrupt(disruption: str, job: SimulatedJob, proxies: list[FreezableProxy]) -> None:
+    """Both at once, for a phase held by the bridge (``HeldCallback``): ClusterD is
+    waiting for a report then, and sends nothing meanwhile."""
+    if disruption == "freeze":
+        proxies[0].freeze()
+    await finish(disruption, job, proxies)
+
+
+DISRUPTIONS = ("restart", "freeze")
+
+
+# --------------------------------------------------------------------------- holding a controller answer
+
+class HeldCallback:
+    """Keep the controller's ``callback`` inside the bridge's hand-off until ``release``:
+    to the bridge that is the controller answering late (the flow stays at the step
+    before it)."""
+
+    def __init__(self, job: SimulatedJob, callback: str) -> None:
+        assert job.bridge is not None
+        self.handoff = job.bridge.link.handoff
+        self.callback = callback
+        self.original: Callable[[list[ControllerReport]], None] = self.handoff._handle
+        self.held: list[ControllerReport] = []
+        self.released = False
+        self.handoff._handle = self._handle
+
+    def _handle(self, reports: list[ControllerReport]) -> None:
+        passed = []
+        for report in reports:
+            if report.callback == self.callback and not self.released:
+                self.held.append(report)
+            else:
+                passed.append(report)
+        if passed:
+            self.original(passed)
+
+    def release(self) -> None:
+        self.released = True
+        held, self.held = self.held, []
+        self.original(held)
+
+
+# --------------------------------------------------------------------------- what a rescued cycle looks like
+
+async def assert_rescued(job: SimulatedJob, since: int) -> None:
+    """The controller finished the cycle it was stopped for, notified once per step, and
+    the new ClusterD (journal after ``since``) ran one complete cycle."""
+    await annotation(job, "recover-success", timeout=20)
+    await eventually(lambda: [r.args[0] for r in job.training.callbacks("report_result")] == [0], 10,
+                     "the controller's report_result 0")
+    await eventually(lambda: job.training.state == "NORMAL", 10, "the controller back in NORMAL")
+    assert not job.training.job_killed
+    for action in ("stop_train", "on_global_rank", "change_strategy"):
+        assert len(job.training.notifies(action)) == 1, (action, job.training.notifies(action))
+    names = [(e.kind, e.name) for e in job.sim.journal if e.seq > since and e.job_id == JOB
+             and ((e.kind == "signal" and e.name != "keep-alive") or (e.kind == "rpc" and e.code == 0 and e.name in (
+                 "ReportStopComplete", "ReportRecoverStrategy", "ReportRecoverStatus")))]
+    cycle = [("signal", "stopTrain"), ("rpc", "ReportStopComplete"), ("signal", "globalFault"),
+             ("rpc", "ReportRecoverStrategy"), ("signal", "changeStrategy"), ("rpc", "ReportRecoverStatus")]
+    assert names[-6:] == cycle, names
+    assert m(job, "cycle_resumes_total", result="re_reported") == 1
+    assert m(job, "cycle_resumes_total", result="too_late") == 0
+    assert dropped(job, "result") == {}
+    await check_invariants(job)
+
+
+async def new_stream_seq(job: SimulatedJob, since: int) -> int:
+    """The journal position where the bridge's new subscription opened after ``since``."""
+    opened = await eventually(lambda: [e for e in after(job, since, "stream-open") if e.job_id == JOB], 15,
+                              "the bridge's new subscription")
+    return opened[0].seq
+
+
+# --------------------------------------------------------------------------- item 1, each phase
+
+@pytest.mark.parametrize("disruption", DISRUPTIONS)
+async def test_before_stop_complete_the_controllers_own_answer_goes_to_the_new_cycle(
+        proxies: list[FreezableProxy], running: list[SimulatedJob], disruption: str) -> None:
+    """STOP_SENT: the controller is stopping; its stop-complete answers the new cycle."""
+    job = await launch(running, proxies if disruption == "freeze" else None)
+    assert job.bridge is not None
+    hold = HeldCallback(job, "report_stop_complete")
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: hold.held, 10, "the controller's stop-complete (held in the hand-off)")
+    assert job.bridge.flow.step is Step.STOP_SENT
+    mark = last_seq(job)
+    await disrupt(disruption, job, proxies)
+    await eventually(lambda: m(job, "cycle_resumes_total", result="rebound") == 1, 15,
+                     "the new cycle's stopTrain rebound to the stopping controller")
+    hold.release()
+    await assert_rescued(job, await new_stream_seq(job, mark))
+    assert m(job, "cycle_resumes_total", result="answered_stop_complete") == 0
+
+
+@pytest.mark.parametrize("disruption", DISRUPTIONS)
+async def test_between_stop_complete_and_global_fault_the_bridge_answers_the_new_stop(
+        proxies: list[FreezableProxy], running: list[SimulatedJob], disruption: str) -> None:
+    """AWAIT_GLOBAL: the new stopTrain is answered with the controller's stop-complete."""
+    job = await launch(running, proxies if disruption == "freeze" else None)
+    assert job.bridge is not None
+    marks: list[int] = []
+    on_journal(job, TRIGGERS["after_stop_complete"], lambda: (marks.append(last_seq(job)), begin(disruption, job, proxies)))
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: marks, 10, "ClusterD past StopComplete, before globalFault")
+    await finish(disruption, job, proxies)
+    await assert_rescued(job, await new_stream_seq(job, marks[0]))
+    assert m(job, "cycle_resumes_total", result="answered_stop_complete") == 1
+
+
+@pytest.mark.parametrize("disruption", DISRUPTIONS)
+async def test_after_global_fault_the_controllers_strategies_go_to_the_new_cycle(
+        proxies: list[FreezableProxy], running: list[SimulatedJob], disruption: str) -> None:
+    """GLOBAL_SENT: the controller had on_global_rank; its strategies answer the new cycle's
+    globalFault, which does not reach it again."""
+    job = await launch(running, proxies if disruption == "freeze" else None)
+    assert job.bridge is not None
+    hold = HeldCallback(job, "report_strategies")
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: hold.held, 10, "the controller's report_strategies (held in the hand-off)")
+    assert job.bridge.flow.step is Step.GLOBAL_SENT
+    mark = last_seq(job)
+    await disrupt(disruption, job, proxies)
+    await eventually(lambda: m(job, "cycle_resumes_total", result="rebound") == 1, 15,
+                     "the new cycle's globalFault rebound to the controller")
+    hold.release()
+    await assert_rescued(job, await new_stream_seq(job, mark))
+    assert m(job, "cycle_resumes_total", result="answered_stop_complete") == 1
+
+
+@pytest.mark.parametrize("disruption", DISRUPTIONS)
+async def test_between_strategy_and_change_strategy_the_bridge_answers_both_steps(
+        proxies: list[FreezableProxy], running: list[SimulatedJob], disruption: str) -> None:
+    """AWAIT_STRATEGY: stop-complete and strategies replayed; the new changeStrategy is
+    the controller's one notify of the new cycle."""
+    job = await launch(running, proxies if disruption == "freeze" else None)
+    marks: list[int] = []
+    on_journal(job, TRIGGERS["after_strategy"], lambda: (marks.append(last_seq(job)), begin(disruption, job, proxies)))
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: marks, 10, "ClusterD past RecoverStrategy, before changeStrategy")
+    await finish(disruption, job, proxies)
+    await assert_rescued(job, await new_stream_seq(job, marks[0]))
+    assert m(job, "cycle_resumes_total", result="answered_stop_complete") == 1
+    assert m(job, "cycle_resumes_total", result="answered_strategies") == 1
+
+
+async def test_a_controller_already_repairing_is_not_re_reported(running: list[SimulatedJob]) -> None:
+    """REPAIRING: the new ClusterD would restart at stopTrain, which the controller is past.
+    Counted as too_late; the result is dropped (no cycle to answer) and training goes on."""
+    job = await launch(running, auto_step=False)
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: bool(job.training.notifies("change_strategy")), 10, "change_strategy notified")
+    mark = last_seq(job)
+    await kill_clusterd(job)
+    await eventually(lambda: m(job, "cycle_resumes_total", result="too_late") == 1, 10, "too_late counted")
+    await step_and_wait_result(job)
+    await check_invariants(job)
+    assert dropped(job, "result") == {"no_live_cycle": 1}
+    assert m(job, "cycle_resumes_total", result="re_reported") == 0
+    assert not after(job, mark, "signal", "stopTrain")
+    assert job.training.state == "NORMAL" and not job.training.job_killed
+
+
+# --------------------------------------------------------------------------- item 5
+
+GARBAGE: dict[str, dict[str, Any]] = {
+    "fault_ranks": {"signalType": "globalFault", "actions": ["on_global_rank"], "faultRanks": [("x", "1")]},
+    "signal_type": {"signalType": "globalFaultt", "actions": ["on_global_rank"], "faultRanks": {5: 1}},
+    "no_actions": {"signalType": "globalFault", "actions": [], "faultRanks": {5: 1}},
+    "unknown_actions": {"signalType": "globalFault", "actions": ["on_global_rankk"], "faultRanks": {5: 1}},
+}
+
+
+@pytest.mark.parametrize("garbage", GARBAGE)
+async def test_a_malformed_signal_with_a_new_uuid_does_not_end_the_running_cycle(
+        running: list[SimulatedJob], garbage: str) -> None:
+    job = await launch(running, auto_step=False)
+    assert job.bridge is not None
+    session = job.bridge.session
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: bool(job.training.notifies("change_strategy")), 10, "change_strategy notified")
+    cycle = session.current_uuid
+    assert cycle
+    refused_before = sum(m(job, "signals_refused_total", reason=r)
+                         for r in ("malformed", "no_actions", "unknown_action"))
+    await job.sim.send_signal(JOB, uuid="0000-garbage", **GARBAGE[garbage])
+    await eventually(lambda: sum(m(job, "signals_refused_total", reason=r)
+                                 for r in ("malformed", "no_actions", "unknown_action")) > refused_before,
+                     10, "the garbage signal refused")
+    assert session.current_uuid == cycle
+    await step_and_wait_result(job)
+    await annotation(job, "recover-success")
+    assert m(job, "reports_sent_total", kind="result") == 1 and dropped(job, "result") == {}
+    await check_invariants(job)
