@@ -531,12 +531,16 @@ class RecorderWriter:
             self._ensure_store()  # at start: a problem shows at once, and a crashed run's open cycle is closed
             while not self._stop.is_set():
                 self._stop.wait(self.poll)
-                self._drain()
-            self._drain()
-        except Exception as error:  # noqa: BLE001 - the bridge must outlive its recorder
-            self.errors("write_failed", f"writer thread ended: {error!r}")
+                self._drain_guarded()
+            self._drain_guarded()
         finally:
             self.store.close()
+
+    def _drain_guarded(self) -> None:
+        try:
+            self._drain()
+        except Exception as error:  # noqa: BLE001 - a bug loses a batch, never the recorder or the bridge
+            self.errors("write_failed", f"batch lost: {error!r}")
 
     def _ensure_store(self) -> bool:
         if self.store.is_open:
