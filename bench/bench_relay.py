@@ -33,6 +33,7 @@ import grpc
 from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc
 from bridge.sim.clusterd import SimJob
+from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -179,7 +180,8 @@ async def callback_phase(quick: bool, misses: list[str]) -> None:
     # stop_train follows them: a long MindX wait keeps the bridge's flow tracker from
     # declaring the controller gone to EXIT halfway through.
     job = SimulatedJob(SimJob(JOB, world_size=100_000, devices_per_pod=8), keepalive_interval=1.0,
-                       start_clusterd=False, connected_ranks=NODE_RANKS, wait_time=3600)
+                       start_clusterd=False, connected_ranks=NODE_RANKS, wait_time=3600,
+                       controller_timings=FAST_TIMINGS)  # the bridge's latency is measured, not the controller's
     sim = RemoteSim(job._clusterd_address, JOB, 100_000, rank_sets=False)
     await sim.start()
     await job.start()
@@ -233,7 +235,8 @@ async def callback_phase(quick: bool, misses: list[str]) -> None:
 
 async def signal_phase(quick: bool, misses: list[str]) -> None:
     rounds = 40 if quick else 200
-    job = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4), keepalive_interval=0.1, start_clusterd=False)
+    job = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4), keepalive_interval=0.1, start_clusterd=False,
+                       controller_timings=FAST_TIMINGS)
     sim = RemoteSim(job._clusterd_address, JOB, 16, 4, keepalive=0.1)
     await sim.start()
     await job.start()
@@ -243,7 +246,8 @@ async def signal_phase(quick: bool, misses: list[str]) -> None:
         await job.stop()
         await sim.stop()
     # The baseline needs the job's single subscription: a fresh ClusterD, no bridge.
-    base = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4), keepalive_interval=1.0, start_clusterd=False)
+    base = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4), keepalive_interval=1.0, start_clusterd=False,
+                        controller_timings=FAST_TIMINGS)
     sim = RemoteSim(base._clusterd_address, JOB, 16, 4)
     await sim.start()
     from bridge.sim import mindio_ttp
@@ -252,6 +256,7 @@ async def signal_phase(quick: bool, misses: list[str]) -> None:
     mindio_ttp.install()
     training = mindio_ttp.training
     training.reset()
+    training.use_timings(mindio_ttp.FAST_TIMINGS)  # as for the bridge above
     training.auto_step = True
     for action in ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result"):
         ttp.tft_register_mindx_callback(action, _baseline_reports(base.config.clusterd.address, action))
