@@ -399,18 +399,33 @@ def stop_budget(config: BridgeConfig) -> float:
     return 2 * drain + config.controller.destroy_timeout + STOP_SLACK
 
 
+#: How long ``exit_now`` waits for the logs to flush (a stuck journald pipe must not keep
+#: the process alive either).
+FLUSH_TIMEOUT = 2.0
+
+
 def exit_now(code: int) -> None:
-    """End the process with ``code`` now: logs flushed, no interpreter clean-up.
+    """End the process with ``code`` now: logs flushed (for at most ``FLUSH_TIMEOUT``), no
+    interpreter clean-up.
 
     Python's own exit would run the controller module's ``atexit`` destroy (which waits on
     the lock of a destroy the stop abandoned: forever), join every non-daemon thread and
     run native destructors; none of those is bounded, and all the bridge needs at exit
     (reports drained, controller destroyed or abandoned, recorder closed) the bounded stop
     has done."""
+
+    def flush() -> None:
+        try:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001 - nothing may keep the process from ending
+            pass
+
     try:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        flusher = threading.Thread(target=flush, name="tft-bridge-flush", daemon=True)
+        flusher.start()
+        flusher.join(FLUSH_TIMEOUT)
     finally:
         os._exit(code)
 
