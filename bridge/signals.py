@@ -32,10 +32,14 @@ What each rule guards against (issue 14, items 4 and 6, and issue 13 item 6):
   no cycle: forwarded, the controller reported strategies into nothing, the stale
   ReportRecoverStrategy sat in ClusterD's one-slot buffer and the next real stopTrain
   was refused. Its ``fault_nodes_exit`` names no node and ends nothing real, so its
-  node hook is not run either. The check does not look at the session's cycle: with
-  the bridge's resume (a new subscription re-reports the stopped cycle's faults), a
-  fresh cycle may already run on the new stream when the orphan arrives. uuid-less
-  signals that are legitimate (saveAndExit, preExitProcess) carry no on_global_rank.
+  node hook is not run either. The server builds the orphan from the job's state when
+  it fires: uuid "" and no ranks exactly when no cycle runs on the new stream, so the
+  shape alone says "a stream with no cycle". Once the bridge's resume (resume.py) has
+  started a new cycle, the orphan carries that cycle's uuid and unexpanded ranks and
+  cannot be told from the cycle's own globalFault: it is forwarded as that cycle's,
+  the real one after it is refused (unexpected_step) and the cycle still completes
+  (tests/test_orphaned_global_fault.py). uuid-less signals that are legitimate
+  (saveAndExit, preExitProcess) carry no on_global_rank.
 
 ``signal_problem`` says whether a signal is well-formed and why not, without the
 controller or the flow, so the session can ask it before the signal may touch cycle

@@ -88,7 +88,8 @@ async def test_the_orphan_first_on_the_new_stream_is_refused_and_the_resumed_cyc
 
 
 async def test_the_orphan_after_the_resumed_cycle_started_does_not_break_it(jobs: list[SimulatedJob]) -> None:
-    """/tmp/d1/ghost.py's timing: the bridge's re-report starts the new cycle before the
+    """The lead's reproduction (globalFault 1 s after StopComplete, keep-alives every
+    0.5 s): the bridge's re-report starts the new cycle before the
     orphan is due, so the orphan is built from the new cycle (its uuid, its unexpanded
     ranks) and cannot be told from a globalFault of that cycle; the controller still
     ends the cycle with report_result 0."""
