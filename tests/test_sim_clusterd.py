@@ -431,7 +431,8 @@ async def test_second_subscriber_ends_first_with_ok_and_aborts_the_cycle(
     first = await client.session(sim)
     await client.fault({1: 1})
     await first.next()
-    assert sim.state(JOB) == "WaitReportStopCompleteState"
+    # the server moves on once its send returned, which may be after the client read it
+    await sim.wait_for(is_state(JOB, "WaitReportStopCompleteState"))
     second = await client.subscribe(sim)
     assert await first.ended() == grpc.StatusCode.OK
     # Streams are numbered per job, from 1.
