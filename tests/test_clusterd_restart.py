@@ -363,3 +363,70 @@ async def test_a_malformed_signal_with_a_new_uuid_does_not_end_the_running_cycle
     await annotation(job, "recover-success")
     assert m(job, "reports_sent_total", kind="result") == 1 and dropped(job, "result") == {}
     await check_invariants(job)
+
+
+# --------------------------------------------------------------------------- CycleResume on its own
+
+class RecordingRelay:
+    """What CycleResume hands the outbox, recorded."""
+
+    def __init__(self) -> None:
+        self.faults: list[dict[int, int]] = []
+        self.cycle_reports: list[tuple[str, str | None]] = []
+
+    def submit_faults(self, faults: dict[int, int], waiter: object = None) -> None:
+        self.faults.append(faults)
+
+    def submit_cycle_report(self, kind: str, cycle: str | None, payload: bytes, waiter: object = None) -> None:
+        assert payload
+        self.cycle_reports.append((kind, cycle))
+
+
+def resume_at(step: Step) -> tuple[Any, RecordingRelay, Any]:
+    from bridge.flow import ControllerFlow
+    from bridge.metrics import BridgeMetrics
+    from bridge.resume import CycleResume
+
+    flow = ControllerFlow()
+    flow.step = step
+    flow.answering = "old"
+    relay = RecordingRelay()
+    resume = CycleResume(JOB, flow, relay, BridgeMetrics())  # type: ignore[arg-type]
+    resume.remember_stop(0, "stopped", {5: 1})
+    resume.remember_strategies({5: 1}, ["recover", "dump", "exit"])
+    return resume, relay, flow
+
+
+def test_a_new_stream_outside_a_stopped_flow_re_reports_nothing() -> None:
+    for step in (Step.IDLE, Step.AWAIT_STOP, Step.PAUSED, Step.EXITING, Step.REPAIRING):
+        resume, relay, _ = resume_at(step)
+        resume.on_subscribed({5: 1})
+        assert relay.faults == [] and resume.pending is None, step
+    assert resume.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "too_late"}) == 1  # REPAIRING
+
+
+def test_an_on_global_rank_before_the_new_stop_train_is_refused() -> None:
+    """Not the new cycle's (it starts with stopTrain): a strategy report in answer would
+    sit in ClusterD's slot and be consumed by the new cycle."""
+    resume, relay, flow = resume_at(Step.AWAIT_GLOBAL)
+    resume.on_subscribed({5: 1})
+    assert relay.faults == [{5: 1}] and resume.pending == "stop"
+    assert resume.intercept("on_global_rank", {5: 1}, "stray") == "unexpected_step"
+    assert resume.intercept("stop_train", {5: 1}, "new") == "resumed"
+    assert relay.cycle_reports == [("stop_complete", "new")] and flow.answering == "new"
+    assert resume.intercept("on_global_rank", {5: 1}, "new") is None  # the controller's, as usual
+
+
+def test_awaiting_the_strategy_both_steps_are_answered_and_the_flow_rebound() -> None:
+    resume, relay, flow = resume_at(Step.AWAIT_STRATEGY)
+    resume.on_subscribed({})  # no report_fault_ranks in this flow: the stop_train's ranks
+    assert relay.faults == [] and resume.pending is None  # nothing known to re-report
+    resume.stop_faults = {7: 1}
+    resume.on_subscribed({})
+    assert relay.faults == [{7: 1}]
+    assert resume.intercept("stop_train", {7: 1}, "new") == "resumed" and resume.pending == "global"
+    assert flow.answering == "old"  # a late report_strategies of the old cycle must not answer the new one yet
+    assert resume.intercept("on_global_rank", {7: 1}, "new") == "resumed"
+    assert relay.cycle_reports == [("stop_complete", "new"), ("strategy", "new")]
+    assert flow.answering == "new" and resume.pending is None
+    assert resume.intercept("change_strategy", {}, "new") is None
