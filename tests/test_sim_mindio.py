@@ -221,13 +221,11 @@ def test_the_wait_is_read_once_at_init_and_from_nowhere_else(m: Any, monkeypatch
     assert training.wait_mindx_time == 10
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 item 7: the bridge does not export controller.wait_mindx_time "
-                                      "as MINDIO_WAIT_MINDX_TIME before tft_init_controller yet; remove this mark "
-                                      "(and the export in SimulatedJob.start) when it does")
 async def test_a_bridge_configured_with_a_wait_gives_the_controller_that_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the stub's environment-only read is for: a bridge whose TOML says 12 s but
-    that never exports it leaves the real controller at 30 s while its own flow gate
-    expects 12 s (seen with 10: a globalFault at ~21 s refused, the job killed)."""
+    """What the stub's environment-only read is for (issue 14 item 7): a bridge whose
+    TOML says 12 s but that never exports it leaves the real controller at 30 s while its
+    own flow gate expects 12 s (seen with 10: a globalFault at ~21 s refused, the job
+    killed). Failed until the bridge exported the value before tft_init_controller."""
     import asyncio
 
     from bridge.config import build_config
