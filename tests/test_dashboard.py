@@ -38,6 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
 from bridge.metrics import BridgeMetrics
+from bridge.orphan import orphan_gauge
 from bridge.sim.scenario import free_port
 
 from .conftest import eventually_sync
@@ -60,9 +61,17 @@ DATASOURCE_REFS = {"${datasource}", "$datasource"}
 
 # --------------------------------------------------------------------------- what the bridge exports
 
+def bridge_metrics() -> BridgeMetrics:
+    """A registry with every metric a running bridge registers: BridgeMetrics' own, and the
+    orphaned-job gauge the bridge adds at start (bridge/orphan.py)."""
+    metrics = BridgeMetrics()
+    orphan_gauge(metrics)
+    return metrics
+
+
 def exported_samples() -> dict[str, set[str]]:
     """Every sample name a bridge exposes, mapped to its label names."""
-    metrics = BridgeMetrics()
+    metrics = bridge_metrics()
     for metric in vars(metrics).values():
         if not isinstance(metric, MetricWrapperBase):
             continue
@@ -82,7 +91,7 @@ def exported_samples() -> dict[str, set[str]]:
 
 
 def exported_families() -> set[str]:
-    return {family.name for family in BridgeMetrics().registry.collect()}
+    return {family.name for family in bridge_metrics().registry.collect()}
 
 
 @pytest.fixture(scope="module")
