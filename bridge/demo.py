@@ -145,8 +145,13 @@ async def run_demo(name: str, hold: float, metrics_port: int) -> int:
 
 
 def demo_state_dir() -> Path:
-    """Where the demo's flight recorder keeps its cycles (a bridge under systemd uses its
-    unit's StateDirectory): kept across demo runs, so ``history`` lists them all."""
+    """Where the demo's flight recorder keeps its cycles: kept across demo runs, so
+    ``history`` lists them all. Under $STATE_DIRECTORY when that is set (a unit, or the
+    test suite, which keeps its runs out of the machine's directories), else per user in
+    the temporary directory."""
+    given = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if given:
+        return Path(given) / "demo"
     return Path(tempfile.gettempdir()) / f"tft-bridge-demo-{os.getuid()}"
 
 
