@@ -176,3 +176,35 @@ def test_the_daemon_does_not_import_opentelemetry() -> None:
             "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry')); "
             "assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+async def test_a_real_recovery_reaches_the_collector_as_one_trace(grpc_receiver: tuple[Receiver, int],
+                                                                  tmp_path: Path) -> None:
+    from bridge.sim.clusterd import SimJob
+    from bridge.sim.mindio_ttp import FAST_TIMINGS
+    from bridge.sim.scenario import SimulatedJob
+
+    from .conftest import eventually
+
+    receiver, port = grpc_receiver
+    job = SimulatedJob(SimJob("job-otel", world_size=16, devices_per_pod=4), controller_timings=FAST_TIMINGS,
+                       config_overrides={"recorder": {"enabled": True, "directory": str(tmp_path)},
+                                         "otel": {"enabled": True, "endpoint": f"127.0.0.1:{port}"}})
+    await job.start()
+    try:
+        await job.subscribed()
+        job.training.inject_fault({5: 1})
+        await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
+                               and e.detail.get("value") == "recover-success", timeout=15)
+        await eventually(lambda: receiver.requests, 15, what="the cycle's trace exported")
+    finally:
+        await job.stop()
+    uuid = job.sim.journal.signals("changeStrategy", job_id="job-otel")[0].detail["uuid"]
+    (request,) = receiver.requests
+    spans = spans_of(request)
+    (root,) = [s for s in spans if not s.parent_span_id]
+    assert attrs(root)["tft_bridge.cycle.uuid"] == uuid and attrs(root)["tft_bridge.outcome"] == "success"
+    assert attrs(root)["tft_bridge.strategy"] == "recover" and attrs(root)["tft_bridge.job"] == "job-otel"
+    names = {s.name for s in spans}
+    assert {"fault_to_stop", "stop_to_strategy", "strategy_to_result", "ClusterD ReportRecoverStatus",
+            "notify change_strategy"} <= names

@@ -90,3 +90,25 @@ async def test_history_survives_a_restart_of_the_bridge(recorded: tuple[Simulate
     await job.subscribed()
     listing = history_json(capsys, "--state-dir", str(store))
     assert [c["outcome"] for c in listing["cycles"]] == ["success"]
+
+
+async def test_an_unwritable_store_never_stops_a_recovery(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    job = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4), controller_timings=FAST_TIMINGS,
+                       config_overrides={"recorder": {"enabled": True, "directory": str(blocker / "state")}})
+    await job.start()
+    try:
+        await job.subscribed()
+        await eventually(lambda: job.metrics.sample("tft_bridge_recorder_errors_total",
+                                                    {"reason": "unwritable"}) >= 1, 10,
+                         what="the unwritable store counted")
+        job.training.inject_fault({5: 1})
+        await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
+                               and e.detail.get("value") == "recover-success", timeout=15)
+        assert job.bridge is not None and job.bridge.recording.writer is not None
+        assert job.bridge.recording.writer.alive
+    finally:
+        violations = list(job.sim.violations), list(job.training.violations)
+        assert await job.stop() == 0
+    assert violations == ([], [])
