@@ -61,6 +61,9 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
+_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 3, 8, 11, 13, 14, 26
+
+
 class StoreError(Exception):
     """A store operation failed; ``reason`` is the metric label (disk_full, unwritable, ...)."""
 
@@ -74,13 +77,14 @@ def classify(error: BaseException) -> str:
     """The ``tft_bridge_recorder_errors_total`` reason for a failed store operation."""
     text = str(error).lower()
     if isinstance(error, sqlite3.Error):
-        code = getattr(error, "sqlite_errorcode", None)
-        if code == sqlite3.SQLITE_FULL or "disk is full" in text or "database or disk is full" in text:
+        # Primary result codes (sqlite3.SQLITE_* and sqlite_errorcode exist from Python 3.11).
+        code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
+        if code == _SQLITE_FULL or "disk is full" in text:
             return "disk_full"
-        if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM) or "readonly" in text \
+        if code in (_SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM) or "readonly" in text \
                 or "unable to open" in text or "read-only" in text:
             return "unwritable"
-        if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB) or "malformed" in text or "not a database" in text:
+        if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "malformed" in text or "not a database" in text:
             return "corrupt"
         return "write_failed"
     if isinstance(error, OSError):
