@@ -60,13 +60,7 @@ def find_store(state_dir: str | None, config_path: str | None, env: dict[str, st
         return path
     tried: list[Path] = []
     if config_path:
-        from .config import ConfigError, load_config
-
-        try:
-            config = load_config(config_path)
-            recorder, job_id = config_recorder(config), config.job_id
-        except ConfigError as error:
-            raise HistoryError(str(error)) from None
+        recorder, job_id = _recorder_of(config_path)
         tried = [d / STORE_NAME for d in candidate_directories(recorder, job_id, config_path)]
     elif env.get("STATE_DIRECTORY"):
         tried = [Path(env["STATE_DIRECTORY"].split(":")[0]) / STORE_NAME]
@@ -82,6 +76,28 @@ def find_store(state_dir: str | None, config_path: str | None, env: dict[str, st
             return path
     raise HistoryError("no flight-recorder store at " + " or ".join(str(p) for p in tried)
                        + " (is the recorder enabled, and may this user read the unit's state directory?)")
+
+
+def _recorder_of(config_path: str) -> tuple[RecorderConfig, str]:
+    """The [recorder] section and job id of a job's config file. Only where the store is
+    matters here, so a config that is invalid only without its unit's environment (the
+    job id often comes from /etc/tft-bridge/%i.env, which an operator's shell lacks) is
+    read as plain TOML instead."""
+    from .config import ConfigError, load_config, read_toml
+
+    try:
+        config = load_config(config_path)
+        return config_recorder(config), config.job_id
+    except ConfigError as error:
+        try:
+            raw = read_toml(config_path)
+        except ConfigError:
+            raise HistoryError(str(error)) from None
+    section = raw.get("recorder") if isinstance(raw.get("recorder"), dict) else {}
+    directory = section.get("directory", "")
+    job_id = raw.get("job_id", "")
+    return (RecorderConfig(directory=directory if isinstance(directory, str) else ""),
+            job_id if isinstance(job_id, str) else "")
 
 
 def config_recorder(config: Any) -> RecorderConfig:

@@ -129,6 +129,6 @@ def candidate_directories(recorder: RecorderConfig, job_id: str, config_path: st
     if config_path:
         found.append(STATE_ROOT / Path(config_path).stem)
     job_dir = STATE_ROOT / _safe(job_id)
-    if job_dir not in found:
+    if job_id and job_dir not in found:
         found.append(job_dir)
     return found

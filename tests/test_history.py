@@ -105,6 +105,12 @@ def test_a_config_file_points_at_its_store(store: Path, tmp_path_factory: pytest
     except SystemExit:  # pragma: no cover - [recorder] not wired into config yet
         pytest.skip("the [recorder] section is not part of the configuration")
     assert code == 0 and "aaaa-1111" in out
+    # The job id from the unit's environment file only: the file alone is not a valid
+    # config in an operator's shell, but it still says where the store is.
+    env_only = etc / "job3.toml"
+    env_only.write_text(f'[recorder]\ndirectory = "{store}"\n[controller]\nworld_size = 16\n')
+    code, out, _ = history(capsys, "--config", str(env_only))
+    assert code == 0 and "aaaa-1111" in out
     bare = etc / "job2.toml"
     bare.write_text('job_id = "job-2"\n')
     with pytest.raises(HistoryError, match="/var/lib/tft-bridge/job2/recorder.sqlite3"):
