@@ -63,6 +63,7 @@ class Link:
         self.reports = ReportPath(config.job_id, flow, self.relay, metrics, observer)
         self.dispatcher.on_exit_decided = self.reports.exit_decided
         self.dispatcher.resume = self.reports.resume
+        self.relay.on_outcome_unknown = self.reports.resume.outcome_unknown
         self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle)
         if self.recorder.enabled:
             self.client.on_rpc = self.recorder.rpc

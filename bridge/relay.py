@@ -85,6 +85,9 @@ class Relay:
         self._stopping = False
         self.sent: list[tuple[str, float]] = []  # (kind, monotonic time) each request went on the wire, bounded
         self.on_drop: Callable[[str, str | None, str], None] | None = None  # (kind, cycle, reason): the flight recorder
+        # (kind): a cycle-bound report whose outcome is unknown was dropped (resume.py may
+        # then reset ClusterD's cycle on purpose, to resume it deterministically).
+        self.on_outcome_unknown: Callable[[str], None] | None = None
         metrics.outbox_depth.set_function(lambda: len(self._queue))
         session.cycle_listeners.append(self._cycle_over)
 
@@ -227,6 +230,8 @@ class Relay:
                     continue
                 # Deadline or broken connection mid-call: ClusterD may hold it in a slot.
                 self._drop(head, f"outcome_unknown_{failure.status.lower()}")
+                if self.on_outcome_unknown is not None and self.session.cycle_alive(head.cycle):
+                    self.on_outcome_unknown(head.kind)  # (once the stream is gone, ClusterD has reset anyway)
                 return True
             backoff.reset()
             if code == Code.OK:

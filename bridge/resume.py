@@ -109,6 +109,21 @@ class CycleResume:
                     "answered without stopping the controller twice", step.value, len(faults))
         self.relay.submit_faults(faults)
 
+    def outcome_unknown(self, kind: str) -> None:
+        """The controller's stop-complete or strategies report may or may not have reached
+        ClusterD (its deadline passed: a freeze, a broken connection). It is never resent
+        (ClusterD's one-slot buffers), and if it was lost nothing ever shows it: ClusterD
+        waits 15 minutes for it, the controller only ``MINDIO_WAIT_MINDX_TIME``. So while
+        the controller is stopped, subscribe again on purpose: that resets ClusterD's job,
+        and the new stream resumes the cycle (``on_subscribed``) from the answers kept
+        here, whatever became of the lost one."""
+        if not self.enabled or kind not in ("stop_complete", "strategy") or self.flow.step not in STOPPED:
+            return
+        log.warning("the %s report's outcome is unknown while the controller is stopped at %s: re-subscribing "
+                    "to restart the cycle on a clean slate rather than wait for an answer that may never come",
+                    kind, self.flow.step.value)
+        self.relay.session.request_resubscribe("report_outcome_unknown")
+
     # ------------------------------------------------------------------ from the signal side
     def intercept(self, action: str, faults: dict[int, int], token: str) -> str | None:
         """What to do with ``action`` of a signal for cycle ``token``: None to let the

@@ -133,9 +133,11 @@ async def launch(running: list[SimulatedJob], proxies: list[FreezableProxy] | No
     """The fault-injection job (short phases, fast controller) with a ``WAIT`` s MindX
     wait; behind a FreezableProxy when ``proxies`` is given."""
     kwargs.setdefault("auto_step", True)
+    overrides = kwargs.pop("config_overrides", {})
+    clusterd = {"watchdog_intervals": 20.0, **overrides.pop("clusterd", {})}
     job = SimulatedJob(job_spec(), keepalive_interval=0.05, global_fault_delay=0.02, wait_time=WAIT,
                        controller_timings=FAST_TIMINGS, start_clusterd=proxies is None,
-                       config_overrides={"clusterd": {"watchdog_intervals": 20.0}}, **kwargs)
+                       config_overrides={"clusterd": clusterd, **overrides}, **kwargs)
     running.append(job)
     if proxies is not None:
         upstream = await job.sim.start("127.0.0.1:0")
@@ -430,3 +432,28 @@ def test_awaiting_the_strategy_both_steps_are_answered_and_the_flow_rebound() ->
     assert relay.cycle_reports == [("stop_complete", "new"), ("strategy", "new")]
     assert flow.answering == "new" and resume.pending is None
     assert resume.intercept("change_strategy", {}, "new") is None
+
+
+# --------------------------------------------------------------------------- a freeze shorter than the watchdog
+
+@pytest.mark.parametrize("callback", ["report_stop_complete", "report_strategies"])
+async def test_a_report_lost_in_a_short_freeze_restarts_the_cycle(
+        proxies: list[FreezableProxy], running: list[SimulatedJob], callback: str) -> None:
+    """The controller's report goes out into a freeze shorter than the stream watchdog but
+    past the RPC deadline: its outcome is unknown, it is never resent, and the stream
+    survives, so nothing would ever show whether ClusterD got it. The bridge subscribes
+    again on purpose, and the new cycle is resumed from the controller's answers."""
+    job = await launch(running, proxies, config_overrides={"clusterd": {"watchdog_intervals": 100.0}})
+    assert job.bridge is not None
+    hold = HeldCallback(job, callback)
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: hold.held, 10, f"the controller's {callback} (held in the hand-off)")
+    mark = last_seq(job)
+    proxies[0].freeze()
+    hold.release()  # the report goes out into the freeze
+    kind = "stop_complete" if callback == "report_stop_complete" else "strategy"
+    await eventually(lambda: dropped(job, kind).get("outcome_unknown_deadline_exceeded") == 1, 10,
+                     "the report's deadline passing")
+    proxies[0].thaw()
+    await assert_rescued(job, await new_stream_seq(job, mark))
+    assert sum(v for r, v in dropped(job, kind).items()) == 1
