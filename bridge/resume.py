@@ -24,6 +24,12 @@ The peer facts that force this module:
   section 4): a resumed answer is sent only in reply to the new cycle's own signal,
   never ahead of it.
 
+* A stop-complete or strategies report whose RPC outcome is unknown (its deadline
+  passed: a freeze shorter than the stream watchdog) is never resent, and if ClusterD
+  lost it nothing ever shows it: ClusterD waits 15 minutes, the controller only its
+  MindX wait. While the controller is stopped the bridge then subscribes again on
+  purpose (``outcome_unknown``): the reset makes the cycle's fate known, and resumable.
+
 What cannot be carried over: once the controller has had change_strategy (REPAIRING
 and later) the new ClusterD's cycle starts at a step the controller is past; its result
 is then dropped as ``no_live_cycle`` and training resumes on its own. That is counted as
