@@ -101,9 +101,8 @@ class Handoff:
     def _run(self) -> None:
         try:
             self._serve()
-        except BaseException:  # noqa: BLE001 - the bridge's supervisor sees the thread end; say why
+        except BaseException:  # noqa: BLE001 - the bridge's supervisor sees the thread end; this says why
             log.exception("the controller hand-off thread failed")
-            raise
 
     def _serve(self) -> None:
         self.batch_policy = _no_wakeup_preemption()
