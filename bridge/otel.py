@@ -32,6 +32,7 @@ import hashlib
 import logging
 import queue
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -192,13 +193,15 @@ class OtlpExporter:
             self.errors("otel_queue_full", f"more than {self._queue.maxsize} cycles waiting for export")
 
     def close(self, timeout: float = 5.0) -> None:
-        """Export what is queued (each under its own deadline), then stop."""
+        """Export what is queued (each under its own deadline) for at most ``timeout``
+        seconds, then stop; what is left is not sent (the thread is a daemon)."""
+        deadline = time.monotonic() + timeout
         try:
             self._queue.put(None, timeout=timeout)
         except queue.Full:
             pass
-        self._thread.join(timeout + self.config.timeout)
-        if self._channel is not None:
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._channel is not None and not self._thread.is_alive():
             self._channel.close()
 
     def _run(self) -> None:

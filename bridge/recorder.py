@@ -684,9 +684,13 @@ class Recording:
     def path(self) -> Path | None:
         return self.writer.path if self.writer is not None else None
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Blocking (run it off the loop): write what is queued, export what is closed."""
+    def close(self, budget: float = 5.0) -> None:
+        """Blocking (run it off the loop): write what is queued, export what is closed,
+        within ``budget`` seconds in all (the unit's TimeoutStopSec has the drain and the
+        controller's destroy to cover too). Traces still queued then are not sent; their
+        cycles are in the store."""
+        deadline = time.monotonic() + budget
         if self.writer is not None:
-            self.writer.close(timeout)
+            self.writer.close(budget * 0.6)
         if self.exporter is not None:
-            self.exporter.close(timeout)
+            self.exporter.close(max(0.1, deadline - time.monotonic()))
