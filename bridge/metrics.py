@@ -61,6 +61,9 @@ REFUSAL_REASONS = ("foreign_job", "duplicate", "malformed", "no_actions", "stale
 #: fault flow (bridge/resume.py): re-reported the cycle's faults, rebound the flow to the
 #: new cycle, answered a new signal with the controller's earlier report, or found the
 #: controller already past the step the new ClusterD restarts at.
+#: Why the flight recorder (bridge/recorder.py) lost events or writes.
+RECORDER_ERROR_REASONS = ("queue_full", "disk_full", "unwritable", "corrupt", "write_failed", "events_truncated",
+                          "record_failed", "otel_export", "otel_queue_full")
 RESUME_RESULTS = ("re_reported", "rebound", "answered_stop_complete", "answered_strategies", "too_late")
 #: Final strategies every job with process-level recovery can end a cycle with (the elastic
 #: ones appear when first used). Pre-created because a histogram child born at its first
@@ -166,8 +169,8 @@ class BridgeMetrics:
             ["result"], registry=r)
         self.recorder_errors = Counter(
             "tft_bridge_recorder_errors",
-            "Flight-recorder events or writes lost (queue_full, disk_full, unwritable, corrupt, write_failed, "
-            "events_truncated, otel_export, otel_queue_full); the bridge itself carries on", ["reason"], registry=r)
+            "Flight-recorder events or writes lost, by reason (RECORDER_ERROR_REASONS); the bridge itself carries on",
+            ["reason"], registry=r)
         self.flow_desync = Counter(
             "tft_bridge_flow_desync",
             "Controller callbacks the tracked flow step did not expect (the tracker then follows the controller), "
@@ -204,6 +207,8 @@ class BridgeMetrics:
                 self.flow_desync.labels(callback, step.value)
         for result in RESUME_RESULTS:
             self.cycle_resumes.labels(result)
+        for reason in RECORDER_ERROR_REASONS:
+            self.recorder_errors.labels(reason)
         for result in ("written", "unchanged", "rejected", "write_failed"):
             self.ranktable_updates.labels(result)
 
