@@ -31,11 +31,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import queue
+import ssl
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -226,7 +228,9 @@ class OtlpExporter:
             if self.config.insecure:
                 self._channel = grpc.insecure_channel(self.config.endpoint)
             else:
-                self._channel = grpc.secure_channel(self.config.endpoint, grpc.ssl_channel_credentials())
+                roots = Path(self.config.ca_file).read_bytes() if self.config.ca_file else None
+                self._channel = grpc.secure_channel(self.config.endpoint,
+                                                    grpc.ssl_channel_credentials(root_certificates=roots))
             self._stub = collector_grpc.TraceServiceStub(self._channel)
         try:
             response = self._stub.Export(request, timeout=self.config.timeout, metadata=self._headers or None)
@@ -241,8 +245,10 @@ class OtlpExporter:
         http.add_header("User-Agent", f"tft-bridge/{__version__}")
         for name, value in self._headers:
             http.add_header(name, value)
+        context = ssl.create_default_context(cafile=self.config.ca_file or None) \
+            if self.config.endpoint.startswith("https:") else None
         try:
-            with urllib.request.urlopen(http, timeout=self.config.timeout) as answer:  # noqa: S310 - configured URL
+            with urllib.request.urlopen(http, timeout=self.config.timeout, context=context) as answer:  # noqa: S310
                 body = answer.read(1 << 20)
         except urllib.error.HTTPError as error:
             raise RuntimeError(f"HTTP {error.code} {error.reason}") from None

@@ -40,7 +40,8 @@ class OtelConfig:
     endpoint: str = "127.0.0.1:4317"  # gRPC: HOST:PORT; http/protobuf: http(s)://host:4318/v1/traces
     protocol: str = "grpc"  # "grpc" or "http/protobuf" (the two OTLP transports collectors serve)
     timeout: float = 5.0  # deadline of one export
-    insecure: bool = True  # gRPC only: plaintext (a node-local collector); false = TLS with the system roots
+    insecure: bool = True  # gRPC only: plaintext (a node-local collector); false = TLS
+    ca_file: str = ""  # TLS (gRPC with insecure = false, or an https:// endpoint): the CA bundle; "" = the system's
     headers: tuple[str, ...] = ()  # "name=value" pairs sent with every export (e.g. an auth token)
     service_name: str = "tft-bridge"
 
@@ -70,6 +71,8 @@ def problems(recorder: RecorderConfig, otel: OtelConfig) -> list[str]:
                 found.append(f"otel.endpoint: the grpc protocol expects HOST:PORT, got {otel.endpoint!r}")
         elif not re.match(r"^https?://[^/\s]+(/\S*)?$", otel.endpoint):
             found.append(f"otel.endpoint: the http/protobuf protocol expects an http(s):// URL, got {otel.endpoint!r}")
+    if otel.ca_file and not Path(otel.ca_file).is_file():
+        found.append(f"otel.ca_file: no such file {otel.ca_file!r}")
     for header in otel.headers:
         if not _HEADER.match(header):
             found.append(f"otel.headers: expected \"name=value\", got {header!r}")

@@ -208,3 +208,28 @@ async def test_a_real_recovery_reaches_the_collector_as_one_trace(grpc_receiver:
     names = {s.name for s in spans}
     assert {"fault_to_stop", "stop_to_strategy", "strategy_to_result", "ClusterD ReportRecoverStatus",
             "notify change_strategy"} <= names
+
+
+def test_otlp_grpc_over_tls_with_a_private_ca(tmp_path: Path) -> None:
+    trustme = pytest.importorskip("trustme")
+    authority = trustme.CA()
+    certificate = authority.issue_cert("localhost")
+    ca_file = tmp_path / "ca.pem"
+    authority.cert_pem.write_to_path(str(ca_file))
+    receiver = Receiver()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    collector_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    credentials = grpc.ssl_server_credentials([(certificate.private_key_pem.bytes(),
+                                                certificate.cert_chain_pems[0].bytes())])
+    port = server.add_secure_port("localhost:0", credentials)
+    server.start()
+    try:
+        exporter, metrics = export_one_cycle(tmp_path / "store", OtelConfig(
+            enabled=True, endpoint=f"localhost:{port}", insecure=False, ca_file=str(ca_file)))
+        eventually_sync(lambda: receiver.requests, 10, what="an OTLP export over TLS received")
+        exporter.close()
+    finally:
+        server.stop(grace=None)
+    root = next(s for s in spans_of(receiver.requests[0]) if not s.parent_span_id)
+    assert attrs(root)["tft_bridge.cycle.uuid"] == "trace-me"
+    assert metrics.sample("tft_bridge_recorder_errors_total", {"reason": "otel_export"}) == 0
