@@ -510,8 +510,10 @@ class RecorderWriter:
         return self._thread.is_alive()
 
     def put(self, item: tuple[Any, ...]) -> None:
-        """Event loop: O(1). Never blocks, never wakes the writer."""
-        if len(self._items) >= self._limit:
+        """Event loop: O(1). Never blocks, never wakes the writer. Only events are
+        dropped when the queue is full: a cycle's opening, uuid and close (a few per
+        cycle) always pass, so a storm costs detail, never the cycle or its outcome."""
+        if len(self._items) >= self._limit and item[0] == "event":
             self.errors("queue_full", f"more than {self._limit} events waiting for the writer")
             return
         self._items.append(item)

@@ -241,7 +241,10 @@ def test_a_full_queue_drops_and_counts_without_blocking(tmp_path: Path) -> None:
     for _ in range(150):
         recorder.callback("report_fault_ranks", clock(), faults={1: 0})
     assert metrics.sample("tft_bridge_recorder_errors_total", {"reason": "queue_full"}) == 51  # 1 open + 99 events
+    recorder.close()  # the close passes the full queue: the cycle and its outcome are never lost
     writer.close()
+    (cycle,) = stored(writer.path)
+    assert cycle.outcome == "unfinished"
 
 
 def test_large_fault_maps_keep_the_metrics_counts_and_are_never_walked_again(tmp_path: Path) -> None:
