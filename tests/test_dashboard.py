@@ -532,7 +532,11 @@ def test_dashboard_against_a_real_prometheus(
     unhealthy = [(rule["name"], rule.get("lastError")) for group in prometheus.get("/api/v1/rules")["data"]["groups"]
                  for rule in group["rules"] if rule["health"] != "ok"]
     assert not unhealthy, unhealthy
-    assert firing_alerts(prometheus, demos) == expected
+    # The dump and exit bridges have exited (76): on a slow run their targets can have been
+    # down for TftBridgeDown's 2 minutes by now. Nothing else may fire.
+    ended = {("TftBridgeDown", "dump"), ("TftBridgeDown", "exit")}
+    firing = firing_alerts(prometheus, demos)
+    assert expected <= firing and not firing - expected - ended, sorted(firing)
 
     # The template variables' queries, the way Grafana runs label_values().
     jobs = prometheus.get("/api/v1/label/job/values", **{"match[]": "tft_bridge_build_info"}, start=started, end=end)
