@@ -67,6 +67,18 @@ def test_every_alert_says_how_bad_what_and_where_to_read_on() -> None:
         assert name.lower() in anchors, f"{name}: docs/runbook.md has no heading '{name}'"
 
 
+def test_the_runbook_lists_exactly_the_alerts() -> None:
+    """The runbook's summary table and its alert sections follow the rule file: no alert
+    missing, no section left behind for an alert that was renamed or removed."""
+    text = RUNBOOK.read_text(encoding="utf-8")
+    names = set(alerts())
+    listed = set(re.findall(r"^\| \[(TftBridge\w+)\]\(#(\w+)\)", text, re.MULTILINE))
+    assert {name for name, _ in listed} == names
+    assert all(anchor == name.lower() for name, anchor in listed)
+    sections = set(re.findall(r"^### (TftBridge\w+)$", text, re.MULTILINE))
+    assert sections == names
+
+
 def test_every_alert_is_unit_tested_firing_and_not_firing() -> None:
     fires: set[str] = set()
     quiet: set[str] = set()
