@@ -26,7 +26,11 @@ cycle: the real result must still reach ClusterD.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -457,3 +461,49 @@ async def test_a_report_lost_in_a_short_freeze_restarts_the_cycle(
     proxies[0].thaw()
     await assert_rescued(job, await new_stream_seq(job, mark))
     assert sum(v for r, v in dropped(job, kind).items()) == 1
+
+
+# --------------------------------------------------------------------------- a real SIGSTOP
+
+async def test_a_clusterd_process_stopped_with_sigstop_after_stop_complete(running: list[SimulatedJob]) -> None:
+    """The issue's own case, with a real process: ClusterD (the simulation in a child
+    process, bench/remote_sim.py) gets SIGSTOP right after it consumed the StopComplete,
+    SIGCONT 2.6 s later. The kernel keeps its sockets open and queues whatever arrives;
+    its timers are overdue when it wakes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from remote_sim import RemoteSim  # the benchmarks' child-process ClusterD
+
+    job = SimulatedJob(job_spec(), keepalive_interval=0.05, wait_time=WAIT, controller_timings=FAST_TIMINGS,
+                       start_clusterd=False, config_overrides={"clusterd": {"watchdog_intervals": 20.0}})
+    # globalFault 1 s after StopComplete: the SIGSTOP lands before it, on a loaded machine too
+    remote = RemoteSim(job.config.clusterd.address, JOB, world_size=16, devices_per_pod=4, keepalive=0.05,
+                       phase_delay=1.0)
+    await remote.start()
+    process = remote._process
+    assert process is not None
+    try:
+        running.append(job)
+        await job.start()
+        await job.subscribed()
+        job.training.inject_fault({5: 1})
+        consumed = await remote.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportStopComplete")
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(FREEZE)  # the delay is the behaviour under test: ClusterD is stopped this long
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        await remote.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
+                              and e.detail.get("value") == "recover-success", timeout=20, after=consumed.seq)
+        await eventually(lambda: [r.args[0] for r in job.training.callbacks("report_result")] == [0], 10,
+                         "the controller's report_result 0")
+        await eventually(lambda: job.training.state == "NORMAL", 10, "the controller back in NORMAL")
+        assert not job.training.job_killed
+        for action in ("stop_train", "on_global_rank", "change_strategy"):
+            assert len(job.training.notifies(action)) == 1, action
+        assert m(job, "cycle_resumes_total", result="re_reported") >= 1
+        assert m(job, "cycle_resumes_total", result="answered_stop_complete") == 1
+        assert remote.violations == []
+    finally:
+        await job.stop()
+        running.remove(job)
+        await remote.stop()
