@@ -538,6 +538,15 @@ def test_dashboard_against_a_real_prometheus(
     firing = firing_alerts(prometheus, demos)
     assert expected <= firing and not firing - expected - ended, sorted(firing)
 
+    # The dashboard's annotation marks the firing alerts on every graph: over the same
+    # range it shows at least the one that is certain to fire.
+    for annotation in dashboard["annotations"]["list"]:
+        expr = substitute(annotation["expr"], variables)
+        body = prometheus.get("/api/v1/query_range", query=expr, start=started, end=time.time(), step=step)
+        assert body.get("status") == "success", body
+        shown = {series["metric"]["alertname"] for series in body["data"]["result"]}
+        assert "TftBridgeRecoveryFailed" in shown, (annotation["name"], shown)
+
     # The template variables' queries, the way Grafana runs label_values().
     jobs = prometheus.get("/api/v1/label/job/values", **{"match[]": "tft_bridge_build_info"}, start=started, end=end)
     assert jobs["data"] == ["tft-bridge-demo"]
