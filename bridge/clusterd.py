@@ -24,6 +24,7 @@ from .backoff import Backoff
 from .codes import Code
 from .config import ClusterDConfig
 from .metrics import BridgeMetrics, code_label, signal_type_label
+from .rpcthread import THREADED, RpcThread
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,11 @@ class ClusterDClient:
         self.metrics = metrics
         self.channel: grpc.aio.Channel | None = None
         self._callables: dict[str, Any] = {}
+        # The Report* calls go over a synchronous channel on a thread of their own
+        # (bridge/rpcthread.py: issue 16, grpc.aio's wake-ups on busy cores); False
+        # sends them with grpc.aio like the other calls (the A/B in bench/bench_loaded.py).
+        self.report_thread = True
+        self.rpc_thread: RpcThread | None = None
         # (method, code or gRPC status, started, seconds) of every unary call: the
         # flight recorder's RPC timeline (bridge.recorder; O(1), on the loop).
         self.on_rpc: Callable[[str, int | str, float, float], None] | None = None
@@ -101,8 +107,15 @@ class ClusterDClient:
         else:
             self.channel = grpc.aio.insecure_channel(self.config.address, options)
         self._callables = {}
+        if self.rpc_thread is None:
+            sync_channel = (grpc.secure_channel(self.config.address, channel_credentials(self.config), options)
+                            if self.config.tls else grpc.insecure_channel(self.config.address, options))
+            self.rpc_thread = RpcThread(sync_channel, pb.Status.FromString)
 
     async def close(self) -> None:
+        if self.rpc_thread is not None:
+            rpc_thread, self.rpc_thread = self.rpc_thread, None
+            await asyncio.to_thread(rpc_thread.close)
         if self.channel is not None:
             await self.channel.close(grace=None)
             self.channel = None
@@ -125,11 +138,21 @@ class ClusterDClient:
     async def call_status(self, method: str, payload: bytes, timeout: float | None = None) -> pb.Status:
         """Send one pre-encoded request; ClusterD's whole Status, or RpcFailure."""
         name = method.rsplit("/", 1)[-1]
-        was_ready = self.connected()
+        threaded = self.rpc_thread if self.report_thread and method in THREADED else None
+        # whether the channel the call goes over was connected: never-resend depends on it
+        was_ready = threaded.ready if threaded is not None else self.connected()
         started = time.monotonic()
         try:
-            status = await self._unary(method)(payload, timeout=timeout or self.config.rpc_timeout)
-        except grpc.aio.AioRpcError as error:
+            if threaded is not None:
+                status = await threaded.call(method, payload, timeout or self.config.rpc_timeout)
+            else:
+                status = await self._unary(method)(payload, timeout=timeout or self.config.rpc_timeout)
+        except ValueError as error:  # the synchronous channel is closed (stopping): the call was never made
+            if threaded is None:
+                raise
+            self.metrics.rpcs.labels(name, "CLOSED").inc()
+            raise RpcFailure(name, "CLOSED", str(error), Delivery.NOT_DELIVERED) from None
+        except grpc.RpcError as error:  # grpc.aio.AioRpcError, or the synchronous channel's error
             self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
             detail = error.details() or ""
             code = error.code()

@@ -34,9 +34,11 @@ of ``REPORT_HANDLERS``; every report leaves through ``Relay.submit_faults`` or
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -69,35 +71,100 @@ class ControllerReport(NamedTuple):
 ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
 
 
+#: How the controller's callbacks reach the event loop (``Handoff(mode=...)``).
+WAKE = "wake"  # the callback wakes the loop itself (the default, issue 16)
+THREAD = "thread"  # via a SCHED_BATCH hand-off thread (before issue 16; kept for the A/B bench)
+
+
 class Handoff:
-    """Controller thread -> event loop, without giving up the GIL inside the callback.
+    """Controller thread -> event loop, never releasing the GIL inside the callback.
 
-    Waking the event loop directly (``call_soon_threadsafe``) writes to its self-pipe: a
-    syscall that releases the GIL, after which the woken loop takes the GIL and the
-    controller's thread waits, up to the interpreter's switch interval, to get it back
-    and return. A ``SimpleQueue.put`` keeps the GIL; this thread, blocked in ``get``
-    until then, does the waking once the callback has returned, and hands over every
-    report queued meanwhile in one batch.
+    Two ways, chosen by ``mode``; both deliver in callback order, in batches, to
+    ``handle`` on the loop, and neither raises into the callback.
 
-    The put still wakes this thread (a futex syscall). Under the normal scheduling
-    policy Linux may preempt the controller's thread right there to run the woken one,
-    which then only waits for the GIL: that doubled the callback's median block time and
-    put most of its tail above 40 us. This thread therefore runs as ``SCHED_BATCH``,
-    which never preempts on wake-up and keeps its normal CPU share.
+    ``WAKE`` (default): the callback appends the tuple to a deque and, unless a wake-up
+    is already pending, writes to an eventfd the loop watches. The write is made through
+    a ctypes ``PyDLL`` function, which keeps the GIL: ``os.write`` and
+    ``call_soon_threadsafe`` release it around the syscall, and the woken loop could
+    then take the GIL and keep the controller's thread waiting up to the switch
+    interval (5 ms) to get it back. One thread wake-up per burst of reports, and the
+    woken thread is the loop itself under the normal policy: issue 16 measured the
+    report path crossing controller thread -> hand-off thread -> loop, each wake-up
+    costing a scheduling delay on busy cores, the SCHED_BATCH hand-off thread the
+    worst of them (it waits for the running task's slice to end rather than
+    preempting: 8-185 ms callback -> ClusterD on a loaded node, against 1 ms for the
+    synchronous client). ``bench/bench_loaded.py`` compares the two modes in one run.
+
+    ``THREAD``: a ``SimpleQueue.put`` (a C call that keeps the GIL) wakes a hand-off
+    thread blocked in ``get``, which calls ``call_soon_threadsafe`` once the callback has
+    returned. That thread runs as ``SCHED_BATCH``: under the normal policy Linux often
+    preempted the controller's thread at the put to run it, doubling the callback's
+    median block time. Kept as a fallback (no eventfd/ctypes) and for the comparison.
     """
 
     _STOP = object()
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None],
+                 mode: str = WAKE) -> None:
         self._loop = loop
         self._handle = handle
+        self.batch_policy = False  # True once the hand-off thread (THREAD mode) runs under SCHED_BATCH
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._fd = -1
+        self._write = _gil_holding_write() if mode == WAKE else None
+        if mode == WAKE and self._write is None:
+            log.warning("no GIL-holding write available: the controller hand-off falls back to a thread")
+        if mode == WAKE and self._write is not None:
+            self.mode = WAKE
+            self._pending: collections.deque[object] = collections.deque()
+            self._armed = False  # a wake-up is written and not yet read by the loop
+            self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            loop.add_reader(self._fd, self._drain)
+            self.put: Callable[[ReportFields], None] = self._put_and_wake
+            return
+        self.mode = THREAD
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         # The callbacks' sink: the C method itself, no Python frame on the controller's thread.
-        self.put: Callable[[ReportFields], None] = self._queue.put
-        self.batch_policy = False  # True once this thread runs under SCHED_BATCH
+        self.put = self._queue.put
         self._thread = threading.Thread(target=self._run, name="tft-handoff", daemon=True)
         self._thread.start()
 
+    # ------------------------------------------------------------------ WAKE mode
+    def _put_and_wake(self, item: ReportFields) -> None:
+        """On the controller's thread: O(1), never releases the GIL, never raises on a
+        closed hand-off (the write then goes to fd -1 and fails harmlessly)."""
+        self._pending.append(item)
+        if not self._armed:
+            self._armed = True
+            self._write(self._fd, _ONE, 8)  # type: ignore[misc]
+
+    def _drain(self) -> None:
+        """On the loop: everything put so far, in order. The eventfd is read *before*
+        the flag is cleared and the deque is drained *after*: a put that saw the flag set
+        appended before the flag was cleared, so this drain takes it; a put after the
+        clear writes a new wake-up."""
+        try:
+            os.eventfd_read(self._fd)
+        except (BlockingIOError, OSError):
+            pass
+        self._armed = False
+        pending = self._pending
+        batch: list[object] = []
+        while pending:
+            batch.append(pending.popleft())
+        if batch:
+            self._deliver(batch)
+
+    def _deliver(self, batch: list[object]) -> None:
+        try:
+            reports = [ControllerReport._make(item) for item in batch]  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            log.error("dropped %d controller report(s): not a report tuple", len(batch))
+            return
+        self._handle(reports)
+
+    # ------------------------------------------------------------------ THREAD mode
     def _run(self) -> None:
         try:
             self._serve()
@@ -123,13 +190,76 @@ class Handoff:
             if stop:
                 return
 
+    # ------------------------------------------------------------------ both
     def close(self, timeout: float = 2.0) -> None:
-        self._queue.put(self._STOP)
-        self._thread.join(timeout)
+        """Deliver what was put, then stop; callable from any thread."""
+        if self._thread is not None:
+            self._queue.put(self._STOP)
+            self._thread.join(timeout)
+            return
+        if self._closed:
+            return
+        done = threading.Event()
+
+        def finish() -> None:
+            try:
+                self._drain()
+            finally:
+                self._shut()
+                done.set()
+
+        if _on_loop_thread(self._loop):
+            finish()
+            return
+        try:
+            self._loop.call_soon_threadsafe(finish)
+        except RuntimeError:  # the loop is closed: nothing can be delivered any more
+            self._shut()
+            return
+        done.wait(timeout)
+
+    def _shut(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        fd, self._fd = self._fd, -1  # under the GIL: a put from now on writes to -1
+        try:
+            self._loop.remove_reader(fd)
+        except (RuntimeError, ValueError):
+            pass
+        os.close(fd)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        if self._thread is not None:
+            return self._thread.is_alive()
+        return not self._closed
+
+
+_ONE = (1).to_bytes(8, sys.byteorder)  # an eventfd write: one 8-byte counter increment
+
+
+def _gil_holding_write() -> Callable[[int, bytes, int], int] | None:
+    """libc ``write`` called without releasing the GIL (ctypes ``PyDLL``); None where
+    unavailable (no eventfd or no libc), which selects the THREAD hand-off."""
+    if not hasattr(os, "eventfd"):
+        return None
+    try:
+        import ctypes
+
+        write = ctypes.PyDLL(None).write
+    except (ImportError, OSError, AttributeError):
+        return None
+    write.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
+    write.restype = ctypes.c_ssize_t
+    return write  # type: ignore[no-any-return]
+
+
+def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _no_wakeup_preemption() -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bridge.controller import make_callback
-from bridge.reports import ControllerReport, Handoff
+from bridge.reports import THREAD, WAKE, ControllerReport, Handoff
 
 
 class Collected:
@@ -109,12 +109,14 @@ def test_a_failing_error_counter_does_not_escape_either() -> None:
     assert call_from_thread(make_callback("report_result", broken, broken), 0, "ok", {}, "retry") == 0
 
 
-async def test_the_callback_runs_no_python_frame_but_its_own() -> None:
-    """On the controller's (cold) thread the callback's only Python frame is itself:
-    the clock and the queue put are C calls. A Python-level wrapper around the put, or a
-    dataclass built per call, would show up here (and cost 3-4x the time)."""
+@pytest.mark.parametrize("mode", [WAKE, THREAD])
+async def test_the_callback_runs_no_python_frame_but_its_own_and_the_put(mode: str) -> None:
+    """On the controller's (cold) thread the callback's Python frames are itself and, in
+    WAKE mode, the hand-off's put (a deque append and a flag; the clock, the append and
+    the wake-up write are C calls). A further wrapper, or a dataclass built per call,
+    would show up here (and cost 3-4x the time)."""
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle, mode)
     callback = make_callback("report_fault_ranks", handoff.put, lambda: None)
     python_frames: list[str] = []
 
@@ -134,13 +136,14 @@ async def test_the_callback_runs_no_python_frame_but_its_own() -> None:
         await collected.wait_for(1)
     finally:
         handoff.close()
-    assert python_frames == [callback.__code__.co_name]
+    own = [callback.__code__.co_name] + (["_put_and_wake"] if mode == WAKE else [])
+    assert python_frames == own
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux-only")
 async def test_the_handoff_thread_never_preempts_the_controller_on_wakeup() -> None:
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle, THREAD)
     try:
         handoff.put(("report_fault_ranks", ({1: 0},), 0.0, None))
         await collected.wait_for(1)  # the thread has set its policy before its first get
