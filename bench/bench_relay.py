@@ -105,7 +105,8 @@ def callback_burst(callback: Callable[..., int], maps: list[dict[int, int]], cou
     return blocks, late
 
 
-async def measure_signals(job: SimulatedJob, sim: RemoteSim, rounds: int) -> list[float]:
+async def measure_signals(job: SimulatedJob, sim: RemoteSim, rounds: int,
+                          sent_at: list[float] | None = None) -> list[float]:
     """ClusterD writes pause_train -> the controller's stop_train(pause) notify."""
     latencies: list[float] = []
     await sim.wait_for(lambda e: e.kind == "stream-open", 10)
@@ -119,6 +120,8 @@ async def measure_signals(job: SimulatedJob, sim: RemoteSim, rounds: int) -> lis
         while len(job.training.notifies("stop_train")) == before and time.monotonic() < deadline:
             await asyncio.sleep(0.0005)
         latencies.append(job.training.notifies("stop_train")[-1].t - signal.at)
+        if sent_at is not None:
+            sent_at.append(signal.at)
         ended = await sim.wait_for(lambda e: e.kind == "stream-end", 10, after=mark)
         await sim.wait_for(lambda e: e.kind == "stream-open", 10, after=ended.seq)
         # the next stream must be the bridge's new one, and live, before the next pause
@@ -242,17 +245,19 @@ async def signal_phase(quick: bool, misses: list[str]) -> None:
         misses.append(f"signal latency p99 {pct(bridge, 0.99) * 1e3:.2f} ms > 5 ms")
 
 
-async def signal_pair(rounds: int) -> tuple[list[float], list[float]]:
+async def signal_pair(rounds: int, on_start: Callable[[SimulatedJob], None] = lambda job: None,
+                      sent_at: list[float] | None = None) -> tuple[list[float], list[float]]:
     """ClusterD signal -> controller notify, ``rounds`` times each: (the bridge, the
     synchronous client), each against a fresh simulated ClusterD of its own (the job
-    has one subscription)."""
+    has one subscription). ``on_start`` sees the bridge's job once started (to time hops)."""
     job = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4), keepalive_interval=0.1, start_clusterd=False,
                        controller_timings=FAST_TIMINGS)
     sim = RemoteSim(job._clusterd_address, JOB, 16, 4, keepalive=0.1)
     await sim.start()
     await job.start()
+    on_start(job)
     try:
-        bridge = await measure_signals(job, sim, rounds)
+        bridge = await measure_signals(job, sim, rounds, sent_at)
     finally:
         await job.stop()
         await sim.stop()
