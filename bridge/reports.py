@@ -11,9 +11,9 @@ cycle died), which hold whatever report produced the request.
 The peer facts behind the rules here:
 
 * The controller calls a callback on its own C++ state-machine thread and is blocked
-  until it returns; an exception kills the job. So the callback only puts a tuple on a
-  queue (``controller.make_callback``) and the ``Handoff`` thread wakes the event loop,
-  which does everything else (validation, copying, encoding).
+  until it returns; an exception kills the job. So the callback only queues a tuple
+  (``controller.make_callback``) and wakes the event loop (``Handoff``), which does
+  everything else (validation, copying, encoding).
 * A stop-complete, strategy or result report answers the cycle whose notify the
   controller last accepted (``ControllerFlow.answering``); it is bound to that cycle's
   uuid *before* the flow moves on, so a late report can never answer the next cycle.

@@ -1,0 +1,199 @@
+"""Issue 16's report path: the callback wakes the event loop itself (``Handoff`` WAKE
+mode), and the Report* RPCs go over a synchronous channel on a thread of their own
+(``bridge/rpcthread.py``). What must hold whatever the timing: callback order, no loss,
+never raise into the controller, never write to a file descriptor that is no longer
+ours, deadlines and the delivery classification that never-resend depends on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from bridge._proto import recover_pb2 as pb
+from bridge.clusterd import ClusterDClient, Delivery, RpcFailure
+from bridge.config import ClusterDConfig
+from bridge.controller import make_callback
+from bridge.metrics import BridgeMetrics
+from bridge.reports import WAKE, ControllerReport, Handoff
+
+from .conftest import eventually
+
+
+class Collected:
+    def __init__(self) -> None:
+        self.batches: list[list[ControllerReport]] = []
+
+    def handle(self, reports: list[ControllerReport]) -> None:
+        self.batches.append(reports)
+
+    @property
+    def reports(self) -> list[ControllerReport]:
+        return [report for batch in self.batches for report in batch]
+
+
+async def test_wake_is_the_default_mode() -> None:
+    handoff = Handoff(asyncio.get_running_loop(), Collected().handle)
+    try:
+        assert handoff.mode == WAKE and handoff.alive
+    finally:
+        handoff.close()
+    assert not handoff.alive
+
+
+async def test_callbacks_from_several_threads_all_arrive_each_in_its_threads_order() -> None:
+    """Four controller-like threads racing the loop's drain: nothing is lost, nothing is
+    reordered within a thread, and every callback returned 0."""
+    collected = Collected()
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
+    callback = make_callback("report_fault_ranks", handoff.put, lambda: None)
+    per_thread = 2_000
+    returned: list[int] = []
+
+    def controller(thread: int) -> None:
+        codes = [callback({thread * per_thread + i: 0}) for i in range(per_thread)]
+        returned.extend(codes)
+
+    threads = [threading.Thread(target=controller, args=(n,)) for n in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        await asyncio.to_thread(lambda: [thread.join(30) for thread in threads])
+        await eventually(lambda: len(collected.reports) == 4 * per_thread, 10,
+                         what=f"all {4 * per_thread} reports on the loop")
+    finally:
+        handoff.close()
+    assert returned == [0] * (4 * per_thread)
+    ranks = [next(iter(report.args[0])) for report in collected.reports]
+    assert sorted(ranks) == list(range(4 * per_thread))  # no loss, no duplicate
+    for n in range(4):
+        mine = [rank for rank in ranks if rank // per_thread == n]
+        assert mine == sorted(mine), f"thread {n}'s reports were reordered"
+
+
+async def test_close_delivers_what_was_put_and_a_later_put_neither_raises_nor_writes_anywhere() -> None:
+    collected = Collected()
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
+    callback = make_callback("report_fault_ranks", handoff.put, lambda: pytest.fail("the sink raised"))
+    old_fd = handoff._fd
+    read_end, write_end = os.pipe()  # before the close, so that neither end takes the old number
+    for rank in range(10):
+        assert callback({rank: 0}) == 0
+    await asyncio.to_thread(handoff.close)
+    assert [report.args[0] for report in collected.reports] == [{rank: 0} for rank in range(10)]
+    # The eventfd's number is free again and another file may get it: here a pipe's
+    # writing end does. A put after close must not write into it.
+    os.dup2(write_end, old_fd)
+    os.set_blocking(read_end, False)
+    try:
+        assert callback({99: 0}) == 0
+        with pytest.raises(BlockingIOError):
+            os.read(read_end, 64)
+    finally:
+        for fd in {read_end, write_end, old_fd}:
+            os.close(fd)
+    assert len(collected.reports) == 10
+
+
+async def test_a_put_from_the_loop_thread_itself_is_delivered() -> None:
+    """The seed API may submit from anywhere, the loop's own thread included."""
+    collected = Collected()
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
+    try:
+        handoff.put(ControllerReport("report_result", (0, "ok", {}, "retry"), 1.0, None))
+        await eventually(lambda: collected.reports, 5, what="the report put on the loop's thread")
+    finally:
+        handoff.close()
+    assert collected.reports[0].callback == "report_result"
+
+
+async def test_a_malformed_item_is_dropped_and_later_reports_still_arrive() -> None:
+    collected = Collected()
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
+    try:
+        handoff.put(("report_fault_ranks", "not", "a", "report", "tuple"))  # type: ignore[arg-type]
+        await eventually(lambda: not handoff._pending, 5, what="the bad item drained")
+        handoff.put(("report_fault_ranks", ({1: 0},), 0.0, None))
+        await eventually(lambda: collected.reports, 5, what="the next report")
+    finally:
+        handoff.close()
+    assert [report.args for report in collected.reports] == [({1: 0},)]
+
+
+# --------------------------------------------------------------------------- the RPC thread
+
+REPORT = "/Recover/ReportProcessFault"
+
+
+@pytest.fixture
+async def clusterd_that_never_answers() -> AsyncIterator[str]:
+    """A server whose ReportProcessFault never returns: only the deadline ends the call."""
+    release = asyncio.Event()
+
+    async def report(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await release.wait()
+        return pb.Status(code=0).SerializeToString()
+
+    handler = grpc.method_handlers_generic_handler(
+        "Recover", {"ReportProcessFault": grpc.unary_unary_rpc_method_handler(report)})
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        release.set()
+        await server.stop(grace=None)
+
+
+async def test_a_report_that_reached_a_server_that_never_answers_ends_at_its_deadline_outcome_unknown(
+        clusterd_that_never_answers: str) -> None:
+    client = ClusterDClient(ClusterDConfig(address=clusterd_that_never_answers, rpc_timeout=0.5), BridgeMetrics())
+    await client.open()
+    try:
+        assert client.rpc_thread is not None
+        await eventually(lambda: client.rpc_thread is not None and client.rpc_thread.ready, 10,
+                         what="the report channel connected")
+        with pytest.raises(RpcFailure) as failure:
+            await asyncio.wait_for(client.call(REPORT, b""), 10)  # the outer bound only guards the test
+    finally:
+        await client.close()
+    assert failure.value.status == "DEADLINE_EXCEEDED"
+    assert failure.value.delivery is Delivery.UNKNOWN  # it may have been read: never resend
+
+
+async def test_a_report_to_nobody_provably_never_arrived() -> None:
+    with __import__("socket").socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    client = ClusterDClient(ClusterDConfig(address=address, rpc_timeout=2.0), BridgeMetrics())
+    await client.open()
+    try:
+        with pytest.raises(RpcFailure) as failure:
+            await client.call(REPORT, b"")
+    finally:
+        await client.close()
+    assert failure.value.status == "UNAVAILABLE"
+    assert failure.value.delivery is Delivery.NOT_DELIVERED
+
+
+async def test_close_ends_the_rpc_thread() -> None:
+    client = ClusterDClient(ClusterDConfig(address="127.0.0.1:1", rpc_timeout=1.0), BridgeMetrics())
+    await client.open()
+    rpc_thread = client.rpc_thread
+    assert rpc_thread is not None and rpc_thread.alive
+    await client.close()
+    assert not rpc_thread.alive and client.rpc_thread is None
+
+
+def test_other_methods_stay_on_the_aio_channel() -> None:
+    """Init/Register and the stream never queue behind a report on the RPC thread."""
+    from bridge.rpcthread import THREADED
+
+    assert THREADED == {"/Recover/ReportProcessFault", "/Recover/ReportStopComplete",
+                        "/Recover/ReportRecoverStrategy", "/Recover/ReportRecoverStatus"}
