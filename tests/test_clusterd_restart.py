@@ -452,6 +452,8 @@ async def test_a_report_lost_in_a_short_freeze_restarts_the_cycle(
     hold = HeldCallback(job, callback)
     job.training.inject_fault({5: 1})
     await eventually(lambda: hold.held, 10, f"the controller's {callback} (held in the hand-off)")
+    # the controller's second fault report (before its strategies) delivered: nothing ahead in the outbox
+    await eventually(lambda: len(job.bridge.relay) == 0, 10, "an empty outbox")
     mark = last_seq(job)
     proxies[0].freeze()
     hold.release()  # the report goes out into the freeze
