@@ -63,8 +63,9 @@ from .controller import ControllerHost, StartupError, load_controller_module
 from .flow import ControllerFlow, Step
 from .link import Link, finish, spawn
 from .metrics import BridgeMetrics, MetricsServer
-from .orphan import ControllerMarker, OrphanWatch, state_directory
+from .orphan import ControllerMarker, OrphanWatch
 from .recorder import NullRecorder, Recording
+from .state import state_directory
 from .ranktable import RankTableSubscriber
 from .relay import Relay
 from .systemd import Notifier

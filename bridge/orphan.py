@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import tempfile
 import time
 from collections.abc import Mapping
@@ -56,21 +55,8 @@ from .metrics import BridgeMetrics
 log = logging.getLogger(__name__)
 
 MARKER_NAME = "controller.json"
-STATE_ROOT = Path("/var/lib/tft-bridge")
 GAUGE_NAME = "tft_bridge_orphaned_job"
 BAD_INPUT_KIND = "orphan_marker"
-
-
-def state_directory(configured: str, job_id: str, env: Mapping[str, str] | None = None) -> Path:
-    """``configured``, else the unit's ``$STATE_DIRECTORY`` (the first, if several), else
-    /var/lib/tft-bridge/<job_id> -- the same rule as the flight recorder's store."""
-    if configured:
-        return Path(configured)
-    env = os.environ if env is None else env
-    given = env.get("STATE_DIRECTORY", "").split(":")[0]
-    if given:
-        return Path(given)
-    return STATE_ROOT / (re.sub(r"[^A-Za-z0-9._-]", "_", job_id) or "_")
 
 
 def orphan_gauge(metrics: BridgeMetrics) -> Gauge:

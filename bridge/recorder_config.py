@@ -14,13 +14,14 @@ Outside systemd the bridge falls back to ``/var/lib/tft-bridge/<job_id>``.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-STATE_ROOT = Path("/var/lib/tft-bridge")
+from .state import STATE_ROOT, safe_component
+from .state import state_directory as resolve_state_directory
+
 STORE_NAME = "recorder.sqlite3"
 
 
@@ -104,21 +105,9 @@ def header_pairs(otel: OtelConfig) -> list[tuple[str, str]]:
     return pairs
 
 
-def _safe(name: str) -> str:
-    """A job id as one path component (ids are UIDs, but a '/' must never escape the root)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
-
-
 def state_directory(recorder: RecorderConfig, job_id: str, env: Mapping[str, str] | None = None) -> Path:
-    """Where the running bridge keeps its store: the configured directory, else the
-    unit's ``$STATE_DIRECTORY`` (the first, if several), else /var/lib/tft-bridge/<job_id>."""
-    if recorder.directory:
-        return Path(recorder.directory)
-    env = os.environ if env is None else env
-    given = env.get("STATE_DIRECTORY", "").split(":")[0]
-    if given:
-        return Path(given)
-    return STATE_ROOT / _safe(job_id)
+    """Where the running bridge keeps its store (the rule of ``bridge/state.py``)."""
+    return resolve_state_directory(recorder.directory, job_id, env)
 
 
 def candidate_directories(recorder: RecorderConfig, job_id: str, config_path: str | None) -> list[Path]:
@@ -131,7 +120,7 @@ def candidate_directories(recorder: RecorderConfig, job_id: str, config_path: st
     found: list[Path] = []
     if config_path:
         found.append(STATE_ROOT / Path(config_path).stem)
-    job_dir = STATE_ROOT / _safe(job_id)
+    job_dir = STATE_ROOT / safe_component(job_id)
     if job_id and job_dir not in found:
         found.append(job_dir)
     return found

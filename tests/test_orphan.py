@@ -25,7 +25,8 @@ import pytest
 
 import bridge.sim.scenario as scenario
 from bridge.metrics import BridgeMetrics
-from bridge.orphan import MARKER_NAME, ControllerMarker, OrphanWatch, state_directory
+from bridge.orphan import MARKER_NAME, ControllerMarker, OrphanWatch
+from bridge.state import state_directory
 from bridge.sim.clusterd import SimJob
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob, free_port

@@ -96,7 +96,8 @@ def cmd_platform(args: argparse.Namespace) -> int:
         print(f"tft-bridge platform: no Kubernetes configuration: {error}", file=sys.stderr)
         return 1
     from .agent import AgentSettings, PlatformAgent
-    from .metrics import MetricsServer, PlatformMetrics
+    from ..metrics_http import MetricsServer
+    from .metrics import PlatformMetrics
 
     setup_logging(args.log_level)
     metrics = PlatformMetrics()

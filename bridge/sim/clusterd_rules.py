@@ -164,7 +164,7 @@ def pair_problem(rank: str, fault_type: str) -> str | None:
     if not (rank and _DIGITS.issuperset(rank)):
         problems.append("a non-integer rank id empties the cycle's rank list")
     if fault_type not in KNOWN_TYPES:
-        problems.append(f"an unknown fault type makes the fault centre send preExitProcess "
+        problems.append("an unknown fault type makes the fault centre send preExitProcess "
                         "for that rank about 11 s later and starts no cycle")
     return "; ".join(problems) or None
 
