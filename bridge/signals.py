@@ -390,12 +390,17 @@ class SignalDispatcher:
                                     world_size=self.controller.config.world_size, pause_default=self.pause_timeout)
         except BadArgument as error:
             self.metrics.bad_inputs.labels("signal_argument").inc()
-            log.warning("not forwarding %s of %s (uuid %s): %s", action, signal.signalType, signal.uuid, error)
+            suppressed = self._log_budget.allow("bad_argument: detail")
+            if suppressed is not None:
+                log.warning("not forwarding %s of %s (uuid %s): %s%s", action, signal.signalType, signal.uuid, error,
+                            suppressed_note(suppressed))
             return "bad_argument"
         if args.notes:
             self.metrics.bad_inputs.labels("signal_argument").inc()
-            log.warning("%s of %s (uuid %s) forwarded with corrected arguments: %s", action, signal.signalType,
-                        signal.uuid, "; ".join(args.notes))
+            suppressed = self._log_budget.allow("corrected_arguments")
+            if suppressed is not None:
+                log.warning("%s of %s (uuid %s) forwarded with corrected arguments: %s%s", action, signal.signalType,
+                            signal.uuid, "; ".join(args.notes), suppressed_note(suppressed))
         before = self.flow.snapshot()
         self.flow.notified(action, token, strategy)
         started = time.monotonic()

@@ -455,3 +455,15 @@ def test_an_external_controllers_wait_is_read_as_the_controller_reads_it(monkeyp
 
     monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", raw)
     assert wait_time_from_environment() == read
+
+
+async def test_bad_argument_lines_are_budgeted_too(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    """Every refused or corrected argument is counted; their log lines share the budget."""
+    caplog.set_level(logging.WARNING, logger="bridge.signals")
+    for i in range(200):
+        rig.send(signal("stopTrain", ["pause_train"] * MAX_ACTIONS, uuid=f"bad-{i}", timeout=-1))
+    await eventually(lambda: rig.refused("bad_argument") == 200 * MAX_ACTIONS, 30, "every bad pause counted")
+    assert rig.metrics.sample("tft_bridge_bad_inputs_total", {"kind": "signal_argument"}) == 200 * MAX_ACTIONS
+    lines = [r for r in caplog.records if r.name == "bridge.signals"]
+    assert 1 <= len(lines) <= 10, len(lines)
+    assert rig.module.calls == []
