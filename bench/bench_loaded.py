@@ -177,44 +177,54 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
 
 
 async def signal_phase(loads: list[int], rounds: int, misses: list[str]) -> None:
+    """Per load: the bridge as built (notify on the loop), the bridge with its notify on
+    the dedicated thread (the design before issue 16), then the synchronous client."""
     print("\nClusterD signal -> controller notify (pause_train -> stop_train(pause)), loopback")
     for load in loads:
-        sent: list[float] = []  # ClusterD wrote the signal
-        read: list[float] = []  # the session's reader has the signal
-        notifying: list[float] = []  # the notify thread starts the controller call
-
-        def timed(job: SimulatedJob) -> None:
-            assert job.bridge is not None
-            session, dispatcher = job.bridge.link.session, job.bridge.link.dispatcher
-            on_signal, notify = session.on_signal, dispatcher._notify
-
-            def on_signal_timed(signal: Any, raw: bytes, token: str) -> None:
-                if "pause_train" in signal.actions:
-                    read.append(time.monotonic())
-                on_signal(signal, raw, token)
-
-            def notify_timed(action: str, args: Any) -> int:
-                if action == "pause_train":
-                    notifying.append(time.monotonic())
-                return notify(action, args)
-
-            session.on_signal = on_signal_timed
-            dispatcher._notify = notify_timed  # type: ignore[method-assign]
-
-        with BusyProcesses(load):
-            bridge, baseline = await signal_pair(rounds, timed, sent)
         print(f"  {load} busy process(es)")
-        print(f"    {'bridge':<16} {stats(bridge, 1e-3, 'ms')}")
-        if not len(read) == len(notifying) == len(sent) == len(bridge):
-            print(f"      (no per-hop figures: {len(read)} signals read, {len(notifying)} notifies, "
-                  f"{len(bridge)} rounds)")
-        else:
-            print(f"      {'srv->reader':<12}    {stats([r - s for r, s in zip(read, sent)], 1e-3, 'ms')}")
-            print(f"      {'reader->thread':<12}    {stats([t - r for t, r in zip(notifying, read)], 1e-3, 'ms')}")
-            print(f"      {'thread->stub':<12}    "
-                  f"{stats([s + lat - t for s, lat, t in zip(sent, bridge, notifying)], 1e-3, 'ms')}")
+        with BusyProcesses(load):
+            results: dict[str, list[float]] = {}
+            for name, inline in (("bridge (inline)", True), ("bridge/thread", False)):
+                sent: list[float] = []  # ClusterD wrote the signal
+                read: list[float] = []  # the session's reader has the signal
+                notifying: list[float] = []  # the controller call starts
+                bridge, _ = await signal_pair(rounds, timed(inline, read, notifying), sent, with_baseline=False)
+                results[name] = bridge
+                print(f"    {name:<16} {stats(bridge, 1e-3, 'ms')}")
+                if len(read) == len(notifying) == len(sent) == len(bridge):
+                    print(f"      {'srv->reader':<15} {stats([r - s for r, s in zip(read, sent)], 1e-3, 'ms')}")
+                    print(f"      {'reader->notify':<15} {stats([t - r for t, r in zip(notifying, read)], 1e-3, 'ms')}")
+                else:
+                    print(f"      (no per-hop figures: {len(read)} signals read, {len(notifying)} notifies, "
+                          f"{len(bridge)} rounds)")
+            _, baseline = await signal_pair(rounds, with_bridge=False)
         print(f"    {'sync':<16} {stats(baseline, 1e-3, 'ms')}")
-        check(f"{load} busy, signal -> notify", bridge, baseline, load, misses)
+        check(f"{load} busy, signal -> notify", results["bridge (inline)"], baseline, load, misses)
+
+
+def timed(inline: bool, read: list[float], notifying: list[float]) -> Callable[[SimulatedJob], None]:
+    """Set the notify mode of a started job's bridge and time its hops (pause_train only)."""
+
+    def setup(job: SimulatedJob) -> None:
+        assert job.bridge is not None
+        session, dispatcher = job.bridge.link.session, job.bridge.link.dispatcher
+        on_signal, notify = session.on_signal, dispatcher._notify
+        dispatcher.notify_inline = inline
+
+        def on_signal_timed(signal: Any, raw: bytes, token: str) -> None:
+            if "pause_train" in signal.actions:
+                read.append(time.monotonic())
+            on_signal(signal, raw, token)
+
+        def notify_timed(action: str, args: Any) -> int:
+            if action == "pause_train":
+                notifying.append(time.monotonic())
+            return notify(action, args)
+
+        session.on_signal = on_signal_timed
+        dispatcher._notify = notify_timed  # type: ignore[method-assign]
+
+    return setup
 
 
 def check(what: str, bridge: list[float], sync: list[float], load: int, misses: list[str]) -> None:

@@ -245,11 +245,8 @@ async def signal_phase(quick: bool, misses: list[str]) -> None:
         misses.append(f"signal latency p99 {pct(bridge, 0.99) * 1e3:.2f} ms > 5 ms")
 
 
-async def signal_pair(rounds: int, on_start: Callable[[SimulatedJob], None] = lambda job: None,
-                      sent_at: list[float] | None = None) -> tuple[list[float], list[float]]:
-    """ClusterD signal -> controller notify, ``rounds`` times each: (the bridge, the
-    synchronous client), each against a fresh simulated ClusterD of its own (the job
-    has one subscription). ``on_start`` sees the bridge's job once started (to time hops)."""
+async def _bridge_signals(rounds: int, on_start: Callable[[SimulatedJob], None],
+                          sent_at: list[float] | None) -> list[float]:
     job = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4), keepalive_interval=0.1, start_clusterd=False,
                        controller_timings=FAST_TIMINGS)
     sim = RemoteSim(job._clusterd_address, JOB, 16, 4, keepalive=0.1)
@@ -257,10 +254,21 @@ async def signal_pair(rounds: int, on_start: Callable[[SimulatedJob], None] = la
     await job.start()
     on_start(job)
     try:
-        bridge = await measure_signals(job, sim, rounds, sent_at)
+        return await measure_signals(job, sim, rounds, sent_at)
     finally:
         await job.stop()
         await sim.stop()
+
+
+async def signal_pair(rounds: int, on_start: Callable[[SimulatedJob], None] = lambda job: None,
+                      sent_at: list[float] | None = None, with_baseline: bool = True,
+                      with_bridge: bool = True) -> tuple[list[float], list[float]]:
+    """ClusterD signal -> controller notify, ``rounds`` times each: (the bridge, the
+    synchronous client), each against a fresh simulated ClusterD of its own (the job
+    has one subscription). ``on_start`` sees the bridge's job once started (to time hops)."""
+    bridge = await _bridge_signals(rounds, on_start, sent_at) if with_bridge else []
+    if not with_baseline:
+        return bridge, []
     # The baseline needs the job's single subscription: a fresh ClusterD, no bridge.
     base = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4), keepalive_interval=1.0, start_clusterd=False,
                         controller_timings=FAST_TIMINGS)
