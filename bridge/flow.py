@@ -60,6 +60,26 @@ GLOBAL_SENT, save_and_exit DUMPING, change_strategy exit EXITING (EXITED when al
 EXITING: the one exit notice), dump DUMPING, any other strategy REPAIRING. The gate
 (``refusal``) already guarantees the step expects the action, so this table has no
 desync column.
+
+**How long each wait lasts** (``wait_limit``; docs/mindio-controller.md section 6). Past
+its wait the controller has gone to EXIT, so the gate refuses from then on (``expire``);
+refusing while the controller still waits kills the job just the same, so each limit is
+exactly the controller's own, plus ``EXPIRY_MARGIN``:
+
+* AWAIT_STOP: max(last pause timeout, ``MINDIO_WAIT_MINDX_TIME``). The controller keeps
+  the timeout of the last pause it was given and never resets it, so one ClusterD pause
+  of 900 s makes every later stop_train wait 900 s;
+* AWAIT_STRATEGY: max(last on_global_rank time, the wait) when the list follows an
+  on_global_rank (MindXConfirmStrategy, also after a 405); just the wait for the list a
+  new fault in DOWNGRADE offers (ZitHandleStrategy) and for a hot switch's
+  ``["migration"]`` (StepFinishCallback);
+* AWAIT_GLOBAL, AWAIT_FINAL: the wait.
+
+The pause timeout and the on_global_rank time are the values the dispatcher actually
+passed to the notify (after ``signals.notify_arguments`` clamped them), given to
+``notified``. A notify the controller refused (returned 1) does not take them back: the
+real controller stores the on_global_rank time before it validates the ranks, and a
+limit too long only delays a refusal, while one too short kills the job.
 """
 
 from __future__ import annotations
@@ -111,6 +131,11 @@ ACCEPTS: dict[Step, frozenset[str]] = {
     Step.EXITING: frozenset({"change_strategy"}),
     Step.EXITED: frozenset(),
 }
+
+#: Added to every wait limit: the controller's wait starts only once the callback before it
+#: has returned and the bridge's clock started a moment earlier (``_move``), so a notify at
+#: the very end of the wait must not be refused while the controller may still take it.
+EXPIRY_MARGIN = 5.0
 
 ANY = "-"  # the outcome of a callback whose arguments do not steer the flow
 STAY = None  # as a next step: the callback leaves the step as it is
@@ -199,8 +224,12 @@ class ControllerFlow:
         self.downgraded = False
         self._since = clock()
         self._clock = clock
-        # Past this the controller has given up waiting for ClusterD and gone to EXIT.
+        # MINDIO_WAIT_MINDX_TIME as the controller read it at init: its shortest wait.
         self._wait_timeout = wait_timeout
+        # Remembered like the controller remembers them (never reset): see wait_limit.
+        self.pause_timeout = 0  # the last pause_train timeout given
+        self.global_time = 0  # the last on_global_rank time given
+        self._strategy_wait_is_plain = False  # the offered list is ZIT's or a hot switch's
         # Told (callback, step it arrived at) for every callback the step did not expect.
         self._on_desync = on_desync
         self._desyncs: dict[tuple[str, Step], int] = {}  # how often, for the log line
@@ -210,10 +239,22 @@ class ControllerFlow:
         self.step = step
         self._since = self._clock()
 
+    def wait_limit(self) -> float | None:
+        """How long the controller waits for ClusterD at the current step (seconds, without
+        the margin), or None when it is not waiting for ClusterD (see the module docstring)."""
+        wait = self._wait_timeout
+        if self.step is Step.AWAIT_STOP:
+            return max(self.pause_timeout, wait)
+        if self.step is Step.AWAIT_STRATEGY:
+            return wait if self._strategy_wait_is_plain else max(self.global_time, wait)
+        if self.step in (Step.AWAIT_GLOBAL, Step.AWAIT_FINAL):
+            return wait
+        return None
+
     def expire(self) -> bool:
         """Move to EXITING when the controller has certainly timed out its current wait."""
-        waiting = self.step in (Step.AWAIT_STOP, Step.AWAIT_GLOBAL, Step.AWAIT_STRATEGY, Step.AWAIT_FINAL)
-        if waiting and self._clock() - self._since > self._wait_timeout + 5:
+        limit = self.wait_limit()
+        if limit is not None and self._clock() - self._since > limit + EXPIRY_MARGIN:
             self._move(Step.EXITING)
             return True
         return False
@@ -253,14 +294,20 @@ class ControllerFlow:
         if self.progress == snapshot[3]:
             self.step, self.answering, self._since, _ = snapshot
 
-    def notified(self, action: str, uuid: str, strategy: str = "") -> None:
-        """Record that ``action`` is being given to the controller for cycle ``uuid``.
+    def notified(self, action: str, uuid: str, strategy: str = "", seconds: int = 0) -> None:
+        """Record that ``action`` is being given to the controller for cycle ``uuid``;
+        ``seconds`` is the pause timeout or on_global_rank time passed with it (the
+        controller's later waits depend on them: ``wait_limit``).
 
         Called *before* the notify call: the controller may run the next callback on its
         own thread before the notify call even returns here, and that callback must
         already find the flow advanced and tied to this cycle."""
         if uuid:
             self.answering = uuid
+        if action == "pause_train":
+            self.pause_timeout = seconds
+        elif action == "on_global_rank":
+            self.global_time = seconds
         step = NOTIFIED.get((action, strategy)) or NOTIFIED.get((action, ""))
         if step is Step.EXITING and self.step is Step.EXITING:
             step = Step.EXITED  # the one exit notice a going-down controller still takes
@@ -284,6 +331,9 @@ class ControllerFlow:
         step = EXPECTED[key] if expected else FOLLOW[(callback, how)]
         if callback == "report_strategies":
             self.offered = strategies
+            # ZitHandleStrategy (a new fault while downgraded) and a hot switch wait just
+            # MINDIO_WAIT_MINDX_TIME; MindXConfirmStrategy waits at least the global time.
+            self._strategy_wait_is_plain = self.downgraded or tuple(strategies) == ("migration",)
         elif callback == "report_result":
             self.rounds += 1  # ClusterD may legitimately repeat a signal after a result
             if how == "downgraded":

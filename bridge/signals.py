@@ -412,7 +412,7 @@ class SignalDispatcher:
                 log.warning("%s of %s (uuid %s) forwarded with corrected arguments: %s%s", action, signal.signalType,
                             signal.uuid, "; ".join(args.notes), suppressed_note(suppressed))
         before = self.flow.snapshot()
-        self.flow.notified(action, token, strategy)
+        self.flow.notified(action, token, strategy, seconds=args.timeout)
         started = time.monotonic()
         try:
             if self.notify_inline:

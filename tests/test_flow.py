@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
 
-from bridge.flow import ACCEPTS, ANY, CALLBACKS, EXPECTED, FOLLOW, NOTIFIED, STAY, ControllerFlow, Step, outcome
+from bridge.flow import (
+    ACCEPTS,
+    ANY,
+    CALLBACKS,
+    EXPECTED,
+    EXPIRY_MARGIN,
+    FOLLOW,
+    NOTIFIED,
+    STAY,
+    ControllerFlow,
+    Step,
+    outcome,
+)
+from bridge.signals import PAUSE_TIMEOUT_MAX
+
+from .conftest import eventually
 
 
 def at_strategy(flow: ControllerFlow, offered: tuple[str, ...] = ("exit", "dump", "retry", "recover")) -> None:
@@ -148,6 +164,133 @@ def test_a_wait_the_controller_has_timed_out_becomes_exiting() -> None:
     now[0] += 20
     assert flow.refusal("stop_train") == "unexpected_step"
     assert flow.step is Step.EXITING
+
+
+# --------------------------------------------------------------------------- wait limits
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def paused_then_resumed(flow: ControllerFlow, pause: int) -> None:
+    """A ClusterD pause of ``pause`` s, continued: the controller remembers the timeout."""
+    flow.notified("pause_train", "P1", seconds=pause)
+    flow.on_callback("report_stop_complete", code=0)
+    flow.notified("change_strategy", "P1", "continue")
+    flow.on_callback("report_result", code=0, strategy="continue")
+    assert flow.step is Step.IDLE
+
+
+def test_after_a_long_pause_a_stop_train_is_accepted_as_long_as_the_controller_waits_for_it() -> None:
+    """Before: refused 35 s after the fault report, while the controller waited 900 s
+    (max(last pause timeout, MINDIO_WAIT_MINDX_TIME)): the job was killed."""
+    clock = Clock()
+    flow = ControllerFlow(wait_timeout=30, clock=clock)
+    paused_then_resumed(flow, 900)
+    flow.on_callback("report_fault_ranks")  # a later fault, long after the pause
+    clock.now += 600
+    assert flow.refusal("stop_train") is None
+    assert flow.wait_limit() == 900
+    clock.now += 300 + EXPIRY_MARGIN + 1
+    assert flow.refusal("stop_train") == "unexpected_step"
+    assert flow.step is Step.EXITING
+
+
+def test_a_short_pause_does_not_shorten_the_stop_wait() -> None:
+    clock = Clock()
+    flow = ControllerFlow(wait_timeout=30, clock=clock)
+    paused_then_resumed(flow, 5)
+    flow.on_callback("report_fault_ranks")
+    clock.now += 30 + EXPIRY_MARGIN - 1
+    assert flow.refusal("stop_train") is None
+    clock.now += 2
+    assert flow.expire() and flow.step is Step.EXITING
+
+
+def test_the_global_fault_time_lengthens_the_strategy_wait_only() -> None:
+    """Before: change_strategy refused 35 s after the list although the controller waits
+    max(on_global_rank time, MINDIO_WAIT_MINDX_TIME) = 120 s."""
+    clock = Clock()
+    flow = ControllerFlow(wait_timeout=30, clock=clock)
+    flow.on_callback("report_fault_ranks")
+    flow.notified("stop_train", "U1")
+    flow.on_callback("report_stop_complete", code=0)
+    flow.notified("on_global_rank", "U1", seconds=120)
+    flow.on_callback("report_fault_ranks")
+    flow.on_callback("report_strategies", strategies=("exit", "dump", "retry"))
+    clock.now += 100
+    assert flow.refusal("change_strategy", "retry") is None
+    clock.now += 20 + EXPIRY_MARGIN + 1
+    assert flow.refusal("change_strategy", "retry") == "unexpected_step"
+    assert flow.step is Step.EXITING
+
+
+def test_the_global_fault_time_does_not_lengthen_the_other_waits() -> None:
+    clock = Clock()
+    flow = ControllerFlow(wait_timeout=30, clock=clock)
+    at_strategy(flow)
+    flow.global_time = 600  # as if on_global_rank had said 600 s
+    flow.notified("change_strategy", "U1", "retry")
+    flow.on_callback("report_result", code=405, strategy="retry")
+    assert flow.step is Step.AWAIT_GLOBAL and flow.wait_limit() == 30  # MindXReConfirmStrategy's wait
+    flow.notified("on_global_rank", "U1", seconds=600)
+    flow.on_callback("report_strategies", strategies=("exit", "recover"))
+    flow.notified("change_strategy", "U1", "recover")
+    flow.on_callback("report_result", code=406, strategy="recover")
+    assert flow.step is Step.AWAIT_FINAL and flow.wait_limit() == 30  # WaitDumpOrExitStrategy's
+
+
+def test_zit_and_hot_switch_lists_wait_only_the_configured_wait() -> None:
+    """ZitHandleStrategy and StepFinishCallback wait MINDIO_WAIT_MINDX_TIME, whatever the
+    on_global_rank time was."""
+    flow = ControllerFlow(wait_timeout=30)
+    at_strategy(flow, ("exit", "dump", "downgrade", "upgrade"))
+    flow.notified("change_strategy", "U1", "downgrade")
+    flow.on_callback("report_result", code=201, strategy="downgrade")
+    flow.on_callback("report_fault_ranks")  # a new fault in DOWNGRADE
+    flow.notified("stop_train", "U2")
+    flow.on_callback("report_stop_complete", code=0)
+    flow.notified("on_global_rank", "U2", seconds=900)
+    flow.on_callback("report_strategies", strategies=("exit", "dump"))
+    assert flow.step is Step.AWAIT_STRATEGY and flow.wait_limit() == 30
+    hot = ControllerFlow(wait_timeout=30)
+    hot.global_time = 900
+    hot.on_callback("report_strategies", strategies=("migration",))
+    assert hot.wait_limit() == 30
+    hot.on_callback("report_strategies", strategies=("exit", "retry"))  # MindXConfirmStrategy's list
+    assert hot.wait_limit() == 900
+
+
+async def test_the_dispatcher_gives_the_flow_the_times_it_passed_to_the_controller() -> None:
+    """The limits come from the clamped arguments of the actual notify calls."""
+    from .test_signals import Rig, signal
+
+    clock = Clock()
+    rig = Rig()
+    rig.flow = rig.dispatcher.flow = ControllerFlow(wait_timeout=30, clock=clock)
+    task = asyncio.create_task(rig.dispatcher.run())
+    try:
+        rig.send(signal("stopTrain", ["pause_train"], uuid="", timeout=2 ** 40))
+        await eventually(lambda: rig.flow.step is Step.PAUSE_SENT, what="the pause forwarded")
+        assert rig.flow.pause_timeout == PAUSE_TIMEOUT_MAX == rig.module.calls[-1][1][2]
+        rig.flow.on_callback("report_stop_complete", code=0)
+        rig.flow.on_callback("report_result", code=406)  # the pause timed out: a fault flow
+        rig.flow.on_callback("report_fault_ranks")
+        assert rig.flow.wait_limit() == PAUSE_TIMEOUT_MAX
+        rig.send(signal("stopTrain", ["stop_train"], faults={5: 1}))
+        await eventually(lambda: rig.flow.step is Step.STOP_SENT, what="the stop forwarded")
+        rig.flow.on_callback("report_stop_complete", code=0)
+        rig.send(signal("globalFault", ["on_global_rank"], faults={5: 1}, timeout=2 ** 40))
+        await eventually(lambda: rig.flow.step is Step.GLOBAL_SENT, what="the global fault forwarded")
+        assert rig.flow.global_time == 3600 == rig.module.calls[-1][1][1]
+    finally:
+        rig.dispatcher.stop()
+        await asyncio.wait_for(task, 5)
+        rig.dispatcher.close()
 
 
 def test_progress_counts_callbacks() -> None:
