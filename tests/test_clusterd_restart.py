@@ -41,8 +41,9 @@ from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
 from .conftest import eventually
-from .test_fault_injection import (JOB, TRIGGERS, after, annotation, check_invariants, dropped, job_spec,
-                                   kill_clusterd, last_seq, m, on_journal, running, step_and_wait_result)
+from .test_fault_injection import (JOB, TRIGGERS, after, annotation, check_invariants, controller_violations,
+                                   dropped, job_spec, kill_clusterd, last_seq, m, on_journal, running,
+                                   step_and_wait_result)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -220,7 +221,7 @@ class HeldCallback:
 
 # --------------------------------------------------------------------------- what a rescued cycle looks like
 
-async def assert_rescued(job: SimulatedJob, since: int) -> None:
+async def assert_rescued(job: SimulatedJob, since: int, invariants: bool = True) -> None:
     """The controller finished the cycle it was stopped for, notified once per step, and
     the new ClusterD (journal after ``since``) ran one complete cycle."""
     await annotation(job, "recover-success", timeout=20)
@@ -239,7 +240,8 @@ async def assert_rescued(job: SimulatedJob, since: int) -> None:
     assert m(job, "cycle_resumes_total", result="re_reported") == 1
     assert m(job, "cycle_resumes_total", result="too_late") == 0
     assert dropped(job, "result") == {}
-    await check_invariants(job)
+    if invariants:
+        await check_invariants(job)
 
 
 async def new_stream_seq(job: SimulatedJob, since: int) -> int:
@@ -461,8 +463,17 @@ async def test_a_report_lost_in_a_short_freeze_restarts_the_cycle(
     await eventually(lambda: dropped(job, kind).get("outcome_unknown_deadline_exceeded") == 1, 10,
                      "the report's deadline passing")
     proxies[0].thaw()
-    await assert_rescued(job, await new_stream_seq(job, mark))
+    await assert_rescued(job, await new_stream_seq(job, mark), invariants=False)
     assert sum(v for r, v in dropped(job, kind).items()) == 1
+    # The swallowed report itself may still reach ClusterD after the thaw (the proxy
+    # forwards what it held, as a kernel does for a SIGCONTed process): at most that one,
+    # late. Everything else the fault-injection invariants check must hold.
+    rpc = {"stop_complete": "ReportStopComplete", "strategy": "ReportRecoverStrategy"}[kind]
+    late = job.sim.journal.select(kind="report-late")
+    assert [e.name for e in late] in ([], [rpc]), late
+    assert job.sim.violations == [] and controller_violations(job) == []
+    running.remove(job)  # the fixture's journal check would count that late report
+    await job.stop()
 
 
 # --------------------------------------------------------------------------- a real SIGSTOP
