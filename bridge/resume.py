@@ -72,13 +72,18 @@ class CycleResume:
         #: None, "stop" (the new cycle's stopTrain is awaited) or "global" (its globalFault).
         self.pending: str | None = None
         self.stop_faults: dict[int, int] = {}  # ranks of the stop_train notify that started the flow
+        # True from a ClusterD-first stop until the controller reports this flow's faults:
+        # the return path's flow faults are then still the previous flow's.
+        self.flow_faults_stale = False
         self.stop_report: tuple[int, str, dict[int, int]] | None = None  # the controller's stop-complete
         self.strategies_report: tuple[dict[int, int], list[str]] | None = None  # its report_strategies
 
     # ------------------------------------------------------------------ from the return path
     def new_flow(self) -> None:
-        """A fault flow starts: nothing of the previous one may be replayed."""
+        """A fault flow starts (the controller reported its faults): nothing of the
+        previous one may be replayed."""
         self.stop_report = self.strategies_report = None
+        self.flow_faults_stale = False
 
     # The maps are the return path's own cleaned copies, never changed after the report
     # is encoded: kept by reference (copying 100 000 ranks would cost the loop a few ms).
@@ -103,7 +108,7 @@ class CycleResume:
             return
         if step not in STOPPED:
             return
-        faults = dict(flow_faults) or dict(self.stop_faults)
+        faults = dict(self.stop_faults) if self.flow_faults_stale else dict(flow_faults) or dict(self.stop_faults)
         if not faults:
             log.error("ClusterD's job was reset while the controller is stopped at %s, but no fault rank of "
                       "the flow is known: cannot restart the cycle", step.value)
@@ -138,6 +143,7 @@ class CycleResume:
         if self.pending is None:
             if action == "stop_train" and self.flow.step in _STOP_ACCEPTED:
                 self.stop_faults = dict(faults)
+                self.flow_faults_stale = self.flow.step is not Step.AWAIT_STOP  # ClusterD stopped first
             return None
         step = self.flow.step
         if self.pending == "stop" and action == "stop_train":

@@ -520,3 +520,16 @@ async def test_a_clusterd_process_stopped_with_sigstop_after_stop_complete(runni
         await job.stop()
         running.remove(job)
         await remote.stop()
+
+
+def test_a_clusterd_first_stop_re_reports_its_own_ranks_not_the_previous_flows() -> None:
+    """ClusterD stopped the controller before it reported anything: the return path's
+    flow faults are still the last flow's, the stopTrain's ranks are this one's."""
+    resume, relay, flow = resume_at(Step.IDLE)
+    assert resume.intercept("stop_train", {9: 1}, "first") is None  # forwarded: the flow moves on
+    flow.step = Step.STOP_SENT
+    resume.on_subscribed({5: 1})  # the previous flow's faults
+    assert relay.faults == [{9: 1}]
+    resume.new_flow()  # the controller's own report of this flow arrived
+    resume.on_subscribed({9: 1, 10: 1})
+    assert relay.faults[-1] == {9: 1, 10: 1}
