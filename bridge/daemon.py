@@ -33,8 +33,10 @@ stops the bridge with ``EXIT_CONTROLLER_ENDED`` (76), which the unit restarts
 (bounded), so the controller's last report reaches ClusterD.
 
 Stop (SIGTERM, killMaster, a dead task, the controller ended): STOPPING=1, no new action
-to the controller, drain the outbox for a moment, end the session, destroy the
-controller off its own thread with a bounded wait, close everything. The whole stop is
+to the controller, destroy the controller off its own thread with a bounded wait while
+the session and the outbox still run (a controller destroyed during the recover wait
+reports its 406 while the destroy blocks: ``Link.stop``), drain the outbox for a moment,
+end the session, close everything. The whole stop is
 bounded by ``stop_budget`` (the drain + ``controller.destroy_timeout`` + ``STOP_SLACK``)
 whatever the controller does (issue 14 item 9): the real controller registers its
 destroy with ``atexit`` (docs/mindio-controller.md section 1), and a destroy that never

@@ -84,21 +84,33 @@ class Link:
             self.tasks[name] = spawn(name, body)
 
     async def stop(self, before_destroy: Callable[[], None] = lambda: None) -> None:
-        """Hand the controller no new action, drain the outbox for a moment (at most one
-        RPC deadline, 5 s) while a stream is live, end the session, destroy an owned
-        controller off its own thread (``controller.destroy_timeout``), then close
-        everything. ``before_destroy`` runs right before the destroy (the daemon stops
-        its other work there)."""
+        """Hand the controller no new action, destroy an owned controller off its own
+        thread (``controller.destroy_timeout``) *while the session and the outbox still
+        run*, hand every report it gave on to the outbox, drain the outbox for a moment
+        (at most one RPC deadline, 5 s) while a stream is live, then end the session and
+        close everything. ``before_destroy`` runs right before the destroy (the daemon
+        stops its other work there).
+
+        Why the destroy comes before the session ends: the controller still calls back
+        while it is being destroyed (docs/mindio-controller.md section 7) -- destroyed
+        during the recover wait, the real one reports ``report_result`` 406 while its
+        destroy blocks. With the outbox stopped first that report was dropped at
+        shutdown and ClusterD waited out its own timeout for a result the controller had
+        given. Reports queued before the stop go out during the destroy just the same
+        (the destroy runs on a thread; the loop keeps delivering). The whole stays within
+        ``daemon.stop_budget``: the destroy, then one drain."""
         self.dispatcher.stop()
-        if self.session.live.is_set():
-            await self.relay.drain(timeout=min(5.0, self.config.clusterd.rpc_timeout))
-        self.session.stop()
-        self.relay.stop()
         before_destroy()
         if self.controller.started and self.controller.owned:
             await asyncio.to_thread(self.controller.destroy, self.config.controller.destroy_timeout)
-        await finish(self.tasks.values())
+        # Every report the controller put so far reaches the outbox before the drain looks
+        # at it (a callback during the destroy may still be waiting in the hand-off).
         await asyncio.to_thread(self.handoff.close)
+        if self.session.live.is_set() and len(self.relay):
+            await self.relay.drain(timeout=min(5.0, self.config.clusterd.rpc_timeout))
+        self.session.stop()
+        self.relay.stop()
+        await finish(self.tasks.values())
         self.dispatcher.close()
         await self.client.close()
 
