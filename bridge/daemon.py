@@ -305,8 +305,8 @@ class Bridge:
 
     def _tick(self) -> None:
         if self.flow.expire():
-            log.error("the controller did not hear from ClusterD within %ss; it has gone to EXIT",
-                      self.config.controller.wait_mindx_time)
+            log.error("the controller did not hear from ClusterD within its %.0f s wait; it has gone to EXIT",
+                      self.flow.expired_wait)
         if self._controller_ended():
             return  # no watchdog ping after the decision: the bridge is stopping
         link = self.link

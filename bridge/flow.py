@@ -230,6 +230,7 @@ class ControllerFlow:
         self.pause_timeout = 0  # the last pause_train timeout given
         self.global_time = 0  # the last on_global_rank time given
         self._strategy_wait_is_plain = False  # the offered list is ZIT's or a hot switch's
+        self.expired_wait: float | None = None  # the wait the controller last timed out (for the log)
         # Told (callback, step it arrived at) for every callback the step did not expect.
         self._on_desync = on_desync
         self._desyncs: dict[tuple[str, Step], int] = {}  # how often, for the log line
@@ -255,6 +256,7 @@ class ControllerFlow:
         """Move to EXITING when the controller has certainly timed out its current wait."""
         limit = self.wait_limit()
         if limit is not None and self._clock() - self._since > limit + EXPIRY_MARGIN:
+            self.expired_wait = limit
             self._move(Step.EXITING)
             return True
         return False

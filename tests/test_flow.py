@@ -197,7 +197,7 @@ def test_after_a_long_pause_a_stop_train_is_accepted_as_long_as_the_controller_w
     assert flow.wait_limit() == 900
     clock.now += 300 + EXPIRY_MARGIN + 1
     assert flow.refusal("stop_train") == "unexpected_step"
-    assert flow.step is Step.EXITING
+    assert flow.step is Step.EXITING and flow.expired_wait == 900  # what the daemon logs
 
 
 def test_a_short_pause_does_not_shorten_the_stop_wait() -> None:
