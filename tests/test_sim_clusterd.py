@@ -208,7 +208,8 @@ async def test_start_reports_address_and_stop_leaves_no_task() -> None:
         # A blocked second report: its put task must not outlive stop().
         await client.strategies(["recover"])
         blocked = asyncio.ensure_future(client.strategies(["recover"], timeout=5))
-        await asyncio.sleep(0.05)
+        await sim.wait_for(lambda e: e.kind == "report-blocked"
+                           and e.name == "ReportRecoverStrategy")
         assert not blocked.done()
         await sim.stop()
         with pytest.raises(grpc.aio.AioRpcError):
@@ -466,8 +467,10 @@ async def test_drop_subscriber_is_unavailable_and_blocked_report_gets_599(
     await sim.wait_for(is_state(JOB, "WaitReportRecoverStrategyState"))
     assert await client.status(0, "recover") == 0  # out of phase: kept
     blocked = asyncio.ensure_future(client.status(0, "recover", timeout=5))
-    await asyncio.sleep(0.1)
-    assert not blocked.done()  # the second one is stuck inside the server
+    # The second one is stuck inside the server: wait until it is, so the reset below
+    # cannot overtake it (a report arriving after the reset would be queued: 0, not 599).
+    await sim.wait_for(lambda e: e.kind == "report-blocked" and e.name == "ReportRecoverStatus")
+    assert not blocked.done()
     await sim.drop_subscriber(JOB)
     assert await stream.ended() == grpc.StatusCode.UNAVAILABLE
     assert await blocked == 599
@@ -643,8 +646,10 @@ async def test_second_report_blocks_until_the_deadline_and_lands_later(
 async def test_reset_answers_blocked_report_599(sim: SimClusterD, client: Client) -> None:
     await client.session(sim)
     assert await client.strategies(["recover"]) == 0
+    assert sim.journal.select(kind="report-blocked") == []  # an empty slot never blocks
     blocked = asyncio.ensure_future(client.strategies(["dump"], timeout=5))
-    await asyncio.sleep(0.1)
+    await sim.wait_for(lambda e: e.kind == "report-blocked"
+                       and e.name == "ReportRecoverStrategy")
     assert not blocked.done()
     await client.subscribe(sim)  # any reset
     assert await blocked == 599

@@ -10,6 +10,7 @@ then answers 599); a closed slot's contents are simply gone.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -35,15 +36,20 @@ class ReportSlot(Generic[T]):
     def full(self) -> bool:
         return self._queue.full()
 
-    async def put(self, item: T) -> bool:
+    async def put(self, item: T, on_block: Callable[[], None] | None = None) -> bool:
         """Insert ``item``; True once it is in the slot, False if a reset closed the slot
         first. Blocks for as long as the slot stays full (the caller bounds nothing: the
-        real server's goroutine outlives the client's deadline too)."""
+        real server's goroutine outlives the client's deadline too). ``on_block`` is
+        called once, right when the put finds the slot full and starts waiting: from then
+        on only a drain or a reset ends it, which is what tests need to know before they
+        reset (a blocked report then gets 599, never 0)."""
         if self.closed:
             return False
         if not self._queue.full():
             self._queue.put_nowait(item)
             return True
+        if on_block is not None:
+            on_block()
         putter = asyncio.ensure_future(self._queue.put(item))
         closer = asyncio.ensure_future(self._closed.wait())
         try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
@@ -218,9 +218,11 @@ class JobController:
 
     # ------------------------------------------------------------------ reports
 
-    def put_report(self, kind: str, request: Any) -> asyncio.Task[bool]:
-        """Start putting ``request`` into its slot; the task outlives the calling RPC."""
-        return self.spawn(self.gen.slots[kind].put(request), f"put-{kind}", put=True)
+    def put_report(self, kind: str, request: Any,
+                   on_block: Callable[[], None] | None = None) -> asyncio.Task[bool]:
+        """Start putting ``request`` into its slot; the task outlives the calling RPC.
+        ``on_block`` runs if the put finds the slot full and has to wait."""
+        return self.spawn(self.gen.slots[kind].put(request, on_block), f"put-{kind}", put=True)
 
     def slot_full(self, kind: str) -> bool:
         return self.gen.slots[kind].full()

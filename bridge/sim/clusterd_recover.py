@@ -198,7 +198,8 @@ class RecoverService(pb_grpc.RecoverServicer):
         # The real handler formats its answer (with the uuid of that moment) before the put.
         accepted = f"jobId={job_id}, uuid={ctl.uuid}, receive {method}"
         blocked = ctl.slot_full(kind)
-        put = ctl.put_report(kind, request)
+        put = ctl.put_report(kind, request, lambda: self.sim.journal.record(
+            "report-blocked", method, job_id, None, **request_detail(method, request)))
         try:
             queued = await asyncio.shield(put)
         except asyncio.CancelledError:

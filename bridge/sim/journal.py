@@ -21,10 +21,13 @@ from typing import Any
 #: into the slot anyway, exactly as the real server's goroutine does. ``fault-centre``:
 #: what ClusterD's fault centre scheduled or did on its own (a retry cycle started by a
 #: UCE/HCCL report, a preExitProcess for a device fault or an unknown fault type, the
-#: stale globalFault of a cycle a reset aborted during its wait).
+#: stale globalFault of a cycle a reset aborted during its wait). ``report-blocked``: a
+#: Report* call found its one-slot buffer full and now waits inside the server until the
+#: slot drains (its ``rpc`` entry then says 0) or a reset closes it (599); a test that
+#: resets a job to see the 599 waits for this entry instead of sleeping.
 KINDS: frozenset[str] = frozenset(
     {"rpc", "signal", "stream-open", "stream-end", "state", "fault-lost", "violation",
-     "annotation", "report-late", "fault-centre"}
+     "annotation", "report-late", "report-blocked", "fault-centre"}
 )
 
 Predicate = Callable[["JournalEntry"], bool]
