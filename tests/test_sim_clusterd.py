@@ -1250,7 +1250,7 @@ async def test_journal_wait_for_past_future_and_timeout() -> None:
     journal.record("rpc", "Init", JOB, 0, role="x")
     assert (await journal.wait_for(lambda e: e.name == "Init", 0.1)).code == 0
     waiter = asyncio.ensure_future(journal.wait_for(lambda e: e.name == "later", 1))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn so the waiter registers first: the "future" path
     journal.record("signal", "later", JOB, uuid="u", actions=["a"], faults={1: 1})
     assert (await waiter).detail["uuid"] == "u"
     with pytest.raises(TimeoutError, match="no journal entry"):
