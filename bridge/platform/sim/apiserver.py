@@ -21,8 +21,9 @@ loopback, so the official ``kubernetes`` client talks to it unmodified:
   ``expire_mode="http"``); :meth:`PodGroupStore.expire_watches` ends every open watch
   with that ``ERROR`` event; :meth:`StandInApiServer.expire_next_watch` refuses the
   next watch request that way.
-* :meth:`StandInApiServer.restart` drops every connection and refuses new ones for a
-  while, then listens again on the same port with the same data (etcd survives).
+* A restart is :meth:`StandInApiServer.stop` (every connection dropped, new ones
+  refused) then :meth:`StandInApiServer.start`, which listens again on the same port with
+  the same data (etcd survives). The caller decides how long it stays down.
 
 Not simulated: authentication, other resources, set-based selectors, field selectors,
 ``limit``/``continue`` paging, server-side apply, bookmarks (accepted, never sent).
@@ -542,7 +543,7 @@ class _HttpServer(ThreadingHTTPServer):
 
 
 class StandInApiServer:
-    """The HTTP front of a :class:`PodGroupStore` on loopback; start/stop/restart."""
+    """The HTTP front of a :class:`PodGroupStore` on loopback; start/stop (a restart is both)."""
 
     def __init__(self, store: PodGroupStore | None = None, host: str = "127.0.0.1", port: int = 0,
                  expire_mode: str = "event") -> None:
@@ -562,7 +563,6 @@ class StandInApiServer:
         self._connections: set[socket.socket] = set()
         self._conn_lock = threading.Lock()
         self._expire_next = False
-        self.restarts = 0
 
     @property
     def url(self) -> str:
@@ -595,13 +595,6 @@ class StandInApiServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-
-    def restart(self, down_for: float = 0.3) -> None:
-        """An API server restart: every connection dropped, refused for ``down_for`` s."""
-        self.stop()
-        time.sleep(down_for)
-        self.restarts += 1
-        self.start()
 
     def expire_next_watch(self) -> None:
         """Answer the next watch from a resourceVersion with 410, as a server whose watch
