@@ -8,6 +8,9 @@ test waits for the bridge, which works asynchronously: it polls the very thing t
 asserts, so a loaded 2-core machine only makes a test slower, never red. A test never
 sleeps and then acts; where a fixed delay is itself the behaviour under test, a
 comment says so.
+
+``jobs`` and ``notifier`` serve the end-to-end tests built on simulated jobs (helpers in
+tests/simjobs.py, imported lazily so the codec tests do not load gRPC).
 """
 
 from __future__ import annotations
@@ -19,12 +22,17 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from bridge.sim.scenario import SimulatedJob
+
+    from .simjobs import RecordingNotifier
 
 
 @dataclass(frozen=True)
@@ -113,3 +121,25 @@ def eventually_sync(predicate: Callable[[], Any], timeout: float = 5.0, what: st
         if time.monotonic() > deadline:
             raise _awaited(what, timeout, last)
         time.sleep(POLL_INTERVAL)
+
+
+@pytest.fixture
+async def jobs() -> AsyncIterator[list[SimulatedJob]]:
+    """The simulated jobs a test started (``simjobs.start_job`` adds them); each one still
+    listed is stopped at teardown, pass or fail. A test that stops one itself removes it."""
+    running: list[SimulatedJob] = []
+    yield running
+    for job in running:
+        await job.stop()
+
+
+@pytest.fixture
+def notifier(monkeypatch: pytest.MonkeyPatch) -> RecordingNotifier:
+    """The sd_notify messages of every bridge the test starts through ``SimulatedJob``."""
+    import bridge.sim.scenario as scenario
+
+    from .simjobs import RecordingNotifier
+
+    recording = RecordingNotifier()
+    monkeypatch.setattr(scenario, "Notifier", lambda env: recording)
+    return recording

@@ -14,70 +14,33 @@ orphan marker removed (the job's ranks are gone or going, bridge/orphan.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import bridge.sim.scenario as scenario
 from bridge.daemon import EXIT_CONTROLLER_ENDED, EXIT_RESCHEDULED
 from bridge.sim.clusterd import SimJob
-from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
-from bridge.systemd import Notifier
 
 from .conftest import eventually
+from .simjobs import RecordingNotifier, start_job
 
 pytestmark = pytest.mark.timeout(90)
 JOB = "job-ended"
 ENDED = "the controller has ended on its own"
 
 
-class RecordingNotifier(Notifier):
-    """Every sd_notify message, in order, as systemd would receive them; the watchdog
-    armed with a short interval so the tick pings often."""
-
-    def __init__(self) -> None:
-        super().__init__({})
-        self.watchdog_interval = 0.1
-        self.messages: list[dict[str, Any]] = []
-
-    def notify(self, **fields: str | int) -> bool:
-        self.messages.append(dict(fields))
-        return True
-
-    def pings_after_the_decision(self) -> int:
-        decided = next(i for i, m in enumerate(self.messages) if "the controller ended" in str(m.get("status", "")))
-        return sum(1 for m in self.messages[decided:] if "watchdog" in m)
-
-    def pings(self) -> int:
-        return sum(1 for m in self.messages if "watchdog" in m)
+def pings_after_the_decision(notifier: RecordingNotifier) -> int:
+    """Watchdog pings sent from the STATUS line announcing the decision on."""
+    messages = notifier.messages
+    decided = next(i for i, m in enumerate(messages) if "the controller ended" in str(m.get("status", "")))
+    return sum(1 for m in messages[decided:] if "watchdog" in m)
 
 
-@pytest.fixture
-def notifier(monkeypatch: pytest.MonkeyPatch) -> RecordingNotifier:
-    recording = RecordingNotifier()
-    monkeypatch.setattr(scenario, "Notifier", lambda env: recording)
-    return recording
-
-
-@pytest.fixture
-async def jobs() -> AsyncIterator[list[SimulatedJob]]:
-    running: list[SimulatedJob] = []
-    yield running
-    for job in running:
-        await job.stop()
-
-
-async def started(jobs: list[SimulatedJob], **kwargs: Any) -> SimulatedJob:
-    kwargs.setdefault("controller_timings", FAST_TIMINGS)
+async def started(jobs: list[SimulatedJob], spec: SimJob | None = None, **kwargs: Any) -> SimulatedJob:
     kwargs.setdefault("wait_time", 1.0)  # the controller's EXIT wait: 1 s
-    job = SimulatedJob(kwargs.pop("job", None) or SimJob(JOB, world_size=8, devices_per_pod=4), **kwargs)
-    jobs.append(job)
-    await job.start()
-    await job.subscribed()
-    return job
+    return await start_job(jobs, spec or SimJob(JOB, world_size=8, devices_per_pod=4), **kwargs)
 
 
 def marker(job: SimulatedJob) -> Path:
@@ -99,7 +62,7 @@ async def assert_ended(job: SimulatedJob, notifier: RecordingNotifier, caplog: p
                        why: str, timeout: float = 30) -> None:
     assert await job.wait_exit(timeout) == EXIT_CONTROLLER_ENDED
     assert notifier.pings() > 0, "the watchdog was never pinged: the check below would prove nothing"
-    assert notifier.pings_after_the_decision() == 0
+    assert pings_after_the_decision(notifier) == 0
     lines = [r for r in caplog.records if ENDED in r.getMessage()]
     assert len(lines) == 1 and why in lines[0].getMessage() and str(EXIT_CONTROLLER_ENDED) in lines[0].getMessage()
     assert not marker(job).exists(), "the job's ranks are gone: no orphan marker may be left"
@@ -109,7 +72,7 @@ async def assert_ended(job: SimulatedJob, notifier: RecordingNotifier, caplog: p
 async def test_exit_strategy(jobs: list[SimulatedJob], notifier: RecordingNotifier,
                              caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    job = await started(jobs, job=SimJob(JOB, world_size=8, devices_per_pod=4, strategies=("exit",)))
+    job = await started(jobs, SimJob(JOB, world_size=8, devices_per_pod=4, strategies=("exit",)))
     assert marker(job).exists()
     job.training.inject_fault({5: 1})
     await assert_ended(job, notifier, caplog, "exit notice")

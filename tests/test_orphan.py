@@ -17,62 +17,28 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import bridge.sim.scenario as scenario
 from bridge.metrics import BridgeMetrics
 from bridge.orphan import MARKER_NAME, ControllerMarker, OrphanWatch
 from bridge.state import state_directory
 from bridge.sim.clusterd import SimJob
-from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob, free_port
-from bridge.systemd import Notifier
 
 from .conftest import eventually, eventually_sync
+from .simjobs import RecordingNotifier, start_job
 
 pytestmark = pytest.mark.timeout(90)
 JOB = "job-orphan"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class StatusNotifier(Notifier):
-    def __init__(self) -> None:
-        super().__init__({})
-        self.statuses: list[str] = []
-
-    def notify(self, **fields: str | int) -> bool:
-        if "status" in fields:
-            self.statuses.append(str(fields["status"]))
-        return True
-
-
-@pytest.fixture
-def notifier(monkeypatch: pytest.MonkeyPatch) -> StatusNotifier:
-    recording = StatusNotifier()
-    monkeypatch.setattr(scenario, "Notifier", lambda env: recording)
-    return recording
-
-
-@pytest.fixture
-async def jobs() -> AsyncIterator[list[SimulatedJob]]:
-    running: list[SimulatedJob] = []
-    yield running
-    for job in running:
-        await job.stop()
-
-
 async def started(jobs: list[SimulatedJob], state: Path, **kwargs: Any) -> SimulatedJob:
-    kwargs.setdefault("controller_timings", FAST_TIMINGS)
-    job = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4),
-                       config_overrides={"controller": {"state_directory": str(state)}}, **kwargs)
-    jobs.append(job)
-    await job.start()
-    await job.subscribed()
-    return job
+    return await start_job(jobs, SimJob(JOB, world_size=8, devices_per_pod=4),
+                           config_overrides={"controller": {"state_directory": str(state)}}, **kwargs)
 
 
 def orphaned(job: SimulatedJob) -> float:
@@ -164,7 +130,7 @@ enabled = false
 
 
 async def test_a_crashed_bridge_leaves_the_job_flagged_until_a_rank_connects(
-        tmp_path: Path, jobs: list[SimulatedJob], notifier: StatusNotifier, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, jobs: list[SimulatedJob], notifier: RecordingNotifier, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="bridge.orphan")
     state = tmp_path / "state"
     crash_a_running_bridge(tmp_path, state)

@@ -17,32 +17,19 @@ recovery: the controller ends it with report_result 0.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 
-import pytest
 
 from bridge.sim.clusterd import SimJob
-from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
 from .conftest import eventually
+from .simjobs import start_job
 
 JOB = "job-orphan"
 
 
-async def start(**kwargs: float) -> SimulatedJob:
-    job = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4), controller_timings=FAST_TIMINGS,
-                       **kwargs)  # type: ignore[arg-type]
-    await job.start()
-    return job
-
-
-@pytest.fixture
-async def jobs() -> AsyncIterator[list[SimulatedJob]]:
-    started: list[SimulatedJob] = []
-    yield started
-    for job in started:
-        await job.stop()
+async def start(jobs: list[SimulatedJob], **kwargs: float) -> SimulatedJob:
+    return await start_job(jobs, SimJob(JOB, world_size=16, devices_per_pod=4), subscribed=False, **kwargs)
 
 
 def metric(job: SimulatedJob, name: str, **labels: str) -> float:
@@ -76,8 +63,7 @@ async def test_the_orphan_first_on_the_new_stream_is_refused_and_the_resumed_cyc
     orphan 2 s after the StopComplete), as on the real server when the stream drops late
     in its 11 s wait: no cycle runs, so it comes with uuid "" and no ranks. Before: its
     fault_nodes_exit ran the node hook with no node, and it was not refused as what it is."""
-    job = await start(global_fault_delay=2.0, keepalive_interval=4.0, wait_time=10.0)
-    jobs.append(job)
+    job = await start(jobs, global_fault_delay=2.0, keepalive_interval=4.0, wait_time=10.0)
     await drop_during_the_wait_before_global_fault(job)
     orphan = await job.sim.wait_for(lambda e: e.kind == "signal" and e.name == "globalFault"
                                     and e.detail.get("uuid") == "", timeout=10)
@@ -93,7 +79,6 @@ async def test_the_orphan_after_the_resumed_cycle_started_does_not_break_it(jobs
     orphan is due, so the orphan is built from the new cycle (its uuid, its unexpanded
     ranks) and cannot be told from a globalFault of that cycle; the controller still
     ends the cycle with report_result 0."""
-    job = await start(global_fault_delay=1.0, report_timeout=3.0)
-    jobs.append(job)
+    job = await start(jobs, global_fault_delay=1.0, report_timeout=3.0)
     await drop_during_the_wait_before_global_fault(job)
     await assert_recovered_by_the_controller(job)

@@ -24,7 +24,6 @@ from bridge.controller import ControllerHost
 from bridge.flow import ControllerFlow, Step
 from bridge.metrics import BridgeMetrics
 from bridge.sim.clusterd import SimJob
-from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 from bridge.signals import (
     MAX_ACTIONS,
@@ -36,6 +35,7 @@ from bridge.signals import (
 )
 
 from .conftest import eventually
+from .simjobs import start_job
 
 JOB = "job-signals"
 UUID = "18EA87DEEF733F9C-1d6921e4f328ea701dc1816a94be179a"
@@ -329,21 +329,8 @@ def job_spec() -> SimJob:
     return SimJob(JOB, world_size=WORLD, devices_per_pod=4)
 
 
-@pytest.fixture
-async def running() -> AsyncIterator[list[SimulatedJob]]:
-    jobs: list[SimulatedJob] = []
-    yield jobs
-    for job in jobs:
-        await job.stop()
-
-
-async def started(running: list[SimulatedJob], **kwargs: Any) -> SimulatedJob:
-    kwargs.setdefault("controller_timings", FAST_TIMINGS)
-    job = SimulatedJob(job_spec(), **kwargs)
-    running.append(job)
-    await job.start()
-    await job.subscribed()
-    return job
+async def started(jobs: list[SimulatedJob], **kwargs: Any) -> SimulatedJob:
+    return await start_job(jobs, job_spec(), **kwargs)
 
 
 async def recovered(job: SimulatedJob, timeout: float = 20) -> None:
@@ -356,12 +343,12 @@ def refused(job: SimulatedJob, reason: str) -> float:
 
 
 @pytest.mark.parametrize("timeout", [2 ** 32, -1])
-async def test_a_bad_pause_timeout_leaves_the_next_fault_recoverable(running: list[SimulatedJob],
+async def test_a_bad_pause_timeout_leaves_the_next_fault_recoverable(jobs: list[SimulatedJob],
                                                                       timeout: int) -> None:
     """Issue 14 item 4, end to end: the stub controller raises OverflowError for these
     timeouts like the real SWIG wrapper. Before: flow stuck at PAUSE_SENT, the real
     stopTrain refused, the controller went to EXIT."""
-    job = await started(running, wait_time=3.0)
+    job = await started(jobs, wait_time=3.0)
     if timeout < 0:
         await job.sim.send_signal(JOB, uuid="", signalType="stopTrain", actions=["pause_train"], timeout=timeout)
         await eventually(lambda: refused(job, "bad_argument") == 1, what="the negative pause refused")
@@ -377,12 +364,12 @@ async def test_a_bad_pause_timeout_leaves_the_next_fault_recoverable(running: li
     assert [n.result for n in job.training.notifies("stop_train")][-1] == 0
 
 
-async def test_a_10000_action_signal_does_not_delay_the_next_cycle(running: list[SimulatedJob],
+async def test_a_10000_action_signal_does_not_delay_the_next_cycle(jobs: list[SimulatedJob],
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     """Issue 14 item 6, end to end: the flood goes over the wire right before a fault;
     the cycle still completes inside the controller's 3 s waits and the log stays small."""
     caplog.set_level(logging.INFO)
-    job = await started(running, wait_time=3.0)
+    job = await started(jobs, wait_time=3.0)
     await job.sim.send_signal(JOB, uuid="", signalType="stopTrain", actions=[f"x{i}" for i in range(10_000)])
     job.training.inject_fault({5: 1})
     await recovered(job)
@@ -392,14 +379,14 @@ async def test_a_10000_action_signal_does_not_delay_the_next_cycle(running: list
     assert signal_lines < 2_000, signal_lines
 
 
-async def test_the_toml_wait_reaches_the_controller_and_the_flow_gate(running: list[SimulatedJob],
+async def test_the_toml_wait_reaches_the_controller_and_the_flow_gate(jobs: list[SimulatedJob],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 14 item 7: only the TOML sets wait_mindx_time (1 s); nothing in the
     environment. The stub reads its wait from the environment at init like the real
     controller, so it waits 1 s only if the bridge exported it. Before: it waited its
     default 30 s while the bridge's gate assumed 1 s."""
     monkeypatch.delenv("MINDIO_WAIT_MINDX_TIME", raising=False)
-    job = await started(running, wait_time=1.0, global_fault_delay=60.0)  # globalFault never comes in time
+    job = await started(jobs, wait_time=1.0, global_fault_delay=60.0)  # globalFault never comes in time
     assert job.training.wait_mindx_time == 1
     job.training.inject_fault({5: 1})
     await eventually(lambda: job.training.callbacks("report_stop_complete"), 10, "the stop done")

@@ -1,0 +1,55 @@
+"""Starting simulated jobs (bridge + simulated ClusterD + stub controller) in a test.
+
+Shared because every end-to-end test needs the same two guarantees, and each copy had
+to get them right on its own: a job is in the teardown list *before* it starts (a start
+that fails half-way still gets stopped, so no server, thread or port outlives the test:
+the next test on a loaded machine would otherwise see its keep-alives), and the stub
+controller runs at ``FAST_TIMINGS`` unless a test asks for the real pace. The ``jobs``
+and ``notifier`` fixtures that use this live in conftest.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge.sim.clusterd import SimJob
+from bridge.sim.mindio_ttp import FAST_TIMINGS
+from bridge.sim.scenario import SimulatedJob
+from bridge.systemd import Notifier
+
+
+async def start_job(jobs: list[SimulatedJob], spec: SimJob, *, subscribed: bool = True,
+                    **kwargs: Any) -> SimulatedJob:
+    """Start a :class:`SimulatedJob` for ``spec``, registered in ``jobs`` (the ``jobs``
+    fixture stops it) before it starts; with ``subscribed``, return once the bridge's
+    signal stream is live, the point from which ClusterD can reach the controller."""
+    kwargs.setdefault("controller_timings", FAST_TIMINGS)
+    job = SimulatedJob(spec, **kwargs)
+    jobs.append(job)
+    await job.start()
+    if subscribed:
+        await job.subscribed()
+    return job
+
+
+class RecordingNotifier(Notifier):
+    """Every sd_notify message, in order, as systemd would receive them; the watchdog
+    armed with a short interval so the daemon's tick pings often (a test can then see
+    that pings stop, which a disarmed watchdog could never show)."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.watchdog_interval = 0.1
+        self.messages: list[dict[str, Any]] = []
+
+    def notify(self, **fields: str | int) -> bool:
+        self.messages.append(dict(fields))
+        return True
+
+    @property
+    def statuses(self) -> list[str]:
+        """The STATUS= lines, in order."""
+        return [str(m["status"]) for m in self.messages if "status" in m]
+
+    def pings(self) -> int:
+        return sum(1 for m in self.messages if "watchdog" in m)
