@@ -117,6 +117,7 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
         await job.subscribed()
         assert job.bridge is not None
         link = job.bridge.link
+        assert link.client.rpc_thread is not None, "the report RPC thread starts with the subscription"
         arrived: list[float] = []  # when a batch reached the loop, either hand-off
 
         def stamped(reports: list[ControllerReport]) -> None:

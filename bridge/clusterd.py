@@ -107,7 +107,14 @@ class ClusterDClient:
         else:
             self.channel = grpc.aio.insecure_channel(self.config.address, options)
         self._callables = {}
-        if self.rpc_thread is None:
+
+    def _start_rpc_thread(self) -> None:
+        """The Report* calls' thread and channel (rpcthread.py), made when the Recover
+        stream is first opened: every report follows a subscription, so the channel is
+        connected before the first report, and a client that never subscribes (the rank
+        table's) holds no second connection or thread."""
+        if self.rpc_thread is None and self.report_thread:
+            options = channel_options(self.config)
             sync_channel = (grpc.secure_channel(self.config.address, channel_credentials(self.config), options)
                             if self.config.tls else grpc.insecure_channel(self.config.address, options))
             self.rpc_thread = RpcThread(sync_channel, pb.Status.FromString)
@@ -175,6 +182,7 @@ class ClusterDClient:
     def subscribe(self, job_id: str, role: str) -> Any:
         """The signal stream; each message arrives as (ProcessManageSignal, raw bytes)."""
         assert self.channel is not None
+        self._start_rpc_thread()
         stream = self.channel.unary_stream(
             SUBSCRIBE, request_serializer=None, response_deserializer=lambda raw: (pb.ProcessManageSignal.FromString(raw), raw)
         )

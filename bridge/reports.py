@@ -157,12 +157,14 @@ class Handoff:
             self._deliver(batch)
 
     def _deliver(self, batch: list[object]) -> None:
-        try:
-            reports = [ControllerReport._make(item) for item in batch]  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            log.error("dropped %d controller report(s): not a report tuple", len(batch))
-            return
-        self._handle(reports)
+        reports: list[ControllerReport] = []
+        for item in batch:  # one malformed item costs itself, never its neighbours
+            try:
+                reports.append(ControllerReport._make(item))  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                log.error("dropped a controller report that is not a report tuple: %.200r", item)
+        if reports:
+            self._handle(reports)
 
     # ------------------------------------------------------------------ THREAD mode
     def _run(self) -> None:

@@ -15,8 +15,11 @@ The event loop must never block, so the call runs here, on one thread that only 
 these calls, and the loop awaits a future this thread resolves. Only the four Report*
 calls come here (``THREADED``): they go out one at a time (the outbox, ``relay.py``), so
 a queue never builds up behind a slow one; the stream, Init and Register stay on the
-``grpc.aio`` channel. Every call carries its deadline; ``close`` ends the thread and
-closes the channel, which cancels a call in flight.
+``grpc.aio`` channel. The thread and its channel start with the client's first
+subscription (``ClusterDClient.subscribe``): every report follows one, so the channel is
+connected before the first report, and a client that never subscribes has neither.
+Every call carries its deadline; ``close`` ends the thread and closes the channel, which
+cancels a call in flight.
 
 Whether a failed call provably never reached ClusterD is decided from *this* channel's
 connectivity when the call started (``ready``), as ``clusterd.ClusterDClient`` does for
