@@ -71,8 +71,8 @@ exactly the controller's own, plus ``EXPIRY_MARGIN``:
   of 900 s makes every later stop_train wait 900 s;
 * AWAIT_STRATEGY: max(last on_global_rank time, the wait) when the list follows an
   on_global_rank (MindXConfirmStrategy, also after a 405); just the wait for the list a
-  new fault in DOWNGRADE offers (ZitHandleStrategy) and for a hot switch's
-  ``["migration"]`` (StepFinishCallback);
+  new fault in DOWNGRADE offers (ZitHandleStrategy) and for a hot switch's list
+  (StepFinishCallback: ``["migration"]``, or ``["exit"]`` when its pause failed);
 * AWAIT_GLOBAL, AWAIT_FINAL: the wait.
 
 The pause timeout and the on_global_rank time are the values the dispatcher actually
@@ -333,9 +333,12 @@ class ControllerFlow:
         step = EXPECTED[key] if expected else FOLLOW[(callback, how)]
         if callback == "report_strategies":
             self.offered = strategies
-            # ZitHandleStrategy (a new fault while downgraded) and a hot switch wait just
-            # MINDIO_WAIT_MINDX_TIME; MindXConfirmStrategy waits at least the global time.
-            self._strategy_wait_is_plain = self.downgraded or tuple(strategies) == ("migration",)
+            # ZitHandleStrategy (a new fault while downgraded) and a hot switch's
+            # StepFinishCallback (its list comes outside a fault flow: "migration", or
+            # "exit" alone when its pause failed) wait just MINDIO_WAIT_MINDX_TIME;
+            # MindXConfirmStrategy waits at least the global time.
+            self._strategy_wait_is_plain = (self.downgraded or before is Step.IDLE
+                                            or tuple(strategies) == ("migration",))
         elif callback == "report_result":
             self.rounds += 1  # ClusterD may legitimately repeat a signal after a result
             if how == "downgraded":

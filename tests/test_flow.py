@@ -261,8 +261,10 @@ def test_zit_and_hot_switch_lists_wait_only_the_configured_wait() -> None:
     hot.global_time = 900
     hot.on_callback("report_strategies", strategies=("migration",))
     assert hot.wait_limit() == 30
-    hot.on_callback("report_strategies", strategies=("exit", "retry"))  # MindXConfirmStrategy's list
-    assert hot.wait_limit() == 900
+    failed_switch = ControllerFlow(wait_timeout=30)
+    failed_switch.global_time = 900
+    failed_switch.on_callback("report_strategies", strategies=("exit",))  # its pause failed
+    assert failed_switch.wait_limit() == 30
 
 
 async def test_the_dispatcher_gives_the_flow_the_times_it_passed_to_the_controller() -> None:
