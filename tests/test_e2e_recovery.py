@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from bridge.daemon import EXIT_CONTROLLER_ENDED
 from bridge.sim.clusterd import SimJob
-from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
 from .conftest import eventually
+from .simjobs import start_job
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,13 +43,9 @@ async def running() -> AsyncIterator[list[SimulatedJob]]:
         assert violations == ([], []), violations
 
 
-async def started(running: list[SimulatedJob], **kwargs) -> SimulatedJob:  # type: ignore[no-untyped-def]
-    kwargs.setdefault("controller_timings", FAST_TIMINGS)  # the controller's real pace is not under test here
-    job = SimulatedJob(kwargs.pop("job", None) or job_spec(), **kwargs)
-    running.append(job)
-    await job.start()
-    await job.subscribed()
-    return job
+async def started(running: list[SimulatedJob], **kwargs: Any) -> SimulatedJob:
+    # start_job runs the controller at FAST_TIMINGS: its real pace is not under test here
+    return await start_job(running, kwargs.pop("job", None) or job_spec(), **kwargs)
 
 
 def signals(job: SimulatedJob, signal_type: str | None = None) -> list:  # type: ignore[type-arg]
@@ -202,9 +199,7 @@ async def test_kill_master_stops_the_bridge_for_systemd_to_restart(running: list
 
 async def test_process_recovery_off_keeps_the_controller_down_until_switched_on(running: list[SimulatedJob]) -> None:
     spec = job_spec(process_recover=False)
-    job = SimulatedJob(spec, controller_timings=FAST_TIMINGS)
-    running.append(job)
-    await job.start()
+    job = await start_job(running, spec, subscribed=False)
     assert job.bridge is not None and job.bridge.controller is not None
     assert not job.bridge.controller.started
     assert job.metrics.sample("tft_bridge_process_recover_enabled") == 0

@@ -44,10 +44,10 @@ import pytest
 
 from bridge import faults as codec
 from bridge.sim.clusterd import JournalEntry, SimJob
-from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob, free_port
 
 from .conftest import eventually
+from .simjobs import start_job
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -91,13 +91,9 @@ async def started(running: list[SimulatedJob], **kwargs: Any) -> SimulatedJob:
     kwargs.setdefault("keepalive_interval", 0.05)
     kwargs.setdefault("global_fault_delay", 0.02)
     kwargs.setdefault("wait_time", 1.0)
-    kwargs.setdefault("controller_timings", FAST_TIMINGS)  # the controller's own delays shortened too
-    job = SimulatedJob(kwargs.pop("job", None) or job_spec(), config_overrides={"clusterd": clusterd, **overrides},
-                       **kwargs)
-    running.append(job)
-    await job.start()
-    await job.subscribed()
-    return job
+    # start_job runs the controller at FAST_TIMINGS: its own delays shortened too
+    return await start_job(running, kwargs.pop("job", None) or job_spec(),
+                           config_overrides={"clusterd": clusterd, **overrides}, **kwargs)
 
 
 # --------------------------------------------------------------------------- helpers
