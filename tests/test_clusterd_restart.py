@@ -251,6 +251,42 @@ async def new_stream_seq(job: SimulatedJob, since: int) -> int:
     return opened[0].seq
 
 
+async def fault_and_hold(job: SimulatedJob, callback: str) -> HeldCallback:
+    """A type-1 fault on rank 5, the controller's ``callback`` answer held in the hand-off
+    once it came: the bridge's flow stays at the step before it."""
+    hold = HeldCallback(job, callback)
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: hold.held, 10, f"the controller's {callback} (held in the hand-off)")
+    return hold
+
+
+async def disrupted_while_held(job: SimulatedJob, proxies: list[FreezableProxy], disruption: str,
+                               callback: str, step: Step, rebound: str) -> int:
+    """ClusterD disrupted while the controller's ``callback`` answer is held at ``step``;
+    the answer released once the new cycle's signal was rebound to the controller (the
+    metric says so: ``rebound`` names that signal). Returns where the new stream opened."""
+    assert job.bridge is not None
+    hold = await fault_and_hold(job, callback)
+    assert job.bridge.flow.step is step
+    mark = last_seq(job)
+    await disrupt(disruption, job, proxies)
+    await eventually(lambda: m(job, "cycle_resumes_total", result="rebound") == 1, 15, rebound)
+    hold.release()
+    return await new_stream_seq(job, mark)
+
+
+async def disrupted_at(job: SimulatedJob, proxies: list[FreezableProxy], disruption: str,
+                       trigger: str, what: str) -> int:
+    """A type-1 fault on rank 5, ClusterD disrupted the instant its journal reaches
+    ``TRIGGERS[trigger]`` (``what``). Returns where the bridge's new stream opened."""
+    marks: list[int] = []
+    on_journal(job, TRIGGERS[trigger], lambda: (marks.append(last_seq(job)), begin(disruption, job, proxies)))
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: marks, 10, what)
+    await finish(disruption, job, proxies)
+    return await new_stream_seq(job, marks[0])
+
+
 # --------------------------------------------------------------------------- item 1, each phase
 
 @pytest.mark.parametrize("disruption", DISRUPTIONS)
@@ -258,17 +294,9 @@ async def test_before_stop_complete_the_controllers_own_answer_goes_to_the_new_c
         proxies: list[FreezableProxy], running: list[SimulatedJob], disruption: str) -> None:
     """STOP_SENT: the controller is stopping; its stop-complete answers the new cycle."""
     job = await launch(running, proxies if disruption == "freeze" else None)
-    assert job.bridge is not None
-    hold = HeldCallback(job, "report_stop_complete")
-    job.training.inject_fault({5: 1})
-    await eventually(lambda: hold.held, 10, "the controller's stop-complete (held in the hand-off)")
-    assert job.bridge.flow.step is Step.STOP_SENT
-    mark = last_seq(job)
-    await disrupt(disruption, job, proxies)
-    await eventually(lambda: m(job, "cycle_resumes_total", result="rebound") == 1, 15,
-                     "the new cycle's stopTrain rebound to the stopping controller")
-    hold.release()
-    await assert_rescued(job, await new_stream_seq(job, mark))
+    since = await disrupted_while_held(job, proxies, disruption, "report_stop_complete", Step.STOP_SENT,
+                                       "the new cycle's stopTrain rebound to the stopping controller")
+    await assert_rescued(job, since)
     assert m(job, "cycle_resumes_total", result="answered_stop_complete") == 0
 
 
@@ -277,13 +305,9 @@ async def test_between_stop_complete_and_global_fault_the_bridge_answers_the_new
         proxies: list[FreezableProxy], running: list[SimulatedJob], disruption: str) -> None:
     """AWAIT_GLOBAL: the new stopTrain is answered with the controller's stop-complete."""
     job = await launch(running, proxies if disruption == "freeze" else None)
-    assert job.bridge is not None
-    marks: list[int] = []
-    on_journal(job, TRIGGERS["after_stop_complete"], lambda: (marks.append(last_seq(job)), begin(disruption, job, proxies)))
-    job.training.inject_fault({5: 1})
-    await eventually(lambda: marks, 10, "ClusterD past StopComplete, before globalFault")
-    await finish(disruption, job, proxies)
-    await assert_rescued(job, await new_stream_seq(job, marks[0]))
+    since = await disrupted_at(job, proxies, disruption, "after_stop_complete",
+                               "ClusterD past StopComplete, before globalFault")
+    await assert_rescued(job, since)
     assert m(job, "cycle_resumes_total", result="answered_stop_complete") == 1
 
 
@@ -293,17 +317,9 @@ async def test_after_global_fault_the_controllers_strategies_go_to_the_new_cycle
     """GLOBAL_SENT: the controller had on_global_rank; its strategies answer the new cycle's
     globalFault, which does not reach it again."""
     job = await launch(running, proxies if disruption == "freeze" else None)
-    assert job.bridge is not None
-    hold = HeldCallback(job, "report_strategies")
-    job.training.inject_fault({5: 1})
-    await eventually(lambda: hold.held, 10, "the controller's report_strategies (held in the hand-off)")
-    assert job.bridge.flow.step is Step.GLOBAL_SENT
-    mark = last_seq(job)
-    await disrupt(disruption, job, proxies)
-    await eventually(lambda: m(job, "cycle_resumes_total", result="rebound") == 1, 15,
-                     "the new cycle's globalFault rebound to the controller")
-    hold.release()
-    await assert_rescued(job, await new_stream_seq(job, mark))
+    since = await disrupted_while_held(job, proxies, disruption, "report_strategies", Step.GLOBAL_SENT,
+                                       "the new cycle's globalFault rebound to the controller")
+    await assert_rescued(job, since)
     assert m(job, "cycle_resumes_total", result="answered_stop_complete") == 1
 
 
@@ -313,12 +329,9 @@ async def test_between_strategy_and_change_strategy_the_bridge_answers_both_step
     """AWAIT_STRATEGY: stop-complete and strategies replayed; the new changeStrategy is
     the controller's one notify of the new cycle."""
     job = await launch(running, proxies if disruption == "freeze" else None)
-    marks: list[int] = []
-    on_journal(job, TRIGGERS["after_strategy"], lambda: (marks.append(last_seq(job)), begin(disruption, job, proxies)))
-    job.training.inject_fault({5: 1})
-    await eventually(lambda: marks, 10, "ClusterD past RecoverStrategy, before changeStrategy")
-    await finish(disruption, job, proxies)
-    await assert_rescued(job, await new_stream_seq(job, marks[0]))
+    since = await disrupted_at(job, proxies, disruption, "after_strategy",
+                               "ClusterD past RecoverStrategy, before changeStrategy")
+    await assert_rescued(job, since)
     assert m(job, "cycle_resumes_total", result="answered_stop_complete") == 1
     assert m(job, "cycle_resumes_total", result="answered_strategies") == 1
 
@@ -451,9 +464,7 @@ async def test_a_report_lost_in_a_short_freeze_restarts_the_cycle(
     again on purpose, and the new cycle is resumed from the controller's answers."""
     job = await launch(running, proxies, config_overrides={"clusterd": {"watchdog_intervals": 100.0}})
     assert job.bridge is not None
-    hold = HeldCallback(job, callback)
-    job.training.inject_fault({5: 1})
-    await eventually(lambda: hold.held, 10, f"the controller's {callback} (held in the hand-off)")
+    hold = await fault_and_hold(job, callback)
     # the controller's second fault report (before its strategies) delivered: nothing ahead in the outbox
     await eventually(lambda: len(job.bridge.relay) == 0, 10, "an empty outbox")
     mark = last_seq(job)
