@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,12 +15,9 @@ import pytest
 from bridge.cli import main
 from bridge.sim.scenario import free_port
 
+from .processes import spawn_bridge
+
 pytestmark = pytest.mark.timeout(90)
-
-
-def spawn(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "bridge.cli", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
 
 
 def wait_for_line(process: subprocess.Popen[str], text: str, timeout: float = 20) -> list[str]:
@@ -42,7 +38,7 @@ def wait_for_line(process: subprocess.Popen[str], text: str, timeout: float = 20
 
 def test_run_against_sim_clusterd_as_systemd_would(tmp_path: Path) -> None:
     port = free_port()
-    sim = spawn("sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", "job-cli", "--world-size", "8",
+    sim = spawn_bridge("sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", "job-cli", "--world-size", "8",
                 "--devices-per-pod", "4", "--keepalive", "0.5", "--phase-delay", "0.1")
     notify_path = str(tmp_path / "notify")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -64,7 +60,7 @@ port = 0
     bridge = None
     try:
         wait_for_line(sim, "listening on")
-        bridge = spawn("run", "--config", str(config), env={
+        bridge = spawn_bridge("run", "--config", str(config), env={
             "NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": "1000000", "JOURNAL_STREAM": "1:1"})
         messages = []
         while not any(m.startswith(b"READY=1") for m in messages):
@@ -113,7 +109,7 @@ port = {taken}
 [metrics]
 enabled = false
 """)
-        process = spawn("run", "--config", str(config))
+        process = spawn_bridge("run", "--config", str(config))
         output, _ = process.communicate(timeout=60)
     assert process.returncode == 1, output
     assert "tft_start_controller(127.0.0.1:" in output and "SystemExit" in output
@@ -135,7 +131,7 @@ def test_demo_hold_serves_non_zero_recovery_metrics() -> None:
     import urllib.request
 
     port = free_port()
-    demo = spawn("demo", "--scenario", "retry", "--hold", "10", "--metrics-port", str(port))
+    demo = spawn_bridge("demo", "--scenario", "retry", "--hold", "10", "--metrics-port", str(port))
     try:
         wait_for_line(demo, "holding for", timeout=40)
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()

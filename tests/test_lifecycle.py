@@ -23,6 +23,7 @@ from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
 from .conftest import eventually, eventually_sync
+from .processes import reap
 
 pytestmark = pytest.mark.timeout(90)
 JOB = "job-life"
@@ -155,6 +156,4 @@ def test_a_second_signal_forces_the_exit(signum: signal.Signals) -> None:
         rest = process.stdout.read()
         assert f"second {signum.name}: exiting now" in rest
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        reap(process)

@@ -11,10 +11,7 @@ atexit handler takes (tests/hanging_controller.py).
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,9 +22,9 @@ from bridge.daemon import EXIT_OK, stop_budget
 from bridge.sim.scenario import free_port
 
 from .conftest import eventually_sync
+from .processes import reap, spawn_bridge
 
 pytestmark = pytest.mark.timeout(120)
-ROOT = Path(__file__).resolve().parent.parent
 DESTROY_TIMEOUT = 2.0
 
 RUN_WITH_HANGING_DESTROY = ("import sys, tests.hanging_controller; from bridge.cli import main; "
@@ -58,17 +55,11 @@ enabled = false
     return config
 
 
-def spawn(code: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", code, *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-
-
 def test_sigterm_exits_within_the_stop_budget_although_destroy_never_returns(tmp_path: Path) -> None:
     config_path = write_config(tmp_path)
     config = load_config(config_path, env={})
     marker = tmp_path / "state" / "controller.json"
-    process = spawn(RUN_WITH_HANGING_DESTROY, "run", "--config", str(config_path))
+    process = spawn_bridge("run", "--config", str(config_path), code=RUN_WITH_HANGING_DESTROY)
     try:
         # The controller has started once its marker exists.
         eventually_sync(lambda: marker.exists() or process.poll() is not None, 30, what="the controller started")
@@ -79,9 +70,7 @@ def test_sigterm_exits_within_the_stop_budget_although_destroy_never_returns(tmp
         output, _ = process.communicate(timeout=budget + 30)  # generous only so that a hang fails, not blocks
         took = time.monotonic() - sent
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        reap(process)
     assert process.returncode == EXIT_OK, output
     # Before the fix: still running an hour later (the atexit destroy waits for the lock).
     assert took <= budget, f"the stop took {took:.1f} s, more than its {budget:.0f} s budget:\n{output}"
@@ -94,15 +83,13 @@ def test_sigterm_during_a_process_level_repair_exits_within_the_stop_budget(tmp_
     """The issue's case: ClusterD (simulated, a real process) chose retry and the
     controller is repairing when SIGTERM arrives; its destroy never returns."""
     port = free_port()
-    sim = subprocess.Popen([sys.executable, "-m", "bridge.cli", "sim-clusterd", "--listen", f"127.0.0.1:{port}",
-                            "--job", "job-stop", "--world-size", "4", "--devices-per-pod", "4", "--keepalive", "0.5",
-                            "--phase-delay", "0.1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    sim = spawn_bridge("sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", "job-stop", "--world-size", "4",
+                       "--devices-per-pod", "4", "--keepalive", "0.5", "--phase-delay", "0.1", quiet=True)
     config_path = write_config(tmp_path, clusterd=f"127.0.0.1:{port}")
     config = load_config(config_path, env={})
     repairing = tmp_path / "repairing"
-    process = spawn(RUN_WITH_HANGING_DESTROY, "run", "--config", str(config_path),
-                    env={"HANGING_CONTROLLER_REPAIR": str(repairing)})
+    process = spawn_bridge("run", "--config", str(config_path), code=RUN_WITH_HANGING_DESTROY,
+                           env={"HANGING_CONTROLLER_REPAIR": str(repairing)})
     try:
         eventually_sync(lambda: repairing.exists() or process.poll() is not None, 60,
                         what="the controller repairing after ClusterD chose retry")
@@ -113,10 +100,7 @@ def test_sigterm_during_a_process_level_repair_exits_within_the_stop_budget(tmp_
         output, _ = process.communicate(timeout=budget + 30)
         took = time.monotonic() - sent
     finally:
-        for running in (process, sim):
-            if running.poll() is None:
-                running.kill()
-                running.communicate()
+        reap(process, sim)
     assert process.returncode == EXIT_OK, output
     assert took <= budget, f"the stop took {took:.1f} s, more than its {budget:.0f} s budget:\n{output}"
     assert "tft_destroy_controller did not return within 2 s" in output
@@ -128,13 +112,11 @@ def test_the_exit_deadline_ends_a_stuck_process_with_the_decided_code() -> None:
     """The last resort, armed when a stop begins: whatever step of the stop hangs (a
     notify call stuck in the controller keeps asyncio.run from returning), the process
     ends once the budget is spent, with the exit code the bridge had decided."""
-    process = spawn("import threading; from bridge.daemon import arm_exit_deadline; "
-                    "arm_exit_deadline(0.5, lambda: 76); threading.Event().wait()")
+    process = spawn_bridge(code="import threading; from bridge.daemon import arm_exit_deadline; "
+                                "arm_exit_deadline(0.5, lambda: 76); threading.Event().wait()")
     try:
         output, _ = process.communicate(timeout=30)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        reap(process)
     assert process.returncode == 76, output
     assert "the stop did not finish within" in output

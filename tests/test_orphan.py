@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +26,11 @@ from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob, free_port
 
 from .conftest import eventually, eventually_sync
+from .processes import reap, spawn_bridge
 from .simjobs import RecordingNotifier, start_job
 
 pytestmark = pytest.mark.timeout(90)
 JOB = "job-orphan"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 async def started(jobs: list[SimulatedJob], state: Path, **kwargs: Any) -> SimulatedJob:
@@ -112,9 +109,7 @@ enabled = false
 [recorder]
 enabled = false
 """)
-    process = subprocess.Popen([sys.executable, "-m", "bridge.cli", "run", "--config", str(config)], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    process = spawn_bridge("run", "--config", str(config))
     try:
         eventually_sync(lambda: (state / MARKER_NAME).exists() or process.poll() is not None, 30,
                         what="the crashing bridge's controller started")
@@ -122,9 +117,7 @@ enabled = false
         process.send_signal(signal.SIGKILL)
         process.communicate(timeout=30)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        reap(process)
     left = json.loads((state / MARKER_NAME).read_text())
     assert left["pid"] == process.pid and left["job_id"] == JOB
 
