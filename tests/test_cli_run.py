@@ -39,7 +39,7 @@ def wait_for_line(process: subprocess.Popen[str], text: str, timeout: float = 20
 def test_run_against_sim_clusterd_as_systemd_would(tmp_path: Path) -> None:
     port = free_port()
     sim = spawn_bridge("sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", "job-cli", "--world-size", "8",
-                "--devices-per-pod", "4", "--keepalive", "0.5", "--phase-delay", "0.1")
+                       "--devices-per-pod", "4", "--keepalive", "0.5", "--phase-delay", "0.1")
     notify_path = str(tmp_path / "notify")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(notify_path)

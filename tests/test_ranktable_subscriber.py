@@ -55,7 +55,7 @@ def updates(metrics: BridgeMetrics, result: str) -> float:
 async def test_tables_of_both_versions_land_atomically_and_only_on_change(sim: SimClusterD, tmp_path: Path) -> None:
     path = tmp_path / "ranktable.json"
     metrics = BridgeMetrics()
-    async with running(sim, path, metrics) as subscriber:
+    async with running(sim, path, metrics):
         await sim.push_rank_table(RT_JOB, json.dumps(V10))
         # the counter moves once the writer thread is done: wait for it, not for the file
         await eventually(lambda: updates(metrics, "written") == 1, what="the first table written")
@@ -73,7 +73,7 @@ async def test_tables_of_both_versions_land_atomically_and_only_on_change(sim: S
 async def test_bad_tables_never_replace_the_good_one(sim: SimClusterD, tmp_path: Path, bad: str) -> None:
     path = tmp_path / "ranktable.json"
     metrics = BridgeMetrics()
-    async with running(sim, path, metrics) as subscriber:
+    async with running(sim, path, metrics):
         await sim.push_rank_table(RT_JOB, json.dumps(V10))
         await eventually(lambda: updates(metrics, "written") == 1, what="the good table written")
         await sim.push_rank_table(RT_JOB, bad)
@@ -96,7 +96,7 @@ async def test_a_table_for_another_job_is_rejected(sim: SimClusterD, tmp_path: P
 async def test_a_second_register_ends_the_stream_and_we_register_again(sim: SimClusterD, tmp_path: Path) -> None:
     path = tmp_path / "ranktable.json"
     metrics = BridgeMetrics()
-    async with running(sim, path, metrics) as subscriber:
+    async with running(sim, path, metrics):
         first = len(sim.journal.select(kind="stream-open", name="SubscribeRankTable"))
         assert sim.address is not None
         import grpc
@@ -118,7 +118,7 @@ async def test_hook_runs_on_change(sim: SimClusterD, tmp_path: Path) -> None:
     path = tmp_path / "ranktable.json"
     marker = tmp_path / "hook-ran"
     metrics = BridgeMetrics()
-    async with running(sim, path, metrics, hook=("/bin/sh", "-c", f'echo "$1 $2" > {marker}', "hook")) as subscriber:
+    async with running(sim, path, metrics, hook=("/bin/sh", "-c", f'echo "$1 $2" > {marker}', "hook")):
         await sim.push_rank_table(RT_JOB, json.dumps(V10))
         # the shell creates the file before echo writes it: wait for the hook to finish
         await eventually(lambda: metrics.sample("tft_bridge_hook_runs_total", {"hook": "ranktable_changed", "result": "ok"}) == 1)

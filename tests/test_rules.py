@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml  # PyYAML: a dependency of the kubernetes client in the test extra
 
 from .prometheus_bin import required_binary
