@@ -9,6 +9,7 @@ OK stream ends, lost faults, nil-status crashes, fallbacks, no exit-completed, a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from dataclasses import replace
@@ -87,6 +88,7 @@ class Client:
     """A plain grpc.aio client of the Recover service for one job."""
 
     def __init__(self, channel: grpc.aio.Channel, job_id: str = JOB) -> None:
+        self.channel = channel
         self.stub = pb_grpc.RecoverStub(channel)
         self.job_id = job_id
         self.info = pb.ClientInfo(jobId=job_id, role="test")
@@ -150,6 +152,20 @@ async def make_sim(*jobs: SimJob, **options: Any) -> SimClusterD:
     sim = SimClusterD(jobs or (SimJob(JOB, world_size=16, devices_per_pod=8),), **settings)
     await sim.start()
     return sim
+
+
+@contextlib.asynccontextmanager
+async def own_sim(*jobs: SimJob, **options: Any) -> AsyncIterator[tuple[SimClusterD, Client]]:
+    """A server with jobs or options of the test's own (the ``sim`` fixture's is the
+    default one) and a client on it; the server stopped however the block ends, so a
+    failed test leaves no port or task behind."""
+    sim = await make_sim(*jobs, **options)
+    try:
+        assert sim.address is not None
+        async with grpc.aio.insecure_channel(sim.address) as chan:
+            yield sim, Client(chan)
+    finally:
+        await sim.stop()
 
 
 @pytest.fixture
@@ -270,24 +286,19 @@ async def test_healthcheck_always_zero_and_never_rate_limited(
 
 
 async def test_qps_limit_token_bucket() -> None:
-    sim = await make_sim(qps_limit=3)
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            codes: list[int | str] = []
-            for _ in range(5):
-                try:
-                    codes.append(await client.init())
-                except grpc.aio.AioRpcError as error:
-                    assert error.code() == grpc.StatusCode.UNKNOWN
-                    assert error.details().startswith("qps exceeded")
-                    codes.append("qps")
-            assert codes[:3] == [0, 0, 0] and "qps" in codes[3:]
-            stub = pb_grpc.RecoverStub(chan)
-            for _ in range(5):  # HealthCheck has its own bucket
-                assert (await stub.HealthCheck(client.info, timeout=2)).code == 0
-    finally:
-        await sim.stop()
+    async with own_sim(qps_limit=3) as (sim, client):
+        codes: list[int | str] = []
+        for _ in range(5):
+            try:
+                codes.append(await client.init())
+            except grpc.aio.AioRpcError as error:
+                assert error.code() == grpc.StatusCode.UNKNOWN
+                assert error.details().startswith("qps exceeded")
+                codes.append("qps")
+        assert codes[:3] == [0, 0, 0] and "qps" in codes[3:]
+        stub = pb_grpc.RecoverStub(client.channel)
+        for _ in range(5):  # HealthCheck has its own bucket
+            assert (await stub.HealthCheck(client.info, timeout=2)).code == 0
 
 
 async def test_fail_next_unary_covers_reports_and_config(sim: SimClusterD,
@@ -387,44 +398,39 @@ async def test_keepalive_uuid_is_empty_when_idle_and_the_cycle_uuid_in_a_cycle(
 
 
 async def test_successful_cycle_expands_pods_and_ends_stream_with_ok() -> None:
-    sim = await make_sim(SimJob(JOB, world_size=8, devices_per_pod=2,
-                                strategies=("recover", "dump")))
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            stop, global_fault = await run_to_strategy_wait(sim, client, stream, {1: 1, 4: 1})
-            assert list(stop.actions) == ["stop_train"]
-            assert faults_of(stop) == {1: 1, 4: 1}  # as reported, not expanded
-            assert list(global_fault.actions) == ["on_global_rank", "fault_nodes_exit"]
-            assert faults_of(global_fault) == {0: 1, 1: 1, 4: 1, 5: 1}
-            assert sorted(global_fault.nodeRankIds) == ["0", "2"]
-            assert global_fault.timeout == 0
-            assert await client.strategies(["recover", "dump", "exit"]) == 0
-            change = await stream.next()
-            assert (change.signalType, list(change.actions)) == ("changeStrategy", ["change_strategy"])
-            assert change.changeStrategy == "recover"
-            assert await client.status(0, "recover") == 0
-            assert await stream.ended() == grpc.StatusCode.OK
-            assert {stop.uuid, global_fault.uuid, change.uuid} == {stop.uuid}
-            assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "recover-success"
-            assert sim.state(JOB) == "INIT" and sim.uuid(JOB) == ""
-            assert sim.journal.states(JOB)[1:] == [  # ClusterD's action path
-                "NotifyWaitFaultFlushingState", "NotifyStopTrainState",
-                "WaitReportStopCompleteState", "WaitFaultFlushFinishedState",
-                "NotifyGlobalFaultState", "WaitReportRecoverStrategyState",
-                "NotifyDecidedStrategyState", "WaitReportProcessRecoverStatusState",
-                "CheckRecoverResultState", "INIT",
-            ]
-            # A fault between the stream end and the re-subscribe is lost.
-            assert await client.fault({2: 1}) == 0
-            assert sim.journal.select("fault-lost", job_id=JOB)
-            stream = await client.subscribe(sim)
-            await stream.no_signal(0.2)
-            assert sim.state(JOB) == "INIT"
-            assert sim.violations == []
-    finally:
-        await sim.stop()
+    async with own_sim(SimJob(JOB, world_size=8, devices_per_pod=2,
+                              strategies=("recover", "dump"))) as (sim, client):
+        stream = await client.session(sim)
+        stop, global_fault = await run_to_strategy_wait(sim, client, stream, {1: 1, 4: 1})
+        assert list(stop.actions) == ["stop_train"]
+        assert faults_of(stop) == {1: 1, 4: 1}  # as reported, not expanded
+        assert list(global_fault.actions) == ["on_global_rank", "fault_nodes_exit"]
+        assert faults_of(global_fault) == {0: 1, 1: 1, 4: 1, 5: 1}
+        assert sorted(global_fault.nodeRankIds) == ["0", "2"]
+        assert global_fault.timeout == 0
+        assert await client.strategies(["recover", "dump", "exit"]) == 0
+        change = await stream.next()
+        assert (change.signalType, list(change.actions)) == ("changeStrategy", ["change_strategy"])
+        assert change.changeStrategy == "recover"
+        assert await client.status(0, "recover") == 0
+        assert await stream.ended() == grpc.StatusCode.OK
+        assert {stop.uuid, global_fault.uuid, change.uuid} == {stop.uuid}
+        assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "recover-success"
+        assert sim.state(JOB) == "INIT" and sim.uuid(JOB) == ""
+        assert sim.journal.states(JOB)[1:] == [  # ClusterD's action path
+            "NotifyWaitFaultFlushingState", "NotifyStopTrainState",
+            "WaitReportStopCompleteState", "WaitFaultFlushFinishedState",
+            "NotifyGlobalFaultState", "WaitReportRecoverStrategyState",
+            "NotifyDecidedStrategyState", "WaitReportProcessRecoverStatusState",
+            "CheckRecoverResultState", "INIT",
+        ]
+        # A fault between the stream end and the re-subscribe is lost.
+        assert await client.fault({2: 1}) == 0
+        assert sim.journal.select("fault-lost", job_id=JOB)
+        stream = await client.subscribe(sim)
+        await stream.no_signal(0.2)
+        assert sim.state(JOB) == "INIT"
+        assert sim.violations == []
 
 
 async def test_second_subscriber_ends_first_with_ok_and_aborts_the_cycle(
@@ -488,75 +494,60 @@ async def test_faults_with_no_subscriber_are_lost(sim: SimClusterD, client: Clie
 
 
 async def test_retry_type_faults_alone_start_nothing_without_retry_configured() -> None:
-    sim = await make_sim(SimJob(JOB, world_size=16, devices_per_pod=8, strategies=("recover", "dump")))
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            assert await client.fault({3: 0, 4: 2}) == 0
-            # 20 times the fault centre's delay: a retry cycle would have started by now.
-            await stream.no_signal(20 * T.retry_report_delay[1])
-            assert [e.detail["outcome"] for e in sim.journal.rpcs("ReportProcessFault")] == ["cached"]
-            assert await client.fault({9: 1}) == 0
-            stop = await stream.next()
-            assert faults_of(stop) == {3: 0, 4: 2, 9: 1}  # the cached retry faults ride along
-            assert [f.rankId for f in stop.faultRanks] == ["3", "4", "9"]
-    finally:
-        await sim.stop()
+    async with own_sim(SimJob(JOB, world_size=16, devices_per_pod=8, strategies=("recover", "dump"))) as (sim, client):
+        stream = await client.session(sim)
+        assert await client.fault({3: 0, 4: 2}) == 0
+        # 20 times the fault centre's delay: a retry cycle would have started by now.
+        await stream.no_signal(20 * T.retry_report_delay[1])
+        assert [e.detail["outcome"] for e in sim.journal.rpcs("ReportProcessFault")] == ["cached"]
+        assert await client.fault({9: 1}) == 0
+        stop = await stream.next()
+        assert faults_of(stop) == {3: 0, 4: 2, 9: 1}  # the cached retry faults ride along
+        assert [f.rankId for f in stop.faultRanks] == ["3", "4", "9"]
 
 
 @pytest.mark.parametrize("fault_type", [0, 2])
 async def test_uce_or_hccl_report_alone_starts_a_retry_cycle(fault_type: int) -> None:
     # No flush, no sleep before a pure retry globalFault: 30 s each would blow the timeout.
-    sim = await make_sim(timings=replace(T, flush_delay=30.0, global_fault_delay=30.0,
-                                         retry_report_delay=(0.05, 0.08), hccl_retry_pause=0.2))
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            assert await client.fault({3: fault_type}) == 0
-            report = sim.journal.rpcs("ReportProcessFault")[-1]
-            assert report.detail["outcome"] == "scheduled"
-            stop = await stream.next()
-            assert stop.signalType == "stopTrain" and stop.uuid and faults_of(stop) == {3: fault_type}
-            centre = sim.journal.select("fault-centre", "retry-fault", JOB)[-1]
-            assert 0.05 <= centre.detail["delay"] <= 0.08  # the fault centre's 0.7-1.0 s, scaled
-            assert sim.journal.signals("stopTrain")[-1].at - centre.at >= centre.detail["delay"]
-            await client.stop_complete()
-            global_fault = await stream.next(5)
-            assert list(global_fault.actions) == ["on_global_rank"]
-            assert faults_of(global_fault) == {3: fault_type}
-            assert list(global_fault.nodeRankIds) == []
-            assert global_fault.timeout == (33 if fault_type == 2 else 0)
-            await client.strategies(["retry", "recover", "dump"])
-            change = await stream.next()
-            assert (change.changeStrategy, list(change.nodeRankIds)) == ("retry", ["0"])
-            deciding = sim.journal.select("state", "NotifyDecidedStrategyState", JOB)[-1]
-            waited = sim.journal.signals("changeStrategy")[-1].at - deciding.at
-            if fault_type == 2:
-                assert waited >= 0.2  # HCCL: the real 3.0 s pause, scaled
-            await client.status(0, "retry")
-            assert await stream.ended() == grpc.StatusCode.OK
-            assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "retry-success"
-    finally:
-        await sim.stop()
+    async with own_sim(timings=replace(T, flush_delay=30.0, global_fault_delay=30.0,
+                                       retry_report_delay=(0.05, 0.08), hccl_retry_pause=0.2)) as (sim, client):
+        stream = await client.session(sim)
+        assert await client.fault({3: fault_type}) == 0
+        report = sim.journal.rpcs("ReportProcessFault")[-1]
+        assert report.detail["outcome"] == "scheduled"
+        stop = await stream.next()
+        assert stop.signalType == "stopTrain" and stop.uuid and faults_of(stop) == {3: fault_type}
+        centre = sim.journal.select("fault-centre", "retry-fault", JOB)[-1]
+        assert 0.05 <= centre.detail["delay"] <= 0.08  # the fault centre's 0.7-1.0 s, scaled
+        assert sim.journal.signals("stopTrain")[-1].at - centre.at >= centre.detail["delay"]
+        await client.stop_complete()
+        global_fault = await stream.next(5)
+        assert list(global_fault.actions) == ["on_global_rank"]
+        assert faults_of(global_fault) == {3: fault_type}
+        assert list(global_fault.nodeRankIds) == []
+        assert global_fault.timeout == (33 if fault_type == 2 else 0)
+        await client.strategies(["retry", "recover", "dump"])
+        change = await stream.next()
+        assert (change.changeStrategy, list(change.nodeRankIds)) == ("retry", ["0"])
+        deciding = sim.journal.select("state", "NotifyDecidedStrategyState", JOB)[-1]
+        waited = sim.journal.signals("changeStrategy")[-1].at - deciding.at
+        if fault_type == 2:
+            assert waited >= 0.2  # HCCL: the real 3.0 s pause, scaled
+        await client.status(0, "retry")
+        assert await stream.ended() == grpc.StatusCode.OK
+        assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "retry-success"
 
 
 async def test_uce_retry_change_strategy_does_not_wait_for_the_hccl_pause() -> None:
-    sim = await make_sim(timings=replace(T, hccl_retry_pause=60.0))  # would blow the timeout
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            await client.fault({3: 0})
-            await stream.next()
-            await client.stop_complete()
-            await stream.next()
-            await client.strategies(["retry"])
-            assert (await stream.next()).changeStrategy == "retry"
-            await client.status(0, "retry")
-    finally:
-        await sim.stop()
+    async with own_sim(timings=replace(T, hccl_retry_pause=60.0)) as (sim, client):  # would blow the timeout
+        stream = await client.session(sim)
+        await client.fault({3: 0})
+        await stream.next()
+        await client.stop_complete()
+        await stream.next()
+        await client.strategies(["retry"])
+        assert (await stream.next()).changeStrategy == "retry"
+        await client.status(0, "retry")
 
 
 async def test_retry_reports_during_the_fault_centre_delay_start_one_cycle(
@@ -692,42 +683,32 @@ async def test_stop_complete_failure_code_still_counts_as_stopped(sim: SimCluste
 
 
 async def test_fault_centre_retry_fault_skips_the_flush_and_retries() -> None:
-    sim = await make_sim(flush_delay=30.0, global_fault_delay=30.0)  # would blow the timeout
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            assert await sim.start_clusterd_fault(JOB, {3: 0}) == "started"
-            stop = await stream.next()
-            assert faults_of(stop) == {3: 0}
-            await client.stop_complete()
-            global_fault = await stream.next(5)
-            assert list(global_fault.actions) == ["on_global_rank"]
-            assert faults_of(global_fault) == {3: 0}
-            assert list(global_fault.nodeRankIds) == [] and global_fault.timeout == 0
-            await client.strategies(["retry", "recover", "dump"])
-            change = await stream.next()
-            assert change.changeStrategy == "retry"
-            await client.status(0, "retry")
-            assert await stream.ended() == grpc.StatusCode.OK
-            assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "retry-success"
-    finally:
-        await sim.stop()
+    async with own_sim(flush_delay=30.0, global_fault_delay=30.0) as (sim, client):  # would blow the timeout
+        stream = await client.session(sim)
+        assert await sim.start_clusterd_fault(JOB, {3: 0}) == "started"
+        stop = await stream.next()
+        assert faults_of(stop) == {3: 0}
+        await client.stop_complete()
+        global_fault = await stream.next(5)
+        assert list(global_fault.actions) == ["on_global_rank"]
+        assert faults_of(global_fault) == {3: 0}
+        assert list(global_fault.nodeRankIds) == [] and global_fault.timeout == 0
+        await client.strategies(["retry", "recover", "dump"])
+        change = await stream.next()
+        assert change.changeStrategy == "retry"
+        await client.status(0, "retry")
+        assert await stream.ended() == grpc.StatusCode.OK
+        assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "retry-success"
 
 
 async def test_type1_cycle_waits_flush_plus_sleep_before_global_fault() -> None:
-    sim = await make_sim(timings=replace(T, flush_delay=0.1, global_fault_delay=0.3))
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            await run_to_strategy_wait(sim, client, stream, {1: 1})
-            stopped = sim.journal.select("state", "WaitFaultFlushFinishedState", JOB)[-1].at
-            flushed = sim.journal.select("state", "NotifyGlobalFaultState", JOB)[-1].at
-            sent = sim.journal.signals("globalFault")[-1].at
-            assert flushed - stopped >= 0.1 and sent - stopped >= 0.1 + 0.3
-    finally:
-        await sim.stop()
+    async with own_sim(timings=replace(T, flush_delay=0.1, global_fault_delay=0.3)) as (sim, client):
+        stream = await client.session(sim)
+        await run_to_strategy_wait(sim, client, stream, {1: 1})
+        stopped = sim.journal.select("state", "WaitFaultFlushFinishedState", JOB)[-1].at
+        flushed = sim.journal.select("state", "NotifyGlobalFaultState", JOB)[-1].at
+        sent = sim.journal.signals("globalFault")[-1].at
+        assert flushed - stopped >= 0.1 and sent - stopped >= 0.1 + 0.3
 
 
 async def test_hccl_in_a_pure_retry_cycle_gets_timeout_33(sim: SimClusterD, client: Client) -> None:
@@ -846,16 +827,11 @@ async def test_exit_expects_no_report_and_never_writes_exit_completed(sim: SimCl
 
 
 async def test_strategy_needs_the_job_configuration_too() -> None:
-    sim = await make_sim(SimJob(JOB, strategies=("recover",)))
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            await run_to_strategy_wait(sim, client, stream, {1: 1})
-            await client.strategies(["dump", "retry"])  # neither dump nor retry configured
-            assert (await stream.next()).changeStrategy == "exit"
-    finally:
-        await sim.stop()
+    async with own_sim(SimJob(JOB, strategies=("recover",))) as (sim, client):
+        stream = await client.session(sim)
+        await run_to_strategy_wait(sim, client, stream, {1: 1})
+        await client.strategies(["dump", "retry"])  # neither dump nor retry configured
+        assert (await stream.next()).changeStrategy == "exit"
 
 
 async def test_result_is_judged_by_the_reported_strategy(sim: SimClusterD, client: Client) -> None:
@@ -872,80 +848,60 @@ async def test_result_is_judged_by_the_reported_strategy(sim: SimClusterD, clien
 
 
 async def test_report_timeout_ends_in_fault_retry() -> None:
-    sim = await make_sim(report_timeout=0.2)
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            await client.fault({1: 1})
-            await stream.next()
-            notice = await stream.next()  # no StopComplete ever
-            assert (notice.changeStrategy, notice.extraParams) == ("exit", "dump_exit")
-            assert await stream.ended() == grpc.StatusCode.OK
-            writes = sim.journal.select("annotation", "label:process-recover-enable")
-            labels = [e.detail["value"] for e in writes]
-            assert labels == ["on", "pause", "on"]
-            assert "FaultRetryState" in sim.journal.states(JOB)
-    finally:
-        await sim.stop()
+    async with own_sim(report_timeout=0.2) as (sim, client):
+        stream = await client.session(sim)
+        await client.fault({1: 1})
+        await stream.next()
+        notice = await stream.next()  # no StopComplete ever
+        assert (notice.changeStrategy, notice.extraParams) == ("exit", "dump_exit")
+        assert await stream.ended() == grpc.StatusCode.OK
+        writes = sim.journal.select("annotation", "label:process-recover-enable")
+        labels = [e.detail["value"] for e in writes]
+        assert labels == ["on", "pause", "on"]
+        assert "FaultRetryState" in sim.journal.states(JOB)
 
 
 async def test_downgrade_flow() -> None:
     job = SimJob(JOB, world_size=16, devices_per_pod=8, strategies=("elastic-training", "dump"))
-    sim = await make_sim(job)
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            await run_to_strategy_wait(sim, client, stream, {9: 1})
-            await client.strategies(["downgrade", "dump"])
-            change = await stream.next()
-            assert change.changeStrategy == "downgrade"
-            assert change.extraParams == '{"scale-in-strategy": "DP"}'
-            isolate = [str(r) for r in range(8, 16)]
-            await client.status(201, "downgrade", isolate)
-            exit_nodes = await stream.next()
-            assert exit_nodes.signalType == "faultNodesExit"
-            assert list(exit_nodes.actions) == ["fault_nodes_exit"]
-            assert exit_nodes.uuid == change.uuid
-            await client.status(0, "downgrade")
-            await sim.wait_for(is_state(JOB, "ScaleRunningState"))
-            await stream.no_signal(0.1)  # no reset: the job runs scaled in
-    finally:
-        await sim.stop()
+    async with own_sim(job) as (sim, client):
+        stream = await client.session(sim)
+        await run_to_strategy_wait(sim, client, stream, {9: 1})
+        await client.strategies(["downgrade", "dump"])
+        change = await stream.next()
+        assert change.changeStrategy == "downgrade"
+        assert change.extraParams == '{"scale-in-strategy": "DP"}'
+        isolate = [str(r) for r in range(8, 16)]
+        await client.status(201, "downgrade", isolate)
+        exit_nodes = await stream.next()
+        assert exit_nodes.signalType == "faultNodesExit"
+        assert list(exit_nodes.actions) == ["fault_nodes_exit"]
+        assert exit_nodes.uuid == change.uuid
+        await client.status(0, "downgrade")
+        await sim.wait_for(is_state(JOB, "ScaleRunningState"))
+        await stream.no_signal(0.1)  # no reset: the job runs scaled in
 
 
 async def test_no_downgrade_when_rank0_pod_is_faulty() -> None:
     job = SimJob(JOB, strategies=("elastic-training", "dump"))
-    sim = await make_sim(job)
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            await run_to_strategy_wait(sim, client, stream, {2: 1})
-            await client.strategies(["downgrade", "dump"])
-            assert (await stream.next()).changeStrategy == "dump"
-    finally:
-        await sim.stop()
+    async with own_sim(job) as (sim, client):
+        stream = await client.session(sim)
+        await run_to_strategy_wait(sim, client, stream, {2: 1})
+        await client.strategies(["downgrade", "dump"])
+        assert (await stream.next()).changeStrategy == "dump"
 
 
 async def test_dump_first_job_gets_save_and_exit_instead_of_stop_train() -> None:
-    sim = await make_sim(SimJob(JOB, strategies=("dump",)))
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            await client.fault({1: 1})
-            save = await stream.next()
-            assert (save.signalType, list(save.actions)) == ("saveAndExit", ["save_and_exit"])
-            assert list(save.nodeRankIds) == ["0"]
-            await client.status(0, "dump")
-            assert (await stream.next()).extraParams == "dump_exit"
-            assert await stream.ended() == grpc.StatusCode.OK
-            assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "dump-success"
-            assert sim.journal.signals("stopTrain") == []
-    finally:
-        await sim.stop()
+    async with own_sim(SimJob(JOB, strategies=("dump",))) as (sim, client):
+        stream = await client.session(sim)
+        await client.fault({1: 1})
+        save = await stream.next()
+        assert (save.signalType, list(save.actions)) == ("saveAndExit", ["save_and_exit"])
+        assert list(save.nodeRankIds) == ["0"]
+        await client.status(0, "dump")
+        assert (await stream.next()).extraParams == "dump_exit"
+        assert await stream.ended() == grpc.StatusCode.OK
+        assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "dump-success"
+        assert sim.journal.signals("stopTrain") == []
 
 
 async def test_non_numeric_rank_is_a_violation_and_empties_the_cycle(sim: SimClusterD,
@@ -1031,102 +987,82 @@ async def test_device_faults_give_pre_exit_after_their_delays_and_change_no_stat
 
 
 async def test_unknown_fault_type_gives_pre_exit_with_a_fresh_uuid_and_no_cycle() -> None:
-    sim = await make_sim(SimJob(JOB, world_size=4, devices_per_pod=2))
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            assert await client.fault({2: 9}) == 0
-            reported = sim.journal.select("fault-centre", "pre-exit-scheduled", JOB)[-1].at
-            signal = await stream.next()
-            assert signal.signalType == "preExitProcess"
-            assert faults_of(signal) == {2: 1} and list(signal.nodeRankIds) == ["1"]
-            assert signal.uuid and sim.uuid(JOB) == ""
-            assert sim.journal.signals("preExitProcess")[0].at - reported >= T.unknown_type_pre_exit_delay
-            await stream.no_signal(0.1)
-            assert sim.state(JOB) == "INIT" and sim.journal.signals("stopTrain") == []
-            assert len(sim.violations) == 1
-            assert "faultType='9'" in sim.violations[0] and "unknown fault type" in sim.violations[0]
-            assert "non-integer" not in sim.violations[0]
-    finally:
-        await sim.stop()
+    async with own_sim(SimJob(JOB, world_size=4, devices_per_pod=2)) as (sim, client):
+        stream = await client.session(sim)
+        assert await client.fault({2: 9}) == 0
+        reported = sim.journal.select("fault-centre", "pre-exit-scheduled", JOB)[-1].at
+        signal = await stream.next()
+        assert signal.signalType == "preExitProcess"
+        assert faults_of(signal) == {2: 1} and list(signal.nodeRankIds) == ["1"]
+        assert signal.uuid and sim.uuid(JOB) == ""
+        assert sim.journal.signals("preExitProcess")[0].at - reported >= T.unknown_type_pre_exit_delay
+        await stream.no_signal(0.1)
+        assert sim.state(JOB) == "INIT" and sim.journal.signals("stopTrain") == []
+        assert len(sim.violations) == 1
+        assert "faultType='9'" in sim.violations[0] and "unknown fault type" in sim.violations[0]
+        assert "non-integer" not in sim.violations[0]
 
 
 async def test_cancel_mid_wait_and_resubscribe_gets_the_orphaned_global_fault() -> None:
     # 2 s: room for the cancel and the new subscribe on a loaded machine before it is due.
-    sim = await make_sim(timings=replace(T, global_fault_delay=2.0))
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            assert await client.fault({1: 1}) == 0
-            await stream.next()
-            assert await client.stop_complete() == 0
-            await sim.wait_for(is_state(JOB, "NotifyGlobalFaultState"))
-            stopped = sim.journal.select("state", "WaitFaultFlushFinishedState", JOB)[-1].at
-            stream.cancel()
-            await stream.ended()
-            fresh = await client.subscribe(sim)
-            ghost = await fresh.next(5)
-            assert ghost.signalType == "globalFault"
-            assert list(ghost.actions) == ["on_global_rank", "fault_nodes_exit"]
-            assert (ghost.uuid, list(ghost.faultRanks), list(ghost.nodeRankIds)) == ("", [], [])
-            sent = sim.journal.signals("globalFault")[-1]
-            assert sent.detail["stream"] == 2 and sent.at - stopped >= T.flush_delay + 2.0
-            assert await client.strategies(["recover", "dump"]) == 0  # buffered; nothing follows
-            await fresh.no_signal(0.2)
-            assert sim.state(JOB) == "INIT" and sim.journal.signals("changeStrategy") == []
-    finally:
-        await sim.stop()
+    async with own_sim(timings=replace(T, global_fault_delay=2.0)) as (sim, client):
+        stream = await client.session(sim)
+        assert await client.fault({1: 1}) == 0
+        await stream.next()
+        assert await client.stop_complete() == 0
+        await sim.wait_for(is_state(JOB, "NotifyGlobalFaultState"))
+        stopped = sim.journal.select("state", "WaitFaultFlushFinishedState", JOB)[-1].at
+        stream.cancel()
+        await stream.ended()
+        fresh = await client.subscribe(sim)
+        ghost = await fresh.next(5)
+        assert ghost.signalType == "globalFault"
+        assert list(ghost.actions) == ["on_global_rank", "fault_nodes_exit"]
+        assert (ghost.uuid, list(ghost.faultRanks), list(ghost.nodeRankIds)) == ("", [], [])
+        sent = sim.journal.signals("globalFault")[-1]
+        assert sent.detail["stream"] == 2 and sent.at - stopped >= T.flush_delay + 2.0
+        assert await client.strategies(["recover", "dump"]) == 0  # buffered; nothing follows
+        await fresh.no_signal(0.2)
+        assert sim.state(JOB) == "INIT" and sim.journal.signals("changeStrategy") == []
 
 
 async def test_reset_without_a_new_subscriber_loses_the_orphaned_global_fault() -> None:
-    sim = await make_sim(timings=replace(T, global_fault_delay=0.2))
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            await client.fault({1: 1})
-            await stream.next()
-            await client.stop_complete()
-            await sim.wait_for(is_state(JOB, "NotifyGlobalFaultState"))
-            stream.cancel()
-            lost = await sim.wait_for(lambda e: e.kind == "fault-lost" and e.name == "globalFault")
-            assert "no live subscriber" in lost.detail["reason"]
-            assert sim.journal.signals("globalFault") == []
-    finally:
-        await sim.stop()
+    async with own_sim(timings=replace(T, global_fault_delay=0.2)) as (sim, client):
+        stream = await client.session(sim)
+        await client.fault({1: 1})
+        await stream.next()
+        await client.stop_complete()
+        await sim.wait_for(is_state(JOB, "NotifyGlobalFaultState"))
+        stream.cancel()
+        lost = await sim.wait_for(lambda e: e.kind == "fault-lost" and e.name == "globalFault")
+        assert "no live subscriber" in lost.detail["reason"]
+        assert sim.journal.signals("globalFault") == []
 
 
 async def test_change_strategy_names_the_pods_of_the_fault_ranks() -> None:
-    sim = await make_sim(SimJob(JOB, world_size=4, devices_per_pod=2))
-    try:
-        async with grpc.aio.insecure_channel(sim.address) as chan:
-            client = Client(chan)
-            stream = await client.session(sim)
-            await client.fault({2: 0})  # pod 1 only
-            await stream.next()
-            await client.stop_complete()
-            await stream.next()
-            await client.strategies(["retry", "recover", "dump"])
-            retry = await stream.next()
-            assert (retry.changeStrategy, list(retry.nodeRankIds)) == ("retry", ["1"])
-            await client.status(0, "retry")
-            await stream.ended()
-            stream = await client.session(sim)
-            await run_to_strategy_wait(sim, client, stream, {0: 1, 3: 1})  # both pods
-            await client.strategies(["recover", "dump"])
-            changes = [await stream.next()]
-            await client.status(499, "recover")
-            changes.append(await stream.next())
-            await client.status(0, "dump")
-            changes += [await stream.next(), await stream.next()]
-            assert [(c.changeStrategy, c.extraParams) for c in changes] == [
-                ("recover", ""), ("dump", ""), ("exit", "dump_exit"), ("exit", "dump_exit")]
-            for change in changes:
-                assert sorted(change.nodeRankIds) == ["0", "1"]
-    finally:
-        await sim.stop()
+    async with own_sim(SimJob(JOB, world_size=4, devices_per_pod=2)) as (sim, client):
+        stream = await client.session(sim)
+        await client.fault({2: 0})  # pod 1 only
+        await stream.next()
+        await client.stop_complete()
+        await stream.next()
+        await client.strategies(["retry", "recover", "dump"])
+        retry = await stream.next()
+        assert (retry.changeStrategy, list(retry.nodeRankIds)) == ("retry", ["1"])
+        await client.status(0, "retry")
+        await stream.ended()
+        stream = await client.session(sim)
+        await run_to_strategy_wait(sim, client, stream, {0: 1, 3: 1})  # both pods
+        await client.strategies(["recover", "dump"])
+        changes = [await stream.next()]
+        await client.status(499, "recover")
+        changes.append(await stream.next())
+        await client.status(0, "dump")
+        changes += [await stream.next(), await stream.next()]
+        assert [(c.changeStrategy, c.extraParams) for c in changes] == [
+            ("recover", ""), ("dump", ""), ("exit", "dump_exit"), ("exit", "dump_exit")]
+        for change in changes:
+            assert sorted(change.nodeRankIds) == ["0", "1"]
 
 
 async def test_save_and_exit(sim: SimClusterD, client: Client) -> None:
