@@ -16,7 +16,7 @@ import pytest
 from bridge.signals import INLINE_NOTIFY_LIMIT
 
 from .conftest import eventually
-from .test_signals import Rig, signal, stop_train
+from .test_signals import Rig, dispatching, signal, stop_train
 
 
 class ThreadRecordingRig(Rig):
@@ -41,14 +41,8 @@ class ThreadRecordingRig(Rig):
 
 @pytest.fixture
 async def rig() -> AsyncIterator[ThreadRecordingRig]:
-    import asyncio
-
-    rig = ThreadRecordingRig()
-    task = asyncio.create_task(rig.dispatcher.run())
-    yield rig
-    rig.dispatcher.stop()
-    await asyncio.wait_for(task, 5)
-    rig.dispatcher.close()
+    async with dispatching(ThreadRecordingRig()) as running:
+        yield running
 
 
 async def test_a_notify_runs_on_the_event_loops_thread(rig: ThreadRecordingRig) -> None:

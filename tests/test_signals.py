@@ -12,9 +12,10 @@ raises OverflowError for a pause timeout outside 0..2^32-1 like the real SWIG wr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -194,14 +195,26 @@ class Rig:
         return self.metrics.sample("tft_bridge_controller_notifies_total", {"action": action, "result": result})
 
 
+AnyRig = TypeVar("AnyRig", bound=Rig)
+
+
+@contextlib.asynccontextmanager
+async def dispatching(rig: AnyRig) -> AsyncIterator[AnyRig]:
+    """``rig``'s dispatcher running on the test's loop; stopped (within 5 s, or the test
+    fails: every loop can be stopped) and closed after."""
+    task = asyncio.create_task(rig.dispatcher.run())
+    try:
+        yield rig
+    finally:
+        rig.dispatcher.stop()
+        await asyncio.wait_for(task, 5)
+        rig.dispatcher.close()
+
+
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    rig = Rig()
-    task = asyncio.create_task(rig.dispatcher.run())
-    yield rig
-    rig.dispatcher.stop()
-    await asyncio.wait_for(task, 5)
-    rig.dispatcher.close()
+    async with dispatching(Rig()) as running:
+        yield running
 
 
 def stop_train(uuid: str = UUID) -> pb.ProcessManageSignal:
