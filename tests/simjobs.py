@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.sim.clusterd import SimJob
+from bridge.sim.journal import JournalEntry
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 from bridge.systemd import Notifier
@@ -30,6 +31,14 @@ async def start_job(jobs: list[SimulatedJob], spec: SimJob, *, subscribed: bool 
     if subscribed:
         await job.subscribed()
     return job
+
+
+async def annotation(job: SimulatedJob, value: str = "recover-success", timeout: float = 15) -> JournalEntry:
+    """Wait for the simulated ClusterD to write PodGroup annotation ProcessRecoverStatus
+    = ``value``: the real server's own verdict on a cycle, the end of it a test can see
+    from outside the bridge."""
+    return await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
+                                  and e.detail.get("value") == value, timeout=timeout)
 
 
 class RecordingNotifier(Notifier):

@@ -19,7 +19,7 @@ from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
 
 from .conftest import eventually
-from .simjobs import start_job
+from .simjobs import annotation, start_job
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,11 +54,6 @@ def signals(job: SimulatedJob, signal_type: str | None = None) -> list:  # type:
 
 def rpcs(job: SimulatedJob, name: str) -> list:  # type: ignore[type-arg]
     return job.sim.journal.rpcs(name, job_id=JOB)
-
-
-async def annotation(job: SimulatedJob, value: str, timeout: float = 15) -> None:
-    await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
-                           and e.detail.get("value") == value, timeout=timeout)
 
 
 async def stream_ended(job: SimulatedJob, count: int = 1, timeout: float = 15) -> None:

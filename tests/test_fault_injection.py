@@ -47,6 +47,7 @@ from bridge.sim.clusterd import JournalEntry, SimJob
 from bridge.sim.scenario import SimulatedJob, free_port
 
 from .conftest import eventually
+from . import simjobs
 from .simjobs import start_job
 
 pytestmark = pytest.mark.timeout(30)
@@ -163,8 +164,8 @@ def after(job: SimulatedJob, seq: int, kind: str, name: str | None = None) -> li
 
 
 async def annotation(job: SimulatedJob, value: str, timeout: float = 10) -> None:
-    await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
-                           and e.detail.get("value") == value, timeout=timeout)
+    """ClusterD's verdict on the cycle; 10 s, these cycles are short (``started``)."""
+    await simjobs.annotation(job, value, timeout)
 
 
 async def uce_fault(job: SimulatedJob, rank: int = 5) -> None:

@@ -28,6 +28,7 @@ from bridge.recorder import ErrorLog  # noqa: E402
 from bridge.recorder_config import OtelConfig  # noqa: E402
 
 from .conftest import eventually_sync  # noqa: E402
+from .simjobs import annotation  # noqa: E402
 from .test_recorder import make, run_retry_cycle  # noqa: E402
 
 
@@ -194,8 +195,7 @@ async def test_a_real_recovery_reaches_the_collector_as_one_trace(grpc_receiver:
     try:
         await job.subscribed()
         job.training.inject_fault({5: 1})
-        await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
-                               and e.detail.get("value") == "recover-success", timeout=15)
+        await annotation(job)
         await eventually(lambda: receiver.requests, 15, what="the cycle's trace exported")
     finally:
         await job.stop()

@@ -15,6 +15,7 @@ from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
 from .conftest import eventually
+from .simjobs import annotation
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,8 +46,7 @@ async def test_a_recovery_is_recorded_and_read_back(recorded: tuple[SimulatedJob
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     job, store = recorded
     job.training.inject_fault({5: 1})
-    await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
-                           and e.detail.get("value") == "recover-success", timeout=15)
+    await annotation(job)
     assert job.bridge is not None
     writer = job.bridge.recording.writer
     assert writer is not None
@@ -83,8 +83,7 @@ async def test_history_survives_a_restart_of_the_bridge(recorded: tuple[Simulate
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     job, store = recorded
     job.training.inject_fault({5: 1})
-    await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
-                           and e.detail.get("value") == "recover-success", timeout=15)
+    await annotation(job)
     await job.stop()
     await job.start()  # a fresh bridge on the same state directory
     await job.subscribed()
@@ -104,8 +103,7 @@ async def test_an_unwritable_store_never_stops_a_recovery(tmp_path: Path) -> Non
                                                     {"reason": "unwritable"}) >= 1, 10,
                          what="the unwritable store counted")
         job.training.inject_fault({5: 1})
-        await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
-                               and e.detail.get("value") == "recover-success", timeout=15)
+        await annotation(job)
         assert job.bridge is not None and job.bridge.recording.writer is not None
         assert job.bridge.recording.writer.alive
     finally:

@@ -36,7 +36,7 @@ from bridge.signals import (
 )
 
 from .conftest import eventually
-from .simjobs import start_job
+from .simjobs import annotation, start_job
 
 JOB = "job-signals"
 UUID = "18EA87DEEF733F9C-1d6921e4f328ea701dc1816a94be179a"
@@ -346,11 +346,6 @@ async def started(jobs: list[SimulatedJob], **kwargs: Any) -> SimulatedJob:
     return await start_job(jobs, job_spec(), **kwargs)
 
 
-async def recovered(job: SimulatedJob, timeout: float = 20) -> None:
-    await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
-                           and e.detail.get("value") == "recover-success", timeout=timeout)
-
-
 def refused(job: SimulatedJob, reason: str) -> float:
     return job.metrics.sample("tft_bridge_signals_refused_total", {"reason": reason})
 
@@ -372,7 +367,7 @@ async def test_a_bad_pause_timeout_leaves_the_next_fault_recoverable(jobs: list[
         await job.sim.wait_for(lambda e: e.kind == "stream-end", timeout=10)  # the pause's stream ends
         await job.subscribed()
     job.training.inject_fault({5: 1})
-    await recovered(job)
+    await annotation(job, timeout=20)
     assert "EXIT" not in job.training.states()
     assert [n.result for n in job.training.notifies("stop_train")][-1] == 0
 
@@ -385,7 +380,7 @@ async def test_a_10000_action_signal_does_not_delay_the_next_cycle(jobs: list[Si
     job = await started(jobs, wait_time=3.0)
     await job.sim.send_signal(JOB, uuid="", signalType="stopTrain", actions=[f"x{i}" for i in range(10_000)])
     job.training.inject_fault({5: 1})
-    await recovered(job)
+    await annotation(job, timeout=20)
     assert refused(job, "too_many_actions") == 1
     assert "EXIT" not in job.training.states()
     signal_lines = sum(len(r.getMessage()) for r in caplog.records if r.name == "bridge.signals")
