@@ -229,6 +229,12 @@ class Session:
         # own checks, signals.screen_signal): a refused signal with a new uuid
         # must not end the running cycle, or the real result is dropped as no_live_cycle.
         self.screen = screen
+        # Awaited right before every Subscribe (link.py: the outbox's ``settle``). A
+        # Subscribe resets ClusterD's cycle and empties its one-slot report buffers; a
+        # report of the ended stream still on the wire could otherwise arrive after it and
+        # be consumed as the new cycle's answer. Report* calls use a connection of their
+        # own (rpcthread.py), so nothing else orders the two.
+        self.before_subscribe: Callable[[], Awaitable[Any]] | None = None
         self.state = SessionState.CONNECTING
         self.live = asyncio.Event()  # set while a subscription is live
         self.init_answered = asyncio.Event()
@@ -322,6 +328,8 @@ class Session:
                 if await self._sleep(backoff.next()):
                     break
                 continue
+            if self.before_subscribe is not None:
+                await self.before_subscribe()
             reason = await self._subscribe_once()
             self._end_reason = reason if not self._resubscribe.is_set() else self._end_reason
             if self._stopping.is_set():

@@ -60,6 +60,7 @@ class Link:
                                screen=screen_signal)
         metrics.bind_keepalive_clock(lambda: self.session.last_message_at)
         self.relay = Relay(config.job_id, self.client, self.session, metrics, config.outbox_limit)
+        self.session.before_subscribe = lambda: self.relay.settle(config.clusterd.rpc_timeout + 1.0)
         self.reports = ReportPath(config.job_id, flow, self.relay, metrics, observer)
         self.dispatcher.on_exit_decided = self.reports.exit_decided
         self.dispatcher.resume = self.reports.resume

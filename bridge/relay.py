@@ -83,6 +83,8 @@ class Relay:
         self._queue: deque[Pending] = deque()
         self._wakeup = asyncio.Event()
         self._stopping = False
+        self._settled = asyncio.Event()  # set while no cycle-bound report is on the wire
+        self._settled.set()
         self.sent: list[tuple[str, float]] = []  # (kind, monotonic time) each request went on the wire, bounded
         self.on_drop: Callable[[str, str | None, str], None] | None = None  # (kind, cycle, reason): the flight recorder
         # (kind): a cycle-bound report whose outcome is unknown was dropped (resume.py may
@@ -222,7 +224,7 @@ class Relay:
                 return True
             try:
                 self._record(self.sent, head.kind)
-                code = await self.client.call(METHODS[head.kind], head.payload)
+                code = await self._call_unsettled(METHODS[head.kind], head.payload)
             except RpcFailure as failure:
                 if failure.delivery is Delivery.NOT_DELIVERED:
                     log.warning("%s report did not reach ClusterD (%s); retrying", head.kind, failure.status)
@@ -242,6 +244,30 @@ class Relay:
             if code == Code.UnRegistry:
                 self.session.request_resubscribe("clusterd_lost_job")
             return True
+
+    async def _call_unsettled(self, method: str, payload: bytes) -> int:
+        """A cycle-bound report's call; ``settle`` waits while it is on the wire."""
+        self._settled.clear()
+        try:
+            return await self.client.call(method, payload)
+        finally:
+            self._settled.set()
+
+    async def settle(self, timeout: float) -> bool:
+        """Wait (at most ``timeout``: one RPC deadline bounds a call) until no cycle-bound
+        report is on the wire; False on timeout. The session awaits this before every
+        Subscribe: a report of the ended stream that reached ClusterD after the new
+        Subscribe would sit in the new cycle's one-slot buffer and be consumed as its
+        answer (issue 12: the stop-complete that crossed the stream's end on the wire).
+        A call that timed out on our side may still arrive late; nothing a client does
+        can order that, and its outcome was already counted as unknown."""
+        if self._settled.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._settled.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def _delivered(self, pending: Pending) -> None:
         self.metrics.reports_sent.labels(pending.kind).inc()
