@@ -10,11 +10,12 @@ loop the benchmark starts and always stops) and each fault-map size it alternate
 by round, three ways of carrying one ``report_fault_ranks`` callback to the simulated
 ClusterD (a child process, ``remote_sim.py``):
 
-  * ``bridge``: the daemon's callback as registered with the controller, the hand-off
-    in its default mode (``reports.Handoff``, WAKE: the callback wakes the loop itself);
-  * ``bridge/thread``: the same bridge, the same loop, outbox and channel, reached
-    through a second hand-off in THREAD mode (the SCHED_BATCH hand-off thread, the
-    design before issue 16): the A/B of the two hand-offs under identical conditions;
+  * ``bridge (thread)``: the daemon's callback as registered with the controller, the
+    hand-off in its default mode (``reports.Handoff``, THREAD: a SCHED_BATCH hand-off
+    thread wakes the loop; ``controller.handoff``);
+  * ``bridge/wake``: the same bridge, the same loop, outbox and channel, reached through
+    a second hand-off in the other mode (WAKE: the callback wakes the loop itself): the
+    A/B of the two hand-offs under identical conditions;
   * ``sync``: the existing client's shape (``baseline.SyncRelay``): the request built
     and sent with a blocking call inside the callback.
 
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.controller import make_callback
-from bridge.reports import THREAD, ControllerReport, Handoff
+from bridge.reports import THREAD, WAKE, ControllerReport, Handoff
 from bridge.sim.clusterd import SimJob
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
@@ -125,12 +126,13 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
             link.reports.handle(reports)
 
         link.handoff._handle = stamped
-        thread_handoff = Handoff(asyncio.get_running_loop(), stamped, THREAD)
+        other = WAKE if link.handoff.mode == THREAD else THREAD  # the A/B: the mode the daemon does not run
+        thread_handoff = Handoff(asyncio.get_running_loop(), stamped, other)
         wake = job.bridge.controller.callbacks["report_fault_ranks"]
         ways: dict[str, Callable[..., int]] = {
             f"bridge ({link.handoff.mode})": wake,
             "bridge/aio": wake,  # the same, the report RPC made with grpc.aio on the loop
-            "bridge/thread": make_callback("report_fault_ranks", thread_handoff.put, lambda: None),
+            f"bridge/{other}": make_callback("report_fault_ranks", thread_handoff.put, lambda: None),
         }
         sync = SyncRelay(job.config.clusterd.address, JOB)
         ways["sync"] = sync.report_fault_ranks

@@ -65,7 +65,7 @@ class Link:
         self.dispatcher.on_exit_decided = self.reports.exit_decided
         self.dispatcher.resume = self.reports.resume
         self.relay.on_outcome_unknown = self.reports.resume.outcome_unknown
-        self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle)
+        self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle, config.controller.handoff)
         if self.recorder.enabled:
             self.client.on_rpc = self.recorder.rpc
             self.relay.on_drop = self.recorder.dropped

@@ -72,8 +72,8 @@ ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
 
 
 #: How the controller's callbacks reach the event loop (``Handoff(mode=...)``).
-WAKE = "wake"  # the callback wakes the loop itself (the default, issue 16)
-THREAD = "thread"  # via a SCHED_BATCH hand-off thread (before issue 16; kept for the A/B bench)
+WAKE = "wake"  # the callback wakes the loop itself (issue 16; opt-in: controller.handoff)
+THREAD = "thread"  # via a SCHED_BATCH hand-off thread (the default)
 
 
 class Handoff:
@@ -82,7 +82,15 @@ class Handoff:
     Two ways, chosen by ``mode``; both deliver in callback order, in batches, to
     ``handle`` on the loop, and neither raises into the callback.
 
-    ``WAKE`` (default): the callback appends the tuple to a deque and, unless a wake-up
+    ``THREAD`` is the default (``controller.handoff``): measured on a quiet 2-core node
+    with ``bench/bench_relay.py``, WAKE's wake-up costs the controller's thread itself
+    (the woken loop preempts it, the very effect SCHED_BATCH keeps off the THREAD
+    hand-off): callback block p50 19-40 us and p99 33-77 us, over the 50 us target at
+    10 000 and 100 000 ranks, against THREAD's p50 7-17 us and p99 16-45 us. Under CPU
+    load WAKE reaches the loop far sooner (``bench/bench_loaded.py``), so a node whose
+    cores are busy may choose it.
+
+    ``WAKE``: the callback appends the tuple to a deque and, unless a wake-up
     is already pending, writes to an eventfd the loop watches. The write is made through
     a ctypes ``PyDLL`` function, which keeps the GIL: ``os.write`` and
     ``call_soon_threadsafe`` release it around the syscall, and the woken loop could
@@ -99,13 +107,13 @@ class Handoff:
     thread blocked in ``get``, which calls ``call_soon_threadsafe`` once the callback has
     returned. That thread runs as ``SCHED_BATCH``: under the normal policy Linux often
     preempted the controller's thread at the put to run it, doubling the callback's
-    median block time. Kept as a fallback (no eventfd/ctypes) and for the comparison.
+    median block time. Also the fall back where WAKE is unavailable (no eventfd/ctypes).
     """
 
     _STOP = object()
 
     def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None],
-                 mode: str = WAKE) -> None:
+                 mode: str = THREAD) -> None:
         self._loop = loop
         self._handle = handle
         self.batch_policy = False  # True once the hand-off thread (THREAD mode) runs under SCHED_BATCH

@@ -292,3 +292,9 @@ def test_cli_exits_2_naming_the_key(tmp_path: Path, command: str, name: str, bod
     assert done.returncode == 2, done.stderr
     assert expected in done.stderr, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_the_hand_off_mode_is_one_of_the_two_and_named_when_wrong() -> None:
+    assert build_config({**MINIMAL, "controller": {"handoff": "wake"}}, {}).controller.handoff == "wake"
+    problem = one_problem({**MINIMAL, "controller": {"handoff": "fast"}})
+    assert problem.startswith("controller.handoff") and "'thread'" in problem and "'fast'" in problem

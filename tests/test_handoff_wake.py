@@ -1,5 +1,5 @@
-"""Issue 16's report path: the callback wakes the event loop itself (``Handoff`` WAKE
-mode), and the Report* RPCs go over a synchronous channel on a thread of their own
+"""Issue 16's report path: the callback waking the event loop itself (``Handoff`` WAKE
+mode, opt-in through ``controller.handoff``), and the Report* RPCs go over a synchronous channel on a thread of their own
 (``bridge/rpcthread.py``). What must hold whatever the timing: callback order, no loss,
 never raise into the controller, never write to a file descriptor that is no longer
 ours, deadlines and the delivery classification that never-resend depends on."""
@@ -16,10 +16,10 @@ import pytest
 
 from bridge._proto import recover_pb2 as pb
 from bridge.clusterd import ClusterDClient, Delivery, RpcFailure
-from bridge.config import ClusterDConfig
+from bridge.config import ClusterDConfig, ControllerConfig
 from bridge.controller import make_callback
 from bridge.metrics import BridgeMetrics
-from bridge.reports import WAKE, ControllerReport, Handoff
+from bridge.reports import THREAD, WAKE, ControllerReport, Handoff
 
 from .conftest import eventually
 
@@ -36,20 +36,26 @@ class Collected:
         return [report for batch in self.batches for report in batch]
 
 
-async def test_wake_is_the_default_mode() -> None:
-    handoff = Handoff(asyncio.get_running_loop(), Collected().handle)
+async def test_thread_is_the_default_mode_and_wake_is_chosen_by_the_config() -> None:
+    """THREAD keeps the callback shortest on a quiet node (bench/README.md); WAKE is an
+    operator's choice for nodes whose cores are busy."""
+    assert ControllerConfig().handoff == THREAD
+    default = Handoff(asyncio.get_running_loop(), Collected().handle)
+    chosen = Handoff(asyncio.get_running_loop(), Collected().handle, ControllerConfig(handoff="wake").handoff)
     try:
-        assert handoff.mode == WAKE and handoff.alive
+        assert default.mode == THREAD and chosen.mode == WAKE
+        assert default.alive and chosen.alive
     finally:
-        handoff.close()
-    assert not handoff.alive
+        default.close()
+        chosen.close()
+    assert not default.alive and not chosen.alive
 
 
 async def test_callbacks_from_several_threads_all_arrive_each_in_its_threads_order() -> None:
     """Four controller-like threads racing the loop's drain: nothing is lost, nothing is
     reordered within a thread, and every callback returned 0."""
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle, WAKE)
     callback = make_callback("report_fault_ranks", handoff.put, lambda: None)
     per_thread = 2_000
     returned: list[int] = []
@@ -77,7 +83,7 @@ async def test_callbacks_from_several_threads_all_arrive_each_in_its_threads_ord
 
 async def test_close_delivers_what_was_put_and_a_later_put_neither_raises_nor_writes_anywhere() -> None:
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle, WAKE)
     callback = make_callback("report_fault_ranks", handoff.put, lambda: pytest.fail("the sink raised"))
     old_fd = handoff._fd
     read_end, write_end = os.pipe()  # before the close, so that neither end takes the old number
@@ -102,7 +108,7 @@ async def test_close_delivers_what_was_put_and_a_later_put_neither_raises_nor_wr
 async def test_a_put_from_the_loop_thread_itself_is_delivered() -> None:
     """The seed API may submit from anywhere, the loop's own thread included."""
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle, WAKE)
     try:
         handoff.put(ControllerReport("report_result", (0, "ok", {}, "retry"), 1.0, None))
         await eventually(lambda: collected.reports, 5, what="the report put on the loop's thread")
@@ -113,7 +119,7 @@ async def test_a_put_from_the_loop_thread_itself_is_delivered() -> None:
 
 async def test_a_malformed_item_costs_only_itself() -> None:
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle, WAKE)
     try:
         # one batch (the loop cannot run between these puts): the good neighbours survive
         handoff.put(("report_fault_ranks", ({1: 0},), 0.0, None))
