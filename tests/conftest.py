@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -143,3 +144,21 @@ def notifier(monkeypatch: pytest.MonkeyPatch) -> RecordingNotifier:
     recording = RecordingNotifier()
     monkeypatch.setattr(scenario, "Notifier", lambda env: recording)
     return recording
+
+
+@contextlib.asynccontextmanager
+async def recover_server(method: str, answer: Callable[[bytes, Any], Awaitable[bytes]]) -> AsyncIterator[str]:
+    """A gRPC server on loopback with one ``Recover`` method, answered by ``answer``
+    (request bytes and context in, response bytes out); yields its address. For the
+    answers the simulated ClusterD never gives (a made-up code, no answer at all)."""
+    import grpc
+
+    handler = grpc.method_handlers_generic_handler("Recover", {method: grpc.unary_unary_rpc_method_handler(answer)})
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(grace=None)

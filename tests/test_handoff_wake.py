@@ -21,7 +21,7 @@ from bridge.controller import make_callback
 from bridge.metrics import BridgeMetrics
 from bridge.reports import THREAD, WAKE, ControllerReport, Handoff
 
-from .conftest import eventually
+from .conftest import eventually, recover_server
 
 
 class Collected:
@@ -147,17 +147,11 @@ async def clusterd_that_never_answers() -> AsyncIterator[str]:
         await release.wait()
         return pb.Status(code=0).SerializeToString()
 
-    handler = grpc.method_handlers_generic_handler(
-        "Recover", {"ReportProcessFault": grpc.unary_unary_rpc_method_handler(report)})
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        release.set()
-        await server.stop(grace=None)
+    async with recover_server("ReportProcessFault", report) as address:
+        try:
+            yield address
+        finally:
+            release.set()
 
 
 async def test_a_report_that_reached_a_server_that_never_answers_ends_at_its_deadline_outcome_unknown(

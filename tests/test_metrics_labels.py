@@ -29,6 +29,8 @@ from bridge.metrics import (
 )
 from bridge.signals import SignalDispatcher
 
+from .conftest import recover_server
+
 
 def series(metrics: BridgeMetrics, family: str) -> dict[tuple[tuple[str, str], ...], float]:
     """Every sample of ``family`` (a counter's ``_total``), by its labels."""
@@ -99,16 +101,8 @@ async def clusterd_answering_777() -> AsyncIterator[str]:
     async def init(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return pb.Status(code=777, info="made up").SerializeToString()
 
-    handler = grpc.method_handlers_generic_handler(
-        "Recover", {"Init": grpc.unary_unary_rpc_method_handler(init)})
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(grace=None)
+    async with recover_server("Init", init) as address:
+        yield address
 
 
 async def test_an_unknown_status_code_is_counted_as_other(clusterd_answering_777: str) -> None:
