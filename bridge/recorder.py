@@ -184,10 +184,6 @@ class Recorder(NullRecorder):
         """The open cycle's key (tests, the demo); None while nothing is open."""
         return self._cycle.key if self._cycle is not None and not self._cycle.tentative else None
 
-    @property
-    def last_key(self) -> str | None:
-        return self.current or self._last_key
-
     # ------------------------------------------------------------------ plumbing
     def _wall(self, mono: float) -> float:
         return mono + self._offset
