@@ -198,6 +198,10 @@ class Bridge:
         await link.start()
         self._tasks.update(link.tasks)
         self._watch_thread("controller hand-off thread", lambda: link.handoff.alive)
+        # Started with the first subscription (None until then): a dead one would leave
+        # every Report* call waiting for an answer that never comes.
+        self._watch_thread("report RPC thread",
+                           lambda: link.client.rpc_thread is None or link.client.rpc_thread.alive)
         try:
             await asyncio.wait_for(link.session.init_answered.wait(), c.clusterd.startup_wait)
         except asyncio.TimeoutError:

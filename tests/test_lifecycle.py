@@ -95,6 +95,18 @@ async def test_a_dead_handoff_thread_stops_the_bridge(job: SimulatedJob, caplog:
     assert "the controller hand-off thread ended; stopping the bridge" in caplog.text
 
 
+async def test_a_dead_report_rpc_thread_stops_the_bridge(job: SimulatedJob, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="bridge.daemon")
+    await job.start()
+    await job.subscribed()
+    assert job.bridge is not None
+    rpc_thread = job.bridge.link.client.rpc_thread
+    assert rpc_thread is not None and rpc_thread.alive
+    await asyncio.to_thread(rpc_thread.close)  # the thread ends as if it had died
+    await assert_stopped_cleanly(job)
+    assert "the report RPC thread ended; stopping the bridge" in caplog.text
+
+
 async def test_a_dead_metrics_endpoint_stops_the_bridge(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="bridge.daemon")
     job = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4), keepalive_interval=0.1, metrics_port=0)
