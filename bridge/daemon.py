@@ -11,7 +11,8 @@ must not keep the ranks from training, so the controller starts anyway), then th
 controller, then READY=1.
 
 Running: the session, the dispatcher, the outbox, the rank table subscriber, the tick,
-and two threads (the controller hand-off and the metrics endpoint) are supervised: the
+and three threads (the controller hand-off, the report RPCs and the metrics endpoint) are
+supervised: the
 first of them to end, unless the bridge is stopping, stops the bridge cleanly with exit
 code 1 and a log line naming it and why. Under systemd a dead part would otherwise only
 show as a missed watchdog ping, and the SIGABRT that follows skips the drain and the
