@@ -12,9 +12,8 @@ controller, then READY=1.
 
 Running: the session, the dispatcher, the outbox, the rank table subscriber, the tick,
 and three threads (the controller hand-off, the report RPCs and the metrics endpoint) are
-supervised: the
-first of them to end, unless the bridge is stopping, stops the bridge cleanly with exit
-code 1 and a log line naming it and why. Under systemd a dead part would otherwise only
+supervised: the first of them to end, unless the bridge is stopping, stops the bridge
+cleanly with exit code 1 and a log line naming it and why. Under systemd a dead part would otherwise only
 show as a missed watchdog ping, and the SIGABRT that follows skips the drain and the
 controller's destroy; outside systemd nothing would ever end the half-dead process. The
 tick pings the systemd watchdog from the event loop, so a *stuck* loop (which supervision
