@@ -3,7 +3,7 @@
 synchronous MindCluster client, even when the node's cores are busy, which is exactly
 when recoveries happen).
 
-    python bench/bench_loaded.py [--quick] [--loads 0,1,2,4] [--sizes 16,1000]
+    python bench/bench_loaded.py [--quick] [--loads 0,1,2,4] [--sizes 16,1000] [--rounds N]
 
 For each load level (0, 1, 2 and 2x cores busy processes, each a Python ``while True``
 loop the benchmark starts and always stops) and each fault-map size it alternates, round
@@ -17,15 +17,20 @@ ClusterD (a child process, ``remote_sim.py``):
     a second hand-off in the other mode (WAKE: the callback wakes the loop itself): the
     A/B of the two hand-offs under identical conditions;
   * ``sync``: the existing client's shape (``baseline.SyncRelay``): the request built
-    and sent with a blocking call inside the callback.
+    and sent with a blocking call inside the callback;
+  * ``sync (again)``: an identical second ``SyncRelay``, the A/A control: how far two
+    identical clients' p99s differ in the same run is the measurement's own noise floor,
+    against which the "sync p99 + 1 ms" target is read.
 
 Figures per way: callback block time, callback -> ClusterD has decoded the request,
 p50/p99/max. Then ClusterD signal -> controller notify (pause_train -> stop_train), the
-bridge against the synchronous client's reader (notify inline on the stream thread).
+bridge against the synchronous client's reader (notify inline on the stream thread), run
+twice (the A/A control again).
 
 Targets (issue 16): callback block p99 <= 50 us (the bridge); callback -> server and
 signal -> notify p99 <= the synchronous client's p99 + 1 ms at every load; max <= 20 ms
-with two busy processes. Exit status 1 when one is missed. Loopback only.
+with two busy processes. Exit status 1 when one is missed; the A/A rows are not
+targets. Loopback only.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge.controller import make_callback
 from bridge.reports import THREAD, WAKE, ControllerReport, Handoff
@@ -48,9 +53,12 @@ from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
 sys.path.insert(0, str(Path(__file__).parent))
-from baseline import SyncRelay, pct  # noqa: E402
-from bench_relay import JOB, NODE_RANKS, fault_map, signal_pair  # noqa: E402
-from remote_sim import RemoteSim  # noqa: E402
+from baseline import SyncRelay, pct
+from bench_relay import JOB, NODE_RANKS, fault_map, signal_pair
+from remote_sim import RemoteSim
+
+if TYPE_CHECKING:  # annotations only (postponed): Python 3.10 has no typing.Self
+    from typing_extensions import Self
 
 SLACK = 1e-3  # issue 16: p99 no worse than the synchronous client's + 1 ms
 LOADED_MAX = 20e-3  # issue 16: max <= 20 ms with two busy processes
@@ -64,7 +72,7 @@ class BusyProcesses:
         self.count = count
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def __enter__(self) -> BusyProcesses:
+    def __enter__(self) -> Self:
         atexit.register(self.stop)
         for _ in range(self.count):
             self.processes.append(subprocess.Popen([sys.executable, "-c", "while True: pass"],
@@ -114,6 +122,7 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
     await job.start()
     thread_handoff: Handoff | None = None
     sync: SyncRelay | None = None
+    sync_again: SyncRelay | None = None
     try:
         await job.subscribed()
         assert job.bridge is not None
@@ -136,6 +145,8 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
         }
         sync = SyncRelay(job.config.clusterd.address, JOB)
         ways["sync"] = sync.report_fault_ranks
+        sync_again = SyncRelay(job.config.clusterd.address, JOB)  # A/A: identical, its own channel
+        ways["sync (again)"] = sync_again.report_fault_ranks
         print("controller callback -> ClusterD (report_fault_ranks), loopback, ClusterD in its own process")
         for load in loads:
             with BusyProcesses(load):
@@ -151,7 +162,7 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
                             called, block, decoded = await one_report(sim, callback, fault_map(size, len(ways) * i + k))
                             blocks[name].append(block)
                             latency[name].append(decoded - called)
-                            if name != "sync" and arrived and len(link.relay.sent) > sent:
+                            if not name.startswith("sync") and arrived and len(link.relay.sent) > sent:
                                 wire = link.relay.sent[-1][1]
                                 hops[name][0].append(arrived[0] - called)
                                 hops[name][1].append(wire - arrived[0])
@@ -164,6 +175,10 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
                         for label, values in zip(("cb->loop", "loop->wire", "wire->srv"), hops[name]):
                             if values:
                                 print(f"      {label:<12}         {stats(values, 1e-3, 'ms')}")
+                    print(f"    A/A sync - sync (again): block p99 "
+                          f"{(pct(blocks['sync'], 0.99) - pct(blocks['sync (again)'], 0.99)) * 1e6:+.1f} us, "
+                          f"-> srv p50 {(pct(latency['sync'], 0.5) - pct(latency['sync (again)'], 0.5)) * 1e3:+.2f} ms, "
+                          f"p99 {(pct(latency['sync'], 0.99) - pct(latency['sync (again)'], 0.99)) * 1e3:+.2f} ms")
                     bridge = next(iter(ways))
                     check(f"{load} busy, {size} ranks, callback -> server", latency[bridge], latency["sync"],
                           load, misses)
@@ -173,15 +188,17 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
     finally:
         if thread_handoff is not None:
             await asyncio.to_thread(thread_handoff.close)
-        if sync is not None:
-            sync.close()
+        for relay in (sync, sync_again):
+            if relay is not None:
+                relay.close()
         await job.stop()
         await sim.stop()
 
 
 async def signal_phase(loads: list[int], rounds: int, misses: list[str]) -> None:
     """Per load: the bridge as built (notify on the loop), the bridge with its notify on
-    the dedicated thread (the design before issue 16), then the synchronous client."""
+    the dedicated thread (the design before issue 16), then the synchronous client twice:
+    the second run is the A/A control, the noise floor the 1 ms slack is read against."""
     print("\nClusterD signal -> controller notify (pause_train -> stop_train(pause)), loopback")
     for load in loads:
         print(f"  {load} busy process(es)")
@@ -201,7 +218,11 @@ async def signal_phase(loads: list[int], rounds: int, misses: list[str]) -> None
                     print(f"      (no per-hop figures: {len(read)} signals read, {len(notifying)} notifies, "
                           f"{len(bridge)} rounds)")
             _, baseline = await signal_pair(rounds, with_bridge=False)
+            _, again = await signal_pair(rounds, with_bridge=False)  # A/A: the same reader, run twice
         print(f"    {'sync':<16} {stats(baseline, 1e-3, 'ms')}")
+        print(f"    {'sync (again)':<16} {stats(again, 1e-3, 'ms')}")
+        print(f"    A/A sync - sync (again): p50 {(pct(baseline, 0.5) - pct(again, 0.5)) * 1e3:+.2f} ms, "
+              f"p99 {(pct(baseline, 0.99) - pct(again, 0.99)) * 1e3:+.2f} ms")
         check(f"{load} busy, signal -> notify", results["bridge (inline)"], baseline, load, misses)
 
 
@@ -241,7 +262,7 @@ async def main_async(args: argparse.Namespace) -> int:
     cores = os.cpu_count() or 2
     loads = [int(n) for n in args.loads.split(",")] if args.loads else [0, 1, 2, 2 * cores]
     sizes = [int(n) for n in args.sizes.split(",")]
-    rounds = {size: (100 if size <= 1_000 else 30) // (5 if args.quick else 1) for size in sizes}
+    rounds = {size: args.rounds or (100 if size <= 1_000 else 30) // (5 if args.quick else 1) for size in sizes}
     misses: list[str] = []
     print(f"{cores} cores; load levels {loads} busy processes; uptime: {_uptime()}")
     if "callbacks" in args.phases:
@@ -269,6 +290,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a fifth of the rounds")
     parser.add_argument("--loads", default="", help="busy-process counts, e.g. 0,1,2,4 (default 0,1,2,2x cores)")
     parser.add_argument("--sizes", default="16,1000", help="fault-map sizes")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="rounds per load and size in the callback phase (default 100, 30 above 1 000 ranks; "
+                             "a fifth with --quick)")
     parser.add_argument("--phases", default="callbacks,signals", help="callbacks, signals or both")
     return asyncio.run(main_async(parser.parse_args()))
 
