@@ -4,6 +4,7 @@ synchronous MindCluster client, even when the node's cores are busy, which is ex
 when recoveries happen).
 
     python bench/bench_loaded.py [--quick] [--loads 0,1,2,4] [--sizes 16,1000] [--rounds N]
+                                 [--cycles N] [--phases callbacks,signals,e2e]
 
 For each load level (0, 1, 2 and 2x cores busy processes, each a Python ``while True``
 loop the benchmark starts and always stops) and each fault-map size it alternates, round
@@ -27,10 +28,17 @@ p50/p99/max. Then ClusterD signal -> controller notify (pause_train -> stop_trai
 bridge against the synchronous client's reader (notify inline on the stream thread), run
 twice (the A/A control again).
 
+Then issue 16's end-to-end critical path (``e2e_path.py``): from the controller's second
+``report_fault_ranks`` callback of a recovery cycle to ClusterD logging receipt of the
+``ReportRecoverStrategy`` that follows it, over real retry cycles, for the bridge as built
+and for the synchronous client (blocking Report* calls in all four callbacks, notifies
+inline on a reader thread), each with its own simulated ClusterD; the bridge's path split
+per hop. Printed, not a target (the issue asks for the figure).
+
 Targets (issue 16): callback block p99 <= 50 us (the bridge); callback -> server and
 signal -> notify p99 <= the synchronous client's p99 + 1 ms at every load; max <= 20 ms
-with two busy processes. Exit status 1 when one is missed; the A/A rows are not
-targets. Loopback only.
+with two busy processes. Exit status 1 when one is missed; the A/A and end-to-end rows
+are not targets. Loopback only.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,11 +58,24 @@ from bridge.controller import make_callback
 from bridge.reports import THREAD, WAKE, ControllerReport, Handoff
 from bridge.sim.clusterd import SimJob
 from bridge.sim.mindio_ttp import FAST_TIMINGS
-from bridge.sim.scenario import SimulatedJob
+from bridge.sim.scenario import SimulatedJob, free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
 from baseline import SyncRelay, pct
 from bench_relay import JOB, NODE_RANKS, fault_map, signal_pair
+from e2e_path import (
+    DEVICES_PER_POD,
+    KEEPALIVE,
+    PHASE_DELAY,
+    STRATEGIES,
+    WORLD_SIZE,
+    CycleFailed,
+    CycleTimes,
+    SyncClient,
+    bridge_ready_again,
+    next_stream_open,
+    run_cycle,
+)
 from remote_sim import RemoteSim
 
 if TYPE_CHECKING:  # annotations only (postponed): Python 3.10 has no typing.Self
@@ -251,6 +272,133 @@ def timed(inline: bool, read: list[float], notifying: list[float]) -> Callable[[
     return setup
 
 
+async def e2e_phase(loads: list[int], cycles: int) -> None:
+    """Issue 16's end-to-end path per load: the bridge's cycles, then the synchronous
+    client's (one stub controller per process: they cannot alternate cycle by cycle).
+    Printed only: the issue asks for the figure, it sets no target on it."""
+    print(f"\ncontroller's 2nd report_fault_ranks -> ClusterD received ReportRecoverStrategy (issue 16's "
+          f"critical path): retry cycles, a UCE on one of {WORLD_SIZE} ranks, loopback, ClusterD in its own process")
+    for load in loads:
+        print(f"  {load} busy process(es)")
+        with BusyProcesses(load):
+            results = {"bridge": await e2e_bridge(cycles), "sync": await e2e_sync(cycles)}
+        for name, (times, failures) in results.items():
+            totals = [t.total for t in times]
+            if totals:
+                print(f"    {name:<16} {stats(totals, 1e-3, 'ms')}")
+            else:
+                print(f"    {name:<16} no cycle completed")
+            for label, values in e2e_hops(times, with_send=name == "bridge"):
+                if values:
+                    print(f"      {label:<15} {stats(values, 1e-3, 'ms')}")
+            if failures:
+                print(f"      {len(failures)} cycle(s) FAILED, the first: {failures[0]}")
+        bridge = [t.total for t in results["bridge"][0]]
+        sync = [t.total for t in results["sync"][0]]
+        if bridge and sync:
+            print(f"    bridge - sync    p50 {(pct(bridge, 0.5) - pct(sync, 0.5)) * 1e3:+8.2f}  "
+                  f"p99 {(pct(bridge, 0.99) - pct(sync, 0.99)) * 1e3:+8.2f}  "
+                  f"max {(max(bridge) - max(sync)) * 1e3:+8.2f} ms")
+
+
+def e2e_hops(times: list[CycleTimes], with_send: bool) -> list[tuple[str, list[float]]]:
+    """Where the path's time goes, each from a point both clients share: the bridge's
+    report_strategies callback comes right after the 2nd report_fault_ranks returns at
+    once, the synchronous client's only after its ReportProcessFault has been answered."""
+    hops = [
+        ("cb2->fault srv", [t.fault_received - t.second_fault_cb for t in times if t.fault_received is not None]),
+        ("cb2->strat cb", [t.strategies_cb - t.second_fault_cb for t in times]),
+    ]
+    if with_send:
+        relayed = [t for t in times if t.strategy_sent is not None]
+        hops += [("strat cb->relay", [t.strategy_sent - t.strategies_cb for t in relayed]),  # type: ignore[operator]
+                 ("relay->srv", [t.strategy_received - t.strategy_sent for t in relayed])]  # type: ignore[operator]
+    hops.append(("strat cb->srv", [t.strategy_received - t.strategies_cb for t in times]))
+    return hops
+
+
+async def run_cycles(sim: RemoteSim, training: Any, cycles: int, ready: Callable[[int], Awaitable[None]],
+                     sent_log: list[tuple[str, float]] | None = None) -> tuple[list[CycleTimes], list[str]]:
+    """One warm-up cycle (connections, caches; not counted), then ``cycles`` measured;
+    gives up after three failed cycles (the job's state is then suspect)."""
+    times: list[CycleTimes] = []
+    failures: list[str] = []
+    for index in range(cycles + 1):
+        try:
+            cycle = await run_cycle(sim, training, index, ready, sent_log)
+        except (CycleFailed, TimeoutError, asyncio.TimeoutError) as error:
+            failures.append(f"cycle {index}: {error or type(error).__name__}; controller state {training.state}")
+            if len(failures) >= 3:
+                break
+            continue
+        if index > 0:
+            times.append(cycle)
+    return times, failures
+
+
+def e2e_job() -> tuple[SimulatedJob, RemoteSim]:
+    """The bridge's job and its ClusterD, with ``retry`` configured: a UCE report alone
+    then starts the short pure retry cycle (e2e_path's docstring)."""
+    job = SimulatedJob(SimJob(JOB, world_size=WORLD_SIZE, devices_per_pod=DEVICES_PER_POD),
+                       keepalive_interval=KEEPALIVE, global_fault_delay=PHASE_DELAY, start_clusterd=False,
+                       controller_timings=FAST_TIMINGS)
+    sim = RemoteSim(job._clusterd_address, JOB, WORLD_SIZE, DEVICES_PER_POD, keepalive=KEEPALIVE,
+                    phase_delay=PHASE_DELAY, strategies=STRATEGIES)
+    return job, sim
+
+
+async def e2e_bridge(cycles: int) -> tuple[list[CycleTimes], list[str]]:
+    """The bridge as built: SimulatedJob with the stub controller, FAST timings."""
+    job, sim = e2e_job()
+    await sim.start()
+    await job.start()
+    try:
+        await job.subscribed()
+        assert job.bridge is not None
+        sent = getattr(job.bridge.relay, "sent", None)  # the relay's send log, for the hop split only
+        return await run_cycles(sim, job.training, cycles, bridge_ready_again(job, sim), sent)
+    finally:
+        await job.stop()
+        await sim.stop()
+
+
+async def e2e_sync(cycles: int) -> tuple[list[CycleTimes], list[str]]:
+    """The synchronous client around the same stub controller, against a fresh simulated
+    ClusterD of its own (the job has one subscription), as signal_pair's baseline."""
+    from bridge.sim import mindio_ttp
+    from bridge.sim.mindio_ttp import controller_ttp as ttp
+
+    address = f"127.0.0.1:{free_port()}"
+    sim = RemoteSim(address, JOB, WORLD_SIZE, DEVICES_PER_POD, keepalive=KEEPALIVE, phase_delay=PHASE_DELAY,
+                    strategies=STRATEGIES)
+    await sim.start()
+    mindio_ttp.install()
+    training = mindio_ttp.training
+    training.reset()
+    training.use_timings(FAST_TIMINGS)  # as for the bridge's job
+    training.auto_step = True
+    client = SyncClient(address, JOB)
+    try:
+        client.register()
+        ttp.tft_init_controller(-1, WORLD_SIZE, False, True, False)
+        ttp.tft_start_controller("127.0.0.1", free_port(), False, "")
+        training.connect_ranks(range(WORLD_SIZE))
+        mark = sim.last_seq
+        client.start_reader()
+        await sim.wait_for(lambda e: e.kind == "stream-open", 10, after=mark)
+
+        async def ready(mark: int) -> None:
+            await next_stream_open(sim, mark)
+
+        times, failures = await run_cycles(sim, training, cycles, ready)
+        failures += [f"client: {error}" for error in client.errors]
+        return times, failures
+    finally:
+        await asyncio.to_thread(client.close)
+        training.reset()
+        await sim.stop()
+
+
 def check(what: str, bridge: list[float], sync: list[float], load: int, misses: list[str]) -> None:
     if pct(bridge, 0.99) > pct(sync, 0.99) + SLACK:
         misses.append(f"{what}: p99 {pct(bridge, 0.99) * 1e3:.2f} ms > sync {pct(sync, 0.99) * 1e3:.2f} ms + 1 ms")
@@ -269,6 +417,8 @@ async def main_async(args: argparse.Namespace) -> int:
         await report_phase(loads, sizes, rounds, misses)
     if "signals" in args.phases:
         await signal_phase(loads, 20 if args.quick else 100, misses)
+    if "e2e" in args.phases:
+        await e2e_phase(loads, args.cycles or (12 if args.quick else 60))
     print(f"\nuptime after: {_uptime()}")
     if misses:
         print("targets MISSED:\n  " + "\n  ".join(misses))
@@ -293,7 +443,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=0,
                         help="rounds per load and size in the callback phase (default 100, 30 above 1 000 ranks; "
                              "a fifth with --quick)")
-    parser.add_argument("--phases", default="callbacks,signals", help="callbacks, signals or both")
+    parser.add_argument("--cycles", type=int, default=0,
+                        help="measured recovery cycles per load and client in the e2e phase (default 60, 12 with "
+                             "--quick)")
+    parser.add_argument("--phases", default="callbacks,signals,e2e", help="any of callbacks, signals, e2e")
     return asyncio.run(main_async(parser.parse_args()))
 
 
