@@ -173,7 +173,7 @@ def row(label: str, values: list[float], unit: float, suffix: str) -> str:
             f"p99 {pct(values, 0.99) / unit:9.1f} {suffix}   (n={len(values)})")
 
 
-async def callback_phase(quick: bool, misses: list[str]) -> None:
+async def callback_phase(quick: bool, misses: list[str], handoff: str = "") -> None:
     rounds = {16: 200, 1_000: 100, 10_000: 30, 100_000: 8}
     if quick:
         rounds = {size: max(3, n // 5) for size, n in rounds.items()}
@@ -184,13 +184,15 @@ async def callback_phase(quick: bool, misses: list[str]) -> None:
     # declaring the controller gone to EXIT halfway through.
     job = SimulatedJob(SimJob(JOB, world_size=100_000, devices_per_pod=8), keepalive_interval=1.0,
                        start_clusterd=False, connected_ranks=NODE_RANKS, wait_time=3600,
-                       controller_timings=FAST_TIMINGS)  # the bridge's latency is measured, not the controller's
+                       controller_timings=FAST_TIMINGS,  # the bridge's latency is measured, not the controller's
+                       config_overrides={"controller": {"handoff": handoff}} if handoff else None)
     sim = RemoteSim(job._clusterd_address, JOB, 100_000, rank_sets=False)
     await sim.start()
     await job.start()
     try:
         await job.subscribed()
         assert job.bridge is not None and job.bridge.controller is not None
+        print(f"controller hand-off: {job.bridge.link.handoff.mode}")
         bridge_callback = job.bridge.controller.callbacks["report_fault_ranks"]
         print("controller callback -> ClusterD (report_fault_ranks), loopback, ClusterD in its own process")
         for size in SIZES:
@@ -310,10 +312,10 @@ async def signal_pair(rounds: int, on_start: Callable[[SimulatedJob], None] = la
     return bridge, baseline
 
 
-async def main_async(quick: bool, phases: str) -> int:
+async def main_async(quick: bool, phases: str, handoff: str = "") -> int:
     misses: list[str] = []
     if "callbacks" in phases:
-        await callback_phase(quick, misses)
+        await callback_phase(quick, misses, handoff)
     if "signals" in phases:
         await signal_phase(quick, misses)
     print()
@@ -347,8 +349,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--phases", default="callbacks,signals", help="callbacks, signals or both")
+    parser.add_argument("--handoff", default="", help="controller.handoff for the bridge (default: the config's)")
     args = parser.parse_args()
-    return asyncio.run(main_async(args.quick, args.phases))
+    return asyncio.run(main_async(args.quick, args.phases, args.handoff))
 
 
 if __name__ == "__main__":
