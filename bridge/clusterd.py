@@ -24,7 +24,7 @@ from .backoff import Backoff
 from .codes import Code
 from .config import ClusterDConfig
 from .metrics import BridgeMetrics, code_label, signal_type_label
-from .rpcthread import THREADED, RpcThread
+from .rpcthread import THREADED, Call, RpcThread
 
 log = logging.getLogger(__name__)
 
@@ -144,35 +144,64 @@ class ClusterDClient:
 
     async def call_status(self, method: str, payload: bytes, timeout: float | None = None) -> pb.Status:
         """Send one pre-encoded request; ClusterD's whole Status, or RpcFailure."""
-        name = method.rsplit("/", 1)[-1]
         threaded = self.rpc_thread if self.report_thread and method in THREADED else None
+        if threaded is not None:
+            return await self.finish(threaded.submit(method, payload, timeout or self.config.rpc_timeout))
+        name = method.rsplit("/", 1)[-1]
         # whether the channel the call goes over was connected: never-resend depends on it
-        was_ready = threaded.ready if threaded is not None else self.connected()
+        was_ready = self.connected()
         started = time.monotonic()
         try:
-            if threaded is not None:
-                status = await threaded.call(method, payload, timeout or self.config.rpc_timeout)
-            else:
-                status = await self._unary(method)(payload, timeout=timeout or self.config.rpc_timeout)
+            status = await self._unary(method)(payload, timeout=timeout or self.config.rpc_timeout)
+        except grpc.RpcError as error:
+            raise self._failure(name, error, started, was_ready) from None
+        return self._answered(name, status, started)
+
+    def submit(self, method: str, payload: bytes, after: Call | None = None) -> Call | None:
+        """Queue a Report* call on the report thread now; None where such calls are not
+        made there (then use ``call``). With ``after``: chained, sent only once ``after``
+        answered code 0 (rpcthread.py, "Chained calls"). Await it with ``finish``;
+        ``ChainBroken`` means it was never sent."""
+        threaded = self.rpc_thread if self.report_thread and method in THREADED else None
+        if threaded is None:
+            return None
+        return threaded.submit(method, payload, self.config.rpc_timeout, after)
+
+    def unchain(self, call: Call) -> bool:
+        """Withdraw a chained call; True when it is certain never to be sent."""
+        return self.rpc_thread is not None and self.rpc_thread.cancel(call)
+
+    async def finish(self, call: Call) -> pb.Status:
+        """The outcome of a call made on the report thread: its Status, or RpcFailure
+        (``ChainBroken`` passes through: the call never left)."""
+        name = call.method.rsplit("/", 1)[-1]
+        try:
+            status = await call.future
         except ValueError as error:  # the synchronous channel is closed (stopping): the call was never made
-            if threaded is None:
-                raise
             self.metrics.rpcs.labels(name, "CLOSED").inc()
             raise RpcFailure(name, "CLOSED", str(error), Delivery.NOT_DELIVERED) from None
-        except grpc.RpcError as error:  # grpc.aio.AioRpcError, or the synchronous channel's error
-            self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
-            detail = error.details() or ""
-            code = error.code()
-            if code is grpc.StatusCode.UNKNOWN and "qps exceeded" in detail:
-                self.metrics.rpcs.labels(name, "QPS_EXCEEDED").inc()
-                if self.on_rpc is not None:
-                    self.on_rpc(name, "QPS_EXCEEDED", started, time.monotonic() - started)
-                raise RpcFailure(name, "QPS_EXCEEDED", detail, Delivery.NOT_DELIVERED) from None
-            self.metrics.rpcs.labels(name, code.name).inc()
+        except grpc.RpcError as error:
+            # whether the report channel was connected when the call went out: never-resend depends on it
+            raise self._failure(name, error, call.started, call.was_ready) from None
+        return self._answered(name, status, call.started)
+
+    def _failure(self, name: str, error: grpc.RpcError, started: float, was_ready: bool) -> RpcFailure:
+        """grpc.aio.AioRpcError, or the synchronous channel's error, counted and classified."""
+        self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
+        detail = error.details() or ""
+        code = error.code()
+        if code is grpc.StatusCode.UNKNOWN and "qps exceeded" in detail:
+            self.metrics.rpcs.labels(name, "QPS_EXCEEDED").inc()
             if self.on_rpc is not None:
-                self.on_rpc(name, code.name, started, time.monotonic() - started)
-            delivery = Delivery.NOT_DELIVERED if code is grpc.StatusCode.UNAVAILABLE and not was_ready else Delivery.UNKNOWN
-            raise RpcFailure(name, code.name, detail, delivery) from None
+                self.on_rpc(name, "QPS_EXCEEDED", started, time.monotonic() - started)
+            return RpcFailure(name, "QPS_EXCEEDED", detail, Delivery.NOT_DELIVERED)
+        self.metrics.rpcs.labels(name, code.name).inc()
+        if self.on_rpc is not None:
+            self.on_rpc(name, code.name, started, time.monotonic() - started)
+        delivery = Delivery.NOT_DELIVERED if code is grpc.StatusCode.UNAVAILABLE and not was_ready else Delivery.UNKNOWN
+        return RpcFailure(name, code.name, detail, delivery)
+
+    def _answered(self, name: str, status: pb.Status, started: float) -> pb.Status:
         self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
         self.metrics.rpcs.labels(name, code_label(status.code)).inc()
         if self.on_rpc is not None:

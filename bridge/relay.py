@@ -20,6 +20,15 @@ Delivery rules, each from a way the real ClusterD punishes a careless client:
 * Memory is bounded: queued fault reports merge with their neighbour, so the fault
   entries never outnumber the cycle-bound ones by more than one; past ``limit`` the
   oldest cycle-bound report is dropped. No fault rank is ever dropped.
+* A cycle-bound report queued right behind the request on the wire is *chained* to it on
+  the report thread (``rpcthread.py``): sent the moment that request answers code 0, as
+  the synchronous client sends its next report, without a round trip through this loop
+  (issue 16: the cycle's second fault report and the strategy report follow each other,
+  and every thread wake-up between them costs a scheduling delay on busy cores). The
+  rules above hold unchanged: the chained report leaves only after its predecessor's
+  code 0, is withdrawn if its cycle ends before the thread takes it, and a chain that
+  breaks (the predecessor failed) leaves it unsent, to go the ordinary way. Fault
+  reports are never chained: they keep merging until they are the head.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from .backoff import Backoff
 from .clusterd import ClusterDClient, Delivery, RpcFailure, Session
 from .codes import Code
 from .metrics import BridgeMetrics, drop_reason_for_code
+from .rpcthread import Call, ChainBroken
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +75,7 @@ class Pending:
     merged: int = 1  # callback reports this entry carries
     sending: bool = False  # on the wire now: nothing may merge into it any more
     waiters: list[Future[int]] = field(default_factory=list)  # callers waiting for the outcome
+    chained: Call | None = None  # queued on the report thread behind the request on the wire
 
     def resolve(self, code: int) -> None:
         for waiter in self.waiters:
@@ -85,6 +96,8 @@ class Relay:
         self._stopping = False
         self._settled = asyncio.Event()  # set while no cycle-bound report is on the wire
         self._settled.set()
+        self._unsettled = 0  # cycle-bound calls on the wire or chained
+        self._on_wire: tuple[Pending, Call | None] | None = None  # the head while its call is out
         self.sent: list[tuple[str, float]] = []  # (kind, monotonic time) each request went on the wire, bounded
         self.on_drop: Callable[[str, str | None, str], None] | None = None  # (kind, cycle, reason): the flight recorder
         # (kind): a cycle-bound report whose outcome is unknown was dropped (resume.py may
@@ -124,6 +137,7 @@ class Relay:
         self._queue.append(pending)
         self._enforce_limit()
         self._wakeup.set()
+        self._chain_next()
 
     def _enforce_limit(self) -> None:
         while len(self._queue) > self.limit:
@@ -145,15 +159,25 @@ class Relay:
 
     def _cycle_over(self, uuid: str) -> None:
         """The cycle ended or was aborted: its undelivered reports must never reach the next."""
+        for pending in self._queue:
+            if pending.cycle == uuid:
+                self._unchain(pending)
         for pending in [p for p in self._queue if p.cycle == uuid and not p.sending]:
             self._queue.remove(pending)
             self._drop(pending, "cycle_ended")
+
+    def _unchain(self, pending: Pending) -> None:
+        """Withdraw a chained report the report thread has not taken yet: it never left."""
+        if pending.chained is not None and self.client.unchain(pending.chained):
+            pending.chained = None
+            pending.sending = False
 
     def stop(self) -> None:
         """Stop delivering; callers still waiting learn the report was not sent (599)."""
         self._stopping = True
         self._wakeup.set()
         for pending in self._queue:
+            self._unchain(pending)
             if not pending.sending:
                 self._drop(pending, "shutdown")
 
@@ -194,7 +218,7 @@ class Relay:
         try:
             payload = codec.encode_process_fault_request(self.job_id, head.faults)
             self._record(self.sent, "fault")
-            code = await self.client.call(METHODS["fault"], payload)
+            code = await self._in_flight(head, METHODS["fault"], payload)
         except RpcFailure as failure:
             log.warning("fault report not delivered (%s), will retry: %s", failure.status, failure.detail)
             head.sending = False
@@ -219,12 +243,18 @@ class Relay:
     async def _deliver_cycle_report(self, head: Pending, backoff: Backoff) -> bool:
         head.sending = True  # from here on this loop alone decides its fate
         while True:
-            if not self.session.cycle_alive(head.cycle):
+            chained, head.chained = head.chained, None
+            if chained is None and not self.session.cycle_alive(head.cycle):
                 self._drop(head, "cycle_ended")
                 return True
             try:
-                self._record(self.sent, head.kind)
-                code = await self._call_unsettled(METHODS[head.kind], head.payload)
+                if chained is not None:  # already queued behind its predecessor (``_chain_next``)
+                    code = await self._in_flight(head, METHODS[head.kind], head.payload, chained)
+                else:
+                    self._record(self.sent, head.kind)
+                    code = await self._call_unsettled(head, METHODS[head.kind], head.payload)
+            except ChainBroken:
+                continue  # it never left: now the ordinary way, its cycle checked first
             except RpcFailure as failure:
                 if failure.delivery is Delivery.NOT_DELIVERED:
                     log.warning("%s report did not reach ClusterD (%s); retrying", head.kind, failure.status)
@@ -245,13 +275,62 @@ class Relay:
                 self.session.request_resubscribe("clusterd_lost_job")
             return True
 
-    async def _call_unsettled(self, method: str, payload: bytes) -> int:
+    async def _call_unsettled(self, head: Pending, method: str, payload: bytes) -> int:
         """A cycle-bound report's call; ``settle`` waits while it is on the wire."""
-        self._settled.clear()
+        self._unsettle()
         try:
-            return await self.client.call(method, payload)
+            return await self._in_flight(head, method, payload)
         finally:
+            self._resettle()
+
+    def _unsettle(self) -> None:
+        self._unsettled += 1
+        self._settled.clear()
+
+    def _resettle(self) -> None:
+        self._unsettled -= 1
+        if self._unsettled == 0:
             self._settled.set()
+
+    async def _in_flight(self, head: Pending, method: str, payload: bytes, call: Call | None = None) -> int:
+        """The code of the head's call (``call``: already queued, chained); while it is
+        out, the cycle report behind it may be chained to it."""
+        if call is None:
+            call = self.client.submit(method, payload)
+        self._on_wire = (head, call)
+        self._chain_next()
+        try:
+            if call is None:  # not made on the report thread: nothing can be chained to it
+                return await self.client.call(method, payload)
+            return (await self.client.finish(call)).code
+        finally:
+            self._on_wire = None
+
+    def _chain_next(self) -> None:
+        """Queue the report right behind the head's call on the report thread, chained to
+        it, when it is a cycle-bound report of a live cycle (see the module docstring)."""
+        if self._on_wire is None or len(self._queue) < 2:
+            return
+        head, call = self._on_wire
+        follower = self._queue[1]
+        if (call is None or self._queue[0] is not head or follower.kind == "fault" or follower.sending
+                or not self.session.cycle_alive(follower.cycle)):
+            return
+        chained = self.client.submit(METHODS[follower.kind], follower.payload, after=call)
+        if chained is None:
+            return
+        follower.sending = True
+        follower.chained = chained
+        self._record(self.sent, follower.kind)
+        self._unsettle()
+        chained.future.add_done_callback(lambda _: self._chain_ended(follower, chained))
+
+    def _chain_ended(self, pending: Pending, call: Call) -> None:
+        """A chained call is off the wire (answered, failed, or never sent)."""
+        self._resettle()
+        if pending.chained is call and not call.future.cancelled() and isinstance(call.future.exception(), ChainBroken):
+            pending.chained = None  # never left: the head's delivery sends it the ordinary way
+            pending.sending = False
 
     async def settle(self, timeout: float) -> bool:
         """Wait (at most ``timeout``: one RPC deadline bounds a call) until no cycle-bound

@@ -24,6 +24,17 @@ cancels a call in flight.
 Whether a failed call provably never reached ClusterD is decided from *this* channel's
 connectivity when the call started (``ready``), as ``clusterd.ClusterDClient`` does for
 its own channel: never-resend depends on it.
+
+**Chained calls.** On the recovery's critical path the controller reports twice in a row
+(the cycle's second ``report_fault_ranks``, then ``report_strategies``). ClusterD must get
+the second request only once the first was answered with code 0 (the outbox's order), and
+the synchronous client sends it the moment that answer arrives, from the same thread.
+Going back to the loop in between costs two thread wake-ups, each a scheduling delay on
+busy cores (issue 16's end-to-end path). So the outbox may queue the next request here
+*chained* to the one on the wire: this thread sends it straight after its predecessor
+answered code 0, and never sends it otherwise (``ChainBroken``: it provably never left).
+Until this thread takes a chained call, ``cancel`` withdraws it for good (its cycle
+ended); once taken it is on the wire, like any call in flight.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from typing import Any
 
 import grpc
@@ -41,6 +53,41 @@ log = logging.getLogger(__name__)
 #: The unary methods made on this thread: the report path's (relay.METHODS).
 THREADED = frozenset({"/Recover/ReportProcessFault", "/Recover/ReportStopComplete",
                       "/Recover/ReportRecoverStrategy", "/Recover/ReportRecoverStatus"})
+
+
+class ChainBroken(Exception):
+    """A chained call was never sent: its predecessor did not answer code 0, or it was
+    cancelled before this thread took it."""
+
+
+class Call:
+    """One call on its way through the thread; the loop keeps it to await or cancel."""
+
+    __slots__ = (
+        "after",
+        "cancelled",
+        "future",
+        "loop",
+        "method",
+        "payload",
+        "started",
+        "taken",
+        "timeout",
+        "was_ready",
+    )
+
+    def __init__(self, method: str, payload: bytes, timeout: float, future: asyncio.Future[Any],
+                 loop: asyncio.AbstractEventLoop, after: Call | None) -> None:
+        self.method = method
+        self.payload = payload
+        self.timeout = timeout
+        self.future = future
+        self.loop = loop
+        self.after = after  # chained: sent only right after this call answered code 0
+        self.cancelled = False
+        self.taken = False  # the thread took it: from then on it is (being) sent
+        self.started = time.monotonic()  # when it went on the wire (set by the thread)
+        self.was_ready = False  # the channel was connected when it went on the wire
 
 
 class RpcThread:
@@ -53,6 +100,7 @@ class RpcThread:
         self._deserialize = response_deserializer
         self._callables: dict[str, Any] = {}
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._take = threading.Lock()  # a chained call is either taken or cancelled, never both
         self.state = grpc.ChannelConnectivity.IDLE
         channel.subscribe(self._on_state, try_to_connect=True)  # connect now: the first report must not wait
         self._thread = threading.Thread(target=self._serve, name="tft-rpc", daemon=True)
@@ -67,10 +115,24 @@ class RpcThread:
 
     async def call(self, method: str, payload: bytes, timeout: float) -> Any:
         """The deserialized response, or the ``grpc.RpcError`` the call ended with."""
+        return await self.submit(method, payload, timeout).future
+
+    def submit(self, method: str, payload: bytes, timeout: float, after: Call | None = None) -> Call:
+        """Queue a call (on the loop). With ``after``: send it only if ``after`` is the call
+        this thread made just before it and it answered code 0; else its future fails with
+        ``ChainBroken`` and it never leaves."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._queue.put((method, payload, timeout, future, loop))
-        return await future
+        call = Call(method, payload, timeout, loop.create_future(), loop, after)
+        self._queue.put(call)
+        return call
+
+    def cancel(self, call: Call) -> bool:
+        """Withdraw a queued call; True when it is now certain never to be sent."""
+        with self._take:
+            if call.taken:
+                return False
+            call.cancelled = True
+            return True
 
     def _callable(self, method: str) -> Any:
         if method not in self._callables:
@@ -79,19 +141,30 @@ class RpcThread:
         return self._callables[method]
 
     def _serve(self) -> None:
+        last: Call | None = None  # the call taken before this one
+        answered_ok = False  # ... and it answered code 0: a call chained to it may follow
         while True:
-            item = self._queue.get()
-            if item is self._STOP:
+            call = self._queue.get()
+            if call is self._STOP:
                 return
-            method, payload, timeout, future, loop = item
-            if future.cancelled():  # its caller stopped waiting (racy, harmless: the call is just made)
+            with self._take:
+                send = not call.cancelled and (call.after is None or (call.after is last and answered_ok))
+                call.taken = send
+            last, answered_ok = call, False
+            outcome: tuple[Any, BaseException | None]
+            if not send:
+                outcome = (None, ChainBroken(call.method))
+            elif call.future.cancelled():  # its caller stopped waiting (racy, harmless: the call is just made)
                 continue
+            else:
+                call.started, call.was_ready = time.monotonic(), self.ready
+                try:
+                    outcome = (self._callable(call.method)(call.payload, timeout=call.timeout), None)
+                except Exception as error:  # noqa: BLE001 - grpc.RpcError, or anything else: the caller's to classify
+                    outcome = (None, error)
+                answered_ok = outcome[1] is None and getattr(outcome[0], "code", None) == 0
             try:
-                outcome: tuple[Any, BaseException | None] = (self._callable(method)(payload, timeout=timeout), None)
-            except Exception as error:  # noqa: BLE001 - grpc.RpcError, or anything else: the caller's to classify
-                outcome = (None, error)
-            try:
-                loop.call_soon_threadsafe(_resolve, future, outcome)
+                call.loop.call_soon_threadsafe(_resolve, call.future, outcome)
             except RuntimeError:  # the loop is closed: nobody waits any more
                 return
 

@@ -43,6 +43,12 @@ class GatedClient:
             self.log.append(f"{name} answered")
         return Code.OK
 
+    def submit(self, method: str, payload: bytes, after: Any = None) -> None:
+        return None  # no report thread: every call goes through ``call``
+
+    def unchain(self, call: Any) -> bool:
+        return False
+
     def subscribe(self, job_id: str, role: str) -> Any:
         self.log.append("Subscribe")
         return EndedStream()

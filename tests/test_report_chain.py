@@ -1,0 +1,188 @@
+"""A cycle report queued behind the request on the wire is chained to it on the report
+thread (bridge/rpcthread.py, "Chained calls"; issue 16's end-to-end path).
+
+The chain saves two thread wake-ups on the recovery's critical path; it must not change
+a single delivery rule: the chained report leaves only after its predecessor answered
+code 0, never twice, never after its cycle ended, and ``settle`` (awaited before every
+Subscribe) counts it as on the wire. The server here is a synchronous gRPC server on
+threads of its own, so a test can hold the event loop still and see what the report
+thread does without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent import futures
+from typing import Any
+
+import grpc
+import pytest
+
+from bridge._proto import recover_pb2 as pb
+from bridge.clusterd import ClusterDClient
+from bridge.codes import Code
+from bridge.config import ClusterDConfig
+from bridge.metrics import BridgeMetrics
+from bridge.relay import Relay
+
+from .conftest import eventually, eventually_sync
+
+JOB = "job-chain"
+CYCLE = "uuid-1"
+
+
+class ClusterD:
+    """The four Report* methods on a synchronous server: each request is logged; the
+    fault report waits for ``release`` and answers what ``fault_answers`` says next
+    (a code, or a gRPC status to abort with)."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.lock = threading.Lock()
+        self.release = threading.Event()
+        self.fault_answers: list[int | grpc.StatusCode] = []
+
+    def handler(self, name: str) -> Callable[[bytes, Any], bytes]:
+        def answer(request: bytes, context: Any) -> bytes:
+            with self.lock:
+                self.log.append(name)
+            if name == "ReportProcessFault":
+                self.release.wait(30)
+                outcome = self.fault_answers.pop(0) if self.fault_answers else Code.OK
+                if isinstance(outcome, grpc.StatusCode):
+                    context.abort(outcome, "refused by the test")
+                return pb.Status(code=outcome).SerializeToString()
+            return pb.Status(code=Code.OK).SerializeToString()
+
+        return answer
+
+    def seen(self, name: str) -> int:
+        with self.lock:
+            return self.log.count(name)
+
+
+class OneCycle:
+    """The session as the outbox sees it: a live stream, one cycle until ``end``."""
+
+    def __init__(self) -> None:
+        self.live = asyncio.Event()
+        self.live.set()
+        self.cycle_listeners: list[Callable[[str], None]] = []
+        self.alive = True
+
+    def cycle_alive(self, token: str | None) -> bool:
+        return self.alive and token == CYCLE
+
+    def end(self) -> None:
+        self.alive = False
+        for listener in self.cycle_listeners:
+            listener(CYCLE)
+
+    def request_resubscribe(self, reason: str) -> None:
+        pass
+
+
+@pytest.fixture
+async def clusterd() -> AsyncIterator[tuple[ClusterD, str]]:
+    fake = ClusterD()
+    names = ("ReportProcessFault", "ReportStopComplete", "ReportRecoverStrategy", "ReportRecoverStatus")
+    handlers = {name: grpc.unary_unary_rpc_method_handler(fake.handler(name)) for name in names}
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("Recover", handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield fake, f"127.0.0.1:{port}"
+    finally:
+        fake.release.set()
+        server.stop(None)
+
+
+@pytest.fixture
+async def outbox(clusterd: tuple[ClusterD, str]) -> AsyncIterator[tuple[Relay, OneCycle, BridgeMetrics]]:
+    _, address = clusterd
+    metrics = BridgeMetrics()
+    client = ClusterDClient(ClusterDConfig(address=address, rpc_timeout=10.0, reconnect_initial=0.01,
+                                           reconnect_max=0.02), metrics)
+    await client.open()
+    client._start_rpc_thread()  # as the first subscribe does
+    session = OneCycle()
+    relay = Relay(JOB, client, session, metrics)  # type: ignore[arg-type]
+    task = asyncio.create_task(relay.run())
+    try:
+        await eventually(lambda: client.rpc_thread is not None and client.rpc_thread.ready, 10,
+                         what="the report channel connected")
+        yield relay, session, metrics
+    finally:
+        relay.stop()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+
+
+def dropped(metrics: BridgeMetrics, kind: str, reason: str) -> float:
+    return metrics.reports_dropped.labels(kind, reason)._value.get()
+
+
+async def test_the_strategy_report_follows_the_fault_report_without_the_event_loop(
+        clusterd: tuple[ClusterD, str], outbox: tuple[Relay, OneCycle, BridgeMetrics]) -> None:
+    fake, _ = clusterd
+    relay, _, _ = outbox
+    relay.submit_faults({3: 0})
+    await eventually(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    relay.submit_cycle_report("strategy", CYCLE, b"")
+    # The loop is held still from here on (a blocking wait on its own thread): only the
+    # report thread can send the strategy report once the fault report is answered.
+    fake.release.set()
+    eventually_sync(lambda: fake.seen("ReportRecoverStrategy") == 1, 10,
+                    what="the strategy report sent while the event loop was held")
+    assert fake.log == ["ReportProcessFault", "ReportRecoverStrategy"]
+    await eventually(lambda: len(relay) == 0, 10, "both reports answered")
+    time.sleep(0.05)  # the behaviour under test: nothing is sent again afterwards
+    await asyncio.sleep(0.05)
+    assert fake.log == ["ReportProcessFault", "ReportRecoverStrategy"]
+
+
+async def test_a_chained_report_waits_for_its_predecessor_to_be_retried_and_answered(
+        clusterd: tuple[ClusterD, str], outbox: tuple[Relay, OneCycle, BridgeMetrics]) -> None:
+    fake, _ = clusterd
+    relay, _, _ = outbox
+    fake.fault_answers = [grpc.StatusCode.INTERNAL]  # the first attempt fails: the fault report is retried
+    relay.submit_faults({3: 0})
+    await eventually(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    relay.submit_cycle_report("strategy", CYCLE, b"")
+    fake.release.set()
+    await eventually(lambda: len(relay) == 0, 10, "both reports answered")
+    assert fake.log == ["ReportProcessFault", "ReportProcessFault", "ReportRecoverStrategy"]
+
+
+async def test_a_chained_report_of_a_cycle_that_ended_is_withdrawn(
+        clusterd: tuple[ClusterD, str], outbox: tuple[Relay, OneCycle, BridgeMetrics]) -> None:
+    fake, _ = clusterd
+    relay, session, metrics = outbox
+    relay.submit_faults({3: 0})
+    await eventually(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    relay.submit_cycle_report("stop_complete", CYCLE, b"")
+    session.end()  # the stream reset: the stop-complete must never reach the next cycle
+    assert dropped(metrics, "stop_complete", "cycle_ended") == 1
+    fake.release.set()
+    await eventually(lambda: len(relay) == 0, 10, "the fault report answered")
+    await asyncio.sleep(0.05)  # the behaviour under test: nothing else goes out
+    assert fake.log == ["ReportProcessFault"]
+
+
+async def test_settle_counts_a_chained_report_as_on_the_wire(
+        clusterd: tuple[ClusterD, str], outbox: tuple[Relay, OneCycle, BridgeMetrics]) -> None:
+    fake, _ = clusterd
+    relay, _, _ = outbox
+    relay.submit_faults({3: 0})
+    await eventually(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    assert await relay.settle(0.05)  # a fault report alone never holds a Subscribe back
+    relay.submit_cycle_report("stop_complete", CYCLE, b"")
+    assert not await relay.settle(0.05)  # chained: it may leave at any moment
+    fake.release.set()
+    assert await relay.settle(10)
+    assert fake.log == ["ReportProcessFault", "ReportStopComplete"]
