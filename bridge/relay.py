@@ -141,7 +141,10 @@ class Relay:
 
     def _enforce_limit(self) -> None:
         while len(self._queue) > self.limit:
-            victim = next((p for p in self._queue if p.kind != "fault"), None)
+            # never one on the wire or chained to it: its fate is the delivery's to decide
+            victim = next((p for p in self._queue if p.kind != "fault" and not p.sending), None)
+            if victim is None and any(p.sending for p in self._queue):
+                break  # at most the head and its chained follower over the limit
             if victim is None:  # only fault reports: merge the two oldest (nothing is lost)
                 first, second = self._queue.popleft(), self._queue.popleft()
                 second.faults = codec.merge_faults(first.faults, second.faults)

@@ -102,7 +102,12 @@ async def clusterd() -> AsyncIterator[tuple[ClusterD, str]]:
 
 
 @pytest.fixture
-async def outbox(clusterd: tuple[ClusterD, str]) -> AsyncIterator[tuple[Relay, OneCycle, BridgeMetrics]]:
+def limit() -> int:
+    return 10_000  # the outbox's default bound
+
+
+@pytest.fixture
+async def outbox(clusterd: tuple[ClusterD, str], limit: int) -> AsyncIterator[tuple[Relay, OneCycle, BridgeMetrics]]:
     _, address = clusterd
     metrics = BridgeMetrics()
     client = ClusterDClient(ClusterDConfig(address=address, rpc_timeout=10.0, reconnect_initial=0.01,
@@ -110,7 +115,7 @@ async def outbox(clusterd: tuple[ClusterD, str]) -> AsyncIterator[tuple[Relay, O
     await client.open()
     client._start_rpc_thread()  # as the first subscribe does
     session = OneCycle()
-    relay = Relay(JOB, client, session, metrics)  # type: ignore[arg-type]
+    relay = Relay(JOB, client, session, metrics, limit=limit)  # type: ignore[arg-type]
     task = asyncio.create_task(relay.run())
     try:
         await eventually(lambda: client.rpc_thread is not None and client.rpc_thread.ready, 10,
@@ -186,3 +191,20 @@ async def test_settle_counts_a_chained_report_as_on_the_wire(
     fake.release.set()
     assert await relay.settle(10)
     assert fake.log == ["ReportProcessFault", "ReportStopComplete"]
+
+
+@pytest.mark.parametrize("limit", [2])
+async def test_a_full_outbox_drops_a_waiting_cycle_report_never_the_one_on_the_wire_or_chained(
+        clusterd: tuple[ClusterD, str], outbox: tuple[Relay, OneCycle, BridgeMetrics]) -> None:
+    fake, _ = clusterd
+    relay, _, metrics = outbox
+    relay.submit_faults({3: 0})
+    await eventually(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    relay.submit_cycle_report("strategy", CYCLE, b"")  # chained to the fault report
+    relay.submit_cycle_report("result", CYCLE, b"")  # one over the bound of 2
+    assert dropped(metrics, "result", "outbox_full") == 1
+    assert dropped(metrics, "strategy", "outbox_full") == 0
+    relay.submit_faults({4: 0})  # fault reports are never dropped: it waits behind the strategy
+    fake.release.set()
+    await eventually(lambda: len(relay) == 0, 10, "the outbox emptied")
+    assert fake.log == ["ReportProcessFault", "ReportRecoverStrategy", "ReportProcessFault"]
