@@ -36,6 +36,7 @@ from typing import Any
 
 import grpc
 from remote_sim import RemoteSim
+from soak import wait_live_on_new_stream
 
 from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc
@@ -122,14 +123,10 @@ def bridge_ready_again(job: Any, sim: RemoteSim) -> Callable[[int], Awaitable[No
     """The bridge's next stream is open on ClusterD's side and its session is live."""
 
     async def ready(mark: int) -> None:
-        ended = await sim.wait_for(lambda e: e.kind == "stream-end", CYCLE_TIMEOUT, after=mark)
-        await sim.wait_for(lambda e: e.kind == "stream-open", CYCLE_TIMEOUT, after=ended.seq)
-        session = job.bridge.session
-        deadline = time.monotonic() + CYCLE_TIMEOUT
-        while session.stream_count <= ended.detail.get("stream", 0) or not session.live.is_set():
-            if time.monotonic() > deadline:
-                raise CycleFailed("the bridge did not re-subscribe")
-            await asyncio.sleep(0.002)
+        try:
+            await wait_live_on_new_stream(job, sim, mark, CYCLE_TIMEOUT)
+        except TimeoutError as error:
+            raise CycleFailed(f"the bridge did not re-subscribe: {error}") from None
 
     return ready
 

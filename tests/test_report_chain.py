@@ -128,6 +128,12 @@ async def outbox(clusterd: tuple[ClusterD, str], limit: int) -> AsyncIterator[tu
         await client.close()
 
 
+async def fault_report_on_the_wire(fake: ClusterD, relay: Relay) -> None:
+    """A fault report sent and held by ClusterD: what a cycle report gets chained to."""
+    relay.submit_faults({3: 0})
+    await eventually(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+
+
 def dropped(metrics: BridgeMetrics, kind: str, reason: str) -> float:
     return metrics.reports_dropped.labels(kind, reason)._value.get()
 
@@ -136,8 +142,7 @@ async def test_the_strategy_report_follows_the_fault_report_without_the_event_lo
         clusterd: tuple[ClusterD, str], outbox: tuple[Relay, OneCycle, BridgeMetrics]) -> None:
     fake, _ = clusterd
     relay, _, _ = outbox
-    relay.submit_faults({3: 0})
-    await eventually(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    await fault_report_on_the_wire(fake, relay)
     relay.submit_cycle_report("strategy", CYCLE, b"")
     # The loop is held still from here on (a blocking wait on its own thread): only the
     # report thread can send the strategy report once the fault report is answered.
@@ -156,8 +161,7 @@ async def test_a_chained_report_waits_for_its_predecessor_to_be_retried_and_answ
     fake, _ = clusterd
     relay, _, _ = outbox
     fake.fault_answers = [grpc.StatusCode.INTERNAL]  # the first attempt fails: the fault report is retried
-    relay.submit_faults({3: 0})
-    await eventually(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    await fault_report_on_the_wire(fake, relay)
     relay.submit_cycle_report("strategy", CYCLE, b"")
     fake.release.set()
     await eventually(lambda: len(relay) == 0, 10, "both reports answered")
@@ -168,8 +172,7 @@ async def test_a_chained_report_of_a_cycle_that_ended_is_withdrawn(
         clusterd: tuple[ClusterD, str], outbox: tuple[Relay, OneCycle, BridgeMetrics]) -> None:
     fake, _ = clusterd
     relay, session, metrics = outbox
-    relay.submit_faults({3: 0})
-    await eventually(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    await fault_report_on_the_wire(fake, relay)
     relay.submit_cycle_report("stop_complete", CYCLE, b"")
     session.end()  # the stream reset: the stop-complete must never reach the next cycle
     assert dropped(metrics, "stop_complete", "cycle_ended") == 1
@@ -183,8 +186,7 @@ async def test_settle_counts_a_chained_report_as_on_the_wire(
         clusterd: tuple[ClusterD, str], outbox: tuple[Relay, OneCycle, BridgeMetrics]) -> None:
     fake, _ = clusterd
     relay, _, _ = outbox
-    relay.submit_faults({3: 0})
-    await eventually(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    await fault_report_on_the_wire(fake, relay)
     assert await relay.settle(0.05)  # a fault report alone never holds a Subscribe back
     relay.submit_cycle_report("stop_complete", CYCLE, b"")
     assert not await relay.settle(0.05)  # chained: it may leave at any moment
@@ -198,8 +200,7 @@ async def test_a_full_outbox_drops_a_waiting_cycle_report_never_the_one_on_the_w
         clusterd: tuple[ClusterD, str], outbox: tuple[Relay, OneCycle, BridgeMetrics]) -> None:
     fake, _ = clusterd
     relay, _, metrics = outbox
-    relay.submit_faults({3: 0})
-    await eventually(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    await fault_report_on_the_wire(fake, relay)
     relay.submit_cycle_report("strategy", CYCLE, b"")  # chained to the fault report
     relay.submit_cycle_report("result", CYCLE, b"")  # one over the bound of 2
     assert dropped(metrics, "result", "outbox_full") == 1
