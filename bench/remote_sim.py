@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import bisect
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +44,12 @@ class Entry:
 class RemoteSim:
     """Parent side: start the child, collect its journal, send commands."""
 
+    #: The child's nice value (``os.nice`` before it starts a thread). A negative value
+    #: stands for where ClusterD really runs: on another machine, out of reach of the
+    #: busy processes a benchmark puts on this node's cores (bench_loaded --clusterd-nice).
+    #: Needs the privilege to raise a priority; without it the child says so and runs at 0.
+    nice = 0
+
     def __init__(self, listen: str, job: str, world_size: int, devices_per_pod: int = 8,
                  keepalive: float = 1.0, phase_delay: float = 0.05, dump_exit_repeat: float = 0.5,
                  rank_sets: bool = True, strategies: tuple[str, ...] = MEASURING_STRATEGIES) -> None:
@@ -50,6 +57,8 @@ class RemoteSim:
                      "--world-size", str(world_size), "--devices-per-pod", str(devices_per_pod),
                      "--keepalive", str(keepalive), "--phase-delay", str(phase_delay),
                      "--dump-exit-repeat", str(dump_exit_repeat), "--strategies", ",".join(strategies)]
+        if RemoteSim.nice:
+            self.argv += ["--nice", str(RemoteSim.nice)]
         if not rank_sets:
             # A fault report's rank list, parsed from JSON on the measured process's
             # event loop, holds the GIL ~9 ms per 100 000 ranks: only when asked for.
@@ -187,4 +196,11 @@ if __name__ == "__main__":
     parser.add_argument("--dump-exit-repeat", type=float, default=0.5)
     parser.add_argument("--strategies", default=",".join(MEASURING_STRATEGIES))
     parser.add_argument("--no-rank-sets", dest="rank_sets", action="store_false")
-    asyncio.run(_child(parser.parse_args()))
+    parser.add_argument("--nice", type=int, default=0)
+    child_args = parser.parse_args()
+    if child_args.nice:
+        try:
+            os.nice(child_args.nice)  # before any thread exists: every thread of the child inherits it
+        except OSError as error:
+            print(f"remote_sim: nice {child_args.nice} refused ({error}); running at 0", file=sys.stderr)
+    asyncio.run(_child(child_args))
