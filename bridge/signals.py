@@ -45,7 +45,15 @@ What each rule guards against (issue 14, items 4 and 6, and issue 13 item 6):
   cannot be told from the cycle's own globalFault: it is forwarded as that cycle's,
   the real one after it is refused (unexpected_step) and the cycle still completes
   (tests/test_orphaned_global_fault.py). uuid-less signals that are legitimate
-  (saveAndExit, preExitProcess) carry no on_global_rank.
+  (saveAndExit, preExitProcess) carry no on_global_rank. Having sent the orphan, ClusterD
+  waits for a ReportRecoverStrategy of a cycle nobody runs (for 15 minutes), and a fault
+  reported meanwhile *joins* that cycle instead of starting one: observed when the
+  resume's re-report (resume.py) reached ClusterD just after the orphan, the controller
+  stopped for a cycle that could never move again and went to EXIT at the end of its
+  wait. So a refused orphan also makes the session subscribe again at once
+  (``on_orphaned_global_fault``; reconnect reason ``orphaned_global_fault``): the reset
+  leaves ClusterD idle (the orphan came after its globalFault wait, so a reset makes no
+  second one), and the resume re-reports on the new stream.
 
 ``signal_problem`` says whether a signal is well-formed and why not, without the
 controller or the flow, so the session can ask it before the signal may touch cycle
@@ -259,6 +267,8 @@ class SignalDispatcher:
         self._log_budget = LogBudget(burst=5, window=60.0)  # refusal lines, per reason
         self.observer: Callable[[str], None] = lambda line: None  # the demo's timeline
         self.on_exit_decided: Callable[[], None] = lambda: None  # ClusterD chose exit (no result follows)
+        # ClusterD sent an orphaned globalFault: it now waits in a cycle nobody answers (Link: re-subscribe)
+        self.on_orphaned_global_fault: Callable[[], None] = lambda: None
         self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder.py): O(1) hooks
         self.resume: CycleResume | None = None  # answers a restarted ClusterD's new cycle (resume.py)
 
@@ -350,6 +360,8 @@ class SignalDispatcher:
         problem = signal_problem(signal)
         if problem is not None:
             self._refuse(problem[0], signal, problem[1])
+            if problem[0] == "orphaned_global_fault":
+                self.on_orphaned_global_fault()
             return
         if self._is_duplicate(signal):
             self._refuse("duplicate", signal)

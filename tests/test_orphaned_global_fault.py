@@ -70,6 +70,10 @@ async def test_the_orphan_first_on_the_new_stream_is_refused_and_the_resumed_cyc
     assert not orphan.detail.get("faults")
     await eventually(lambda: metric(job, "tft_bridge_signals_refused_total", reason="orphaned_global_fault") == 1,
                      10, "the orphaned globalFault refused")
+    # Having sent it, ClusterD waits for a strategy of a cycle nobody runs, and a fault
+    # reported then would join that cycle: the bridge resets the job by subscribing again.
+    await eventually(lambda: metric(job, "tft_bridge_subscription_reconnects_total",
+                                    reason="orphaned_global_fault") == 1, 10, "the re-subscription after the orphan")
     await assert_recovered_by_the_controller(job)
 
 
