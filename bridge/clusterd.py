@@ -144,9 +144,9 @@ class ClusterDClient:
 
     async def call_status(self, method: str, payload: bytes, timeout: float | None = None) -> pb.Status:
         """Send one pre-encoded request; ClusterD's whole Status, or RpcFailure."""
-        threaded = self.rpc_thread if self.report_thread and method in THREADED else None
-        if threaded is not None:
-            return await self.finish(threaded.submit(method, payload, timeout or self.config.rpc_timeout))
+        call = self.submit(method, payload, timeout=timeout)
+        if call is not None:
+            return await self.finish(call)
         name = method.rsplit("/", 1)[-1]
         # whether the channel the call goes over was connected: never-resend depends on it
         was_ready = self.connected()
@@ -157,7 +157,8 @@ class ClusterDClient:
             raise self._failure(name, error, started, was_ready) from None
         return self._answered(name, status, started)
 
-    def submit(self, method: str, payload: bytes, after: Call | None = None) -> Call | None:
+    def submit(self, method: str, payload: bytes, after: Call | None = None,
+               timeout: float | None = None) -> Call | None:
         """Queue a Report* call on the report thread now; None where such calls are not
         made there (then use ``call``). With ``after``: chained, sent only once ``after``
         answered code 0 (rpcthread.py, "Chained calls"). Await it with ``finish``;
@@ -165,7 +166,7 @@ class ClusterDClient:
         threaded = self.rpc_thread if self.report_thread and method in THREADED else None
         if threaded is None:
             return None
-        return threaded.submit(method, payload, self.config.rpc_timeout, after)
+        return threaded.submit(method, payload, timeout or self.config.rpc_timeout, after)
 
     def unchain(self, call: Call) -> bool:
         """Withdraw a chained call; True when it is certain never to be sent."""

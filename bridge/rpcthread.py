@@ -113,14 +113,11 @@ class RpcThread:
     def ready(self) -> bool:
         return self.state is grpc.ChannelConnectivity.READY
 
-    async def call(self, method: str, payload: bytes, timeout: float) -> Any:
-        """The deserialized response, or the ``grpc.RpcError`` the call ended with."""
-        return await self.submit(method, payload, timeout).future
-
     def submit(self, method: str, payload: bytes, timeout: float, after: Call | None = None) -> Call:
-        """Queue a call (on the loop). With ``after``: send it only if ``after`` is the call
-        this thread made just before it and it answered code 0; else its future fails with
-        ``ChainBroken`` and it never leaves."""
+        """Queue a call (on the loop); its future gets the deserialized response or the
+        ``grpc.RpcError`` the call ended with. With ``after``: send it only if ``after`` is
+        the call this thread made just before it and it answered code 0; else its future
+        fails with ``ChainBroken`` and it never leaves."""
         loop = asyncio.get_running_loop()
         call = Call(method, payload, timeout, loop.create_future(), loop, after)
         self._queue.put(call)

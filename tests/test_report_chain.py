@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from concurrent import futures
 from typing import Any
@@ -151,8 +150,7 @@ async def test_the_strategy_report_follows_the_fault_report_without_the_event_lo
                     what="the strategy report sent while the event loop was held")
     assert fake.log == ["ReportProcessFault", "ReportRecoverStrategy"]
     await eventually(lambda: len(relay) == 0, 10, "both reports answered")
-    time.sleep(0.05)  # the behaviour under test: nothing is sent again afterwards
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the behaviour under test: nothing is sent again afterwards
     assert fake.log == ["ReportProcessFault", "ReportRecoverStrategy"]
 
 
