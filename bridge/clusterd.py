@@ -86,9 +86,10 @@ def client_info(job_id: str, role: str) -> bytes:
 class ClusterDClient:
     """The channel and the calls. Create and use it inside the running event loop."""
 
-    def __init__(self, config: ClusterDConfig, metrics: BridgeMetrics) -> None:
+    def __init__(self, config: ClusterDConfig, metrics: BridgeMetrics, realtime_priority: int = 0) -> None:
         self.config = config
         self.metrics = metrics
+        self.realtime_priority = realtime_priority  # of the report thread (bridge/realtime.py)
         self.channel: grpc.aio.Channel | None = None
         self._callables: dict[str, Any] = {}
         # The Report* calls go over a synchronous channel on a thread of their own
@@ -117,7 +118,7 @@ class ClusterDClient:
             options = channel_options(self.config)
             sync_channel = (grpc.secure_channel(self.config.address, channel_credentials(self.config), options)
                             if self.config.tls else grpc.insecure_channel(self.config.address, options))
-            self.rpc_thread = RpcThread(sync_channel, pb.Status.FromString)
+            self.rpc_thread = RpcThread(sync_channel, pb.Status.FromString, self.realtime_priority)
 
     async def close(self) -> None:
         if self.rpc_thread is not None:

@@ -113,6 +113,10 @@ class ControllerConfig:
     # "wake" reaches the loop sooner on a node whose cores are busy but costs the callback
     # a wake-up (block p99 67-77 us at 10 000-100 000 ranks, bench/README.md).
     handoff: str = "thread"
+    # SCHED_FIFO priority of the threads a report and a signal cross (bridge/realtime.py):
+    # they then run the moment they wake, also when the node's cores are busy; 0 leaves
+    # them under the normal policy. The unit allows 1 (LimitRTPRIO=1).
+    realtime_priority: int = 1
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "controller.wait_mindx_time": (1, 3600, "seconds; the controller's own limit"),
     "controller.pause_timeout": (1, 3600, "seconds"),
     "controller.destroy_timeout": (0.1, 600, "seconds; keep TimeoutStopSec above it"),
+    "controller.realtime_priority": (0, 99, "SCHED_FIFO priority, 0 = off; above 1 needs a higher LimitRTPRIO="),
     "hooks.timeout": (0.1, 3600, "seconds"),
     "metrics.port": (0, 65535, "0 picks a free port"),
     **RECORDER_RANGES,  # recorder.*, otel.*: defined beside their code (bridge/recorder_config.py)

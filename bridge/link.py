@@ -23,12 +23,14 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from . import realtime
 from .clusterd import ClusterDClient, Session, SessionState, run_logged
 from .config import BridgeConfig
 from .controller import ControllerHost
 from .flow import ControllerFlow
 from .hooks import NodeHooks
 from .metrics import BridgeMetrics
+from .realtime import LoopPriority
 from .recorder import NullRecorder
 from .relay import Relay
 from .reports import Handoff, ReportFields, ReportPath
@@ -50,7 +52,7 @@ class Link:
         self._on_state = on_state
         self._observer: Callable[[str], None] = observer or (lambda line: None)
         metrics.bind_controller_switch(controller.connected)
-        self.client = ClusterDClient(config.clusterd, metrics)
+        self.client = ClusterDClient(config.clusterd, metrics, config.controller.realtime_priority)
         hooks = NodeHooks(config.hooks.node_command, config.hooks.timeout, metrics)
         self.dispatcher = SignalDispatcher(config.job_id, flow, controller, hooks, metrics,
                                            on_kill_master=on_kill_master,
@@ -66,7 +68,14 @@ class Link:
         self.dispatcher.resume = self.reports.resume
         self.dispatcher.on_orphaned_global_fault = lambda: self.session.request_resubscribe("orphaned_global_fault")
         self.relay.on_outcome_unknown = self.reports.resume.outcome_unknown
-        self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle, config.controller.handoff)
+        self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle, config.controller.handoff,
+                               config.controller.realtime_priority)
+        self.loop_priority = LoopPriority(config.controller.realtime_priority)  # held from start to stop
+        metrics.bind_realtime_threads({
+            realtime.LOOP: lambda: self.loop_priority.realtime,
+            realtime.HANDOFF: lambda: self.handoff.realtime,
+            realtime.REPORT: lambda: self.client.rpc_thread is not None and self.client.rpc_thread.realtime,
+        })
         if self.recorder.enabled:
             self.client.on_rpc = self.recorder.rpc
             self.relay.on_drop = self.recorder.dropped
@@ -80,6 +89,7 @@ class Link:
 
     async def start(self) -> None:
         """Open the channel and start the session, the dispatcher and the outbox."""
+        self.loop_priority.hold()
         await self.client.open()
         for name, body in (("session", self.session.run()), ("dispatcher", self.dispatcher.run()),
                            ("relay", self.relay.run())):
@@ -101,6 +111,12 @@ class Link:
         given. Reports queued before the stop go out during the destroy just the same
         (the destroy runs on a thread; the loop keeps delivering). The whole stays within
         ``daemon.stop_budget``: the destroy, then one drain."""
+        try:
+            await self._stop(before_destroy)
+        finally:
+            self.loop_priority.release()
+
+    async def _stop(self, before_destroy: Callable[[], None]) -> None:
         self.dispatcher.stop()
         before_destroy()
         if self.controller.started and self.controller.owned:

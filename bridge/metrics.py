@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
@@ -158,6 +158,10 @@ class BridgeMetrics:
         self.controller_connected = Gauge(
             "tft_bridge_controller_ranks_connected",
             "1 while at least one training rank is connected to the controller (the HA switch)", registry=r)
+        self.realtime_thread = Gauge(
+            "tft_bridge_realtime_thread",
+            "1 while this report-path thread runs under SCHED_FIFO (controller.realtime_priority); 0 means it "
+            "waits for a core when the node is busy", ["thread"], registry=r)
         self.outbox_depth = Gauge(
             "tft_bridge_outbox_depth", "Reports waiting to be delivered to ClusterD", registry=r)
         self.bad_inputs = Counter(
@@ -224,6 +228,11 @@ class BridgeMetrics:
             return -1.0 if last is None else max(0.0, time.monotonic() - last)
 
         self.keepalive_age.set_function(age)
+
+    def bind_realtime_threads(self, queries: Mapping[str, Callable[[], bool]]) -> None:
+        """Whether each report-path thread is realtime (bridge/realtime.py), read at scrape time."""
+        for thread, query in queries.items():
+            self.realtime_thread.labels(thread).set_function(lambda query=query: 1.0 if query() else 0.0)
 
     def bind_controller_switch(self, query: Callable[[], bool]) -> None:
         def connected() -> float:

@@ -46,6 +46,7 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from . import faults as codec
+from . import realtime
 from .clusterd import SessionState
 from .codes import Code
 from .flow import STRATEGIES, ControllerFlow, Step
@@ -73,7 +74,7 @@ ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
 
 #: How the controller's callbacks reach the event loop (``Handoff(mode=...)``).
 WAKE = "wake"  # the callback wakes the loop itself (issue 16; opt-in: controller.handoff)
-THREAD = "thread"  # via a SCHED_BATCH hand-off thread (the default)
+THREAD = "thread"  # via a hand-off thread, realtime or SCHED_BATCH (the default)
 
 
 class Handoff:
@@ -113,10 +114,12 @@ class Handoff:
     _STOP = object()
 
     def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None],
-                 mode: str = THREAD) -> None:
+                 mode: str = THREAD, realtime_priority: int = 0) -> None:
         self._loop = loop
         self._handle = handle
-        self.batch_policy = False  # True once the hand-off thread (THREAD mode) runs under SCHED_BATCH
+        self._realtime_priority = realtime_priority
+        self.realtime = False  # True once the hand-off thread (THREAD mode) runs under SCHED_FIFO
+        self.batch_policy = False  # True once it runs under SCHED_BATCH instead (realtime refused or off)
         self._thread: threading.Thread | None = None
         self._closed = False
         self._fd = -1
@@ -182,7 +185,11 @@ class Handoff:
             log.exception("the controller hand-off thread failed")
 
     def _serve(self) -> None:
-        self.batch_policy = _no_wakeup_preemption()
+        # Realtime where allowed (realtime.py: no wait for a core on busy cores), else
+        # SCHED_BATCH: either way waking it does not cost the controller's thread.
+        self.realtime = realtime.promote(self._realtime_priority, realtime.HANDOFF)
+        if not self.realtime:
+            self.batch_policy = _no_wakeup_preemption()
         while True:
             batch = [self._queue.get()]
             while True:

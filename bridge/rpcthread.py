@@ -48,6 +48,8 @@ from typing import Any
 
 import grpc
 
+from . import realtime
+
 log = logging.getLogger(__name__)
 
 #: The unary methods made on this thread: the report path's (relay.METHODS).
@@ -95,8 +97,10 @@ class RpcThread:
 
     _STOP = object()
 
-    def __init__(self, channel: grpc.Channel, response_deserializer: Any) -> None:
+    def __init__(self, channel: grpc.Channel, response_deserializer: Any, realtime_priority: int = 0) -> None:
         self.channel = channel
+        self._realtime_priority = realtime_priority
+        self.realtime = False  # True once the thread runs under SCHED_FIFO (bridge/realtime.py)
         self._deserialize = response_deserializer
         self._callables: dict[str, Any] = {}
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -138,6 +142,7 @@ class RpcThread:
         return self._callables[method]
 
     def _serve(self) -> None:
+        self.realtime = realtime.promote(self._realtime_priority, realtime.REPORT)
         last: Call | None = None  # the call taken before this one
         answered_ok = False  # ... and it answered code 0: a call chained to it may follow
         while True:
