@@ -12,8 +12,9 @@ by round, three ways of carrying one ``report_fault_ranks`` callback to the simu
 ClusterD (a child process, ``remote_sim.py``):
 
   * ``bridge (thread)``: the daemon's callback as registered with the controller, the
-    hand-off in its default mode (``reports.Handoff``, THREAD: a SCHED_BATCH hand-off
-    thread wakes the loop; ``controller.handoff``);
+    hand-off in its default mode (``reports.Handoff``, THREAD: a hand-off thread wakes
+    the loop; ``controller.handoff``), its threads realtime where allowed
+    (``controller.realtime_priority``, bridge/realtime.py);
   * ``bridge/wake``: the same bridge, the same loop, outbox and channel, reached through
     a second hand-off in the other mode (WAKE: the callback wakes the loop itself): the
     A/B of the two hand-offs under identical conditions;
@@ -33,7 +34,9 @@ Then issue 16's end-to-end critical path (``e2e_path.py``): from the controller'
 ``ReportRecoverStrategy`` that follows it, over real retry cycles, for the bridge as built
 and for the synchronous client (blocking Report* calls in all four callbacks, notifies
 inline on a reader thread), each with its own simulated ClusterD; the bridge's path split
-per hop. Printed, not a target (the issue asks for the figure).
+per hop; and the bridge once more with its threads under the normal policy
+(``bridge/no-rt``, ``controller.realtime_priority = 0``: the design before), the A/B of
+the realtime threads. Printed, not a target (the issue asks for the figure).
 
 Targets (issue 16): callback block p99 <= 50 us (the bridge); callback -> server and
 signal -> notify p99 <= the synchronous client's p99 + 1 ms at every load; max <= 20 ms
@@ -184,6 +187,9 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
         assert job.bridge is not None
         link = job.bridge.link
         assert link.client.rpc_thread is not None, "the report RPC thread starts with the subscription"
+        print(f"the bridge's report-path threads under SCHED_FIFO (controller.realtime_priority "
+              f"{job.config.controller.realtime_priority}): loop {link.loop_priority.realtime}, hand-off "
+              f"{link.handoff.realtime}, report thread {link.client.rpc_thread.realtime}")
         arrived: list[float] = []  # when a batch reached the loop, either hand-off
 
         def stamped(reports: list[ControllerReport]) -> None:
@@ -348,24 +354,26 @@ async def e2e_phase(loads: list[int], cycles: int) -> None:
     for load in loads:
         print(f"  {load} busy process(es)")
         with BusyProcesses(load):
-            results = {"bridge": await e2e_bridge(cycles), "sync": await e2e_sync(cycles)}
+            results = {"bridge": await e2e_bridge(cycles), "bridge/no-rt": await e2e_bridge(cycles, 0),
+                       "sync": await e2e_sync(cycles)}
         for name, (times, failures) in results.items():
             totals = [t.total for t in times]
             if totals:
                 print(f"    {name:<16} {stats(totals, 1e-3, 'ms')}")
             else:
                 print(f"    {name:<16} no cycle completed")
-            for label, values in e2e_hops(times, with_send=name == "bridge"):
+            for label, values in e2e_hops(times, with_send=name.startswith("bridge")):
                 if values:
                     print(f"      {label:<15} {stats(values, 1e-3, 'ms')}")
             if failures:
                 print(f"      {len(failures)} cycle(s) FAILED, the first: {failures[0]}")
-        bridge = [t.total for t in results["bridge"][0]]
         sync = [t.total for t in results["sync"][0]]
-        if bridge and sync:
-            print(f"    bridge - sync    p50 {(pct(bridge, 0.5) - pct(sync, 0.5)) * 1e3:+8.2f}  "
-                  f"p99 {(pct(bridge, 0.99) - pct(sync, 0.99)) * 1e3:+8.2f}  "
-                  f"max {(max(bridge) - max(sync)) * 1e3:+8.2f} ms")
+        for name in ("bridge", "bridge/no-rt"):
+            bridge = [t.total for t in results[name][0]]
+            if bridge and sync:
+                print(f"    {name + ' - sync':<16} p50 {(pct(bridge, 0.5) - pct(sync, 0.5)) * 1e3:+8.2f}  "
+                      f"p99 {(pct(bridge, 0.99) - pct(sync, 0.99)) * 1e3:+8.2f}  "
+                      f"max {(max(bridge) - max(sync)) * 1e3:+8.2f} ms")
 
 
 def e2e_hops(times: list[CycleTimes], with_send: bool) -> list[tuple[str, list[float]]]:
@@ -403,25 +411,30 @@ async def run_cycles(sim: RemoteSim, training: Any, cycles: int, ready: Callable
     return times, failures
 
 
-def e2e_job() -> tuple[SimulatedJob, RemoteSim]:
+def e2e_job(realtime_priority: int) -> tuple[SimulatedJob, RemoteSim]:
     """The bridge's job and its ClusterD, with ``retry`` configured: a UCE report alone
     then starts the short pure retry cycle (e2e_path's docstring)."""
     job = SimulatedJob(SimJob(JOB, world_size=WORLD_SIZE, devices_per_pod=DEVICES_PER_POD),
                        keepalive_interval=KEEPALIVE, global_fault_delay=PHASE_DELAY, start_clusterd=False,
-                       controller_timings=FAST_TIMINGS)
+                       controller_timings=FAST_TIMINGS,
+                       config_overrides={"controller": {"realtime_priority": realtime_priority}})
     sim = RemoteSim(job._clusterd_address, JOB, WORLD_SIZE, DEVICES_PER_POD, keepalive=KEEPALIVE,
                     phase_delay=PHASE_DELAY, strategies=STRATEGIES)
     return job, sim
 
 
-async def e2e_bridge(cycles: int) -> tuple[list[CycleTimes], list[str]]:
-    """The bridge as built: SimulatedJob with the stub controller, FAST timings."""
-    job, sim = e2e_job()
+async def e2e_bridge(cycles: int, realtime_priority: int = 1) -> tuple[list[CycleTimes], list[str]]:
+    """The bridge as built: SimulatedJob with the stub controller, FAST timings; with
+    ``realtime_priority`` 0 its report-path threads stay under the normal policy (the
+    design before, bridge/realtime.py)."""
+    job, sim = e2e_job(realtime_priority)
     await sim.start()
     await job.start()
     try:
         await job.subscribed()
         assert job.bridge is not None
+        if realtime_priority and not job.bridge.link.loop_priority.realtime:
+            print("      (realtime refused: this bridge runs under the normal policy)")
         sent = getattr(job.bridge.relay, "sent", None)  # the relay's send log, for the hop split only
         return await run_cycles(sim, job.training, cycles, bridge_ready_again(job, sim), sent)
     finally:

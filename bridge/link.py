@@ -71,11 +71,12 @@ class Link:
         self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle, config.controller.handoff,
                                config.controller.realtime_priority)
         self.loop_priority = LoopPriority(config.controller.realtime_priority)  # held from start to stop
-        metrics.bind_realtime_threads({
-            realtime.LOOP: lambda: self.loop_priority.realtime,
-            realtime.HANDOFF: lambda: self.handoff.realtime,
-            realtime.REPORT: lambda: self.client.rpc_thread is not None and self.client.rpc_thread.realtime,
-        })
+        if config.controller.realtime_priority > 0:  # off: not exported (no alert for a choice)
+            metrics.bind_realtime_threads({
+                realtime.LOOP: lambda: self.loop_priority.realtime,
+                realtime.HANDOFF: lambda: self.handoff.realtime,
+                realtime.REPORT: lambda: self.client.rpc_thread is not None and self.client.rpc_thread.realtime,
+            })
         if self.recorder.enabled:
             self.client.on_rpc = self.recorder.rpc
             self.relay.on_drop = self.recorder.dropped

@@ -160,8 +160,9 @@ class BridgeMetrics:
             "1 while at least one training rank is connected to the controller (the HA switch)", registry=r)
         self.realtime_thread = Gauge(
             "tft_bridge_realtime_thread",
-            "1 while this report-path thread runs under SCHED_FIFO (controller.realtime_priority); 0 means it "
-            "waits for a core when the node is busy", ["thread"], registry=r)
+            "1 while this report-path thread runs under SCHED_FIFO (controller.realtime_priority); 0: it waits for "
+            "a core when the node is busy (refused, or the report thread before the first subscription); not "
+            "exported with realtime_priority 0", ["thread"], registry=r)
         self.outbox_depth = Gauge(
             "tft_bridge_outbox_depth", "Reports waiting to be delivered to ClusterD", registry=r)
         self.bad_inputs = Counter(
