@@ -13,8 +13,8 @@ ClusterD (a child process, ``remote_sim.py``):
 
   * ``bridge (thread)``: the daemon's callback as registered with the controller, the
     hand-off in its default mode (``reports.Handoff``, THREAD: a hand-off thread wakes
-    the loop; ``controller.handoff``), its threads realtime where allowed
-    (``controller.realtime_priority``, bridge/realtime.py);
+    the loop; ``controller.handoff``), its loop and report thread realtime where
+    allowed (``controller.realtime_priority``, bridge/realtime.py);
   * ``bridge/wake``: the same bridge, the same loop, outbox and channel, reached through
     a second hand-off in the other mode (WAKE: the callback wakes the loop itself): the
     A/B of the two hand-offs under identical conditions;
@@ -187,9 +187,9 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
         assert job.bridge is not None
         link = job.bridge.link
         assert link.client.rpc_thread is not None, "the report RPC thread starts with the subscription"
-        print(f"the bridge's report-path threads under SCHED_FIFO (controller.realtime_priority "
-              f"{job.config.controller.realtime_priority}): loop {link.loop_priority.realtime}, hand-off "
-              f"{link.handoff.realtime}, report thread {link.client.rpc_thread.realtime}")
+        print(f"the bridge's threads under SCHED_FIFO (controller.realtime_priority "
+              f"{job.config.controller.realtime_priority}): loop {link.loop_priority.realtime}, report thread "
+              f"{link.client.rpc_thread.realtime}; hand-off thread under SCHED_BATCH {link.handoff.batch_policy}")
         arrived: list[float] = []  # when a batch reached the loop, either hand-off
 
         def stamped(reports: list[ControllerReport]) -> None:

@@ -113,7 +113,7 @@ class ControllerConfig:
     # "wake" reaches the loop sooner on a node whose cores are busy but costs the callback
     # a wake-up (block p99 67-77 us at 10 000-100 000 ranks, bench/README.md).
     handoff: str = "thread"
-    # SCHED_FIFO priority of the threads a report and a signal cross (bridge/realtime.py):
+    # SCHED_FIFO priority of the event loop and the report thread (bridge/realtime.py):
     # they then run the moment they wake, also when the node's cores are busy; 0 leaves
     # them under the normal policy. The unit allows 1 (LimitRTPRIO=1).
     realtime_priority: int = 1

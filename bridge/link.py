@@ -68,13 +68,11 @@ class Link:
         self.dispatcher.resume = self.reports.resume
         self.dispatcher.on_orphaned_global_fault = lambda: self.session.request_resubscribe("orphaned_global_fault")
         self.relay.on_outcome_unknown = self.reports.resume.outcome_unknown
-        self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle, config.controller.handoff,
-                               config.controller.realtime_priority)
+        self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle, config.controller.handoff)
         self.loop_priority = LoopPriority(config.controller.realtime_priority)  # held from start to stop
         if config.controller.realtime_priority > 0:  # off: not exported (no alert for a choice)
             metrics.bind_realtime_threads({
                 realtime.LOOP: lambda: self.loop_priority.realtime,
-                realtime.HANDOFF: lambda: self.handoff.realtime,
                 realtime.REPORT: lambda: self.client.rpc_thread is not None and self.client.rpc_thread.realtime,
             })
         if self.recorder.enabled:

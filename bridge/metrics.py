@@ -160,7 +160,7 @@ class BridgeMetrics:
             "1 while at least one training rank is connected to the controller (the HA switch)", registry=r)
         self.realtime_thread = Gauge(
             "tft_bridge_realtime_thread",
-            "1 while this report-path thread runs under SCHED_FIFO (controller.realtime_priority); 0: it waits for "
+            "1 while this thread (loop, report) runs under SCHED_FIFO (controller.realtime_priority); 0: it waits for "
             "a core when the node is busy (refused, or the report thread before the first subscription); not "
             "exported with realtime_priority 0", ["thread"], registry=r)
         self.outbox_depth = Gauge(

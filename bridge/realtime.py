@@ -1,16 +1,23 @@
-"""The scheduling class of the three threads every report and signal crosses.
+"""Realtime scheduling for the event loop and the report thread, never for the hand-off.
 
 A report crosses three of the bridge's threads after the controller's callback returns
 (the hand-off thread, the event loop, the report thread: ``reports.Handoff``,
 ``rpcthread.RpcThread``); a signal crosses the loop. The synchronous MindCluster client
 crosses none: its callback makes the RPC. Issue 16 measured what each crossing costs
 when the node's cores are busy (recoveries happen then: ranks restarting, checkpoints
-loading): with four busy processes on a 2-core node, a thread woken under the normal
-policy, with a short EEVDF slice or at nice -10 waits for a core up to 4-10 ms at p99,
-and three such waits in a row put the bridge's end-to-end path 2-3 ms behind the
-synchronous client at the median. The same three threads under ``SCHED_FIFO`` at
-priority 1 crossed all three hops in 0.2-0.3 ms at p99 under the same load: a realtime
-thread that wakes runs at once, ahead of every normal-policy task.
+loading): with two to four busy processes on a 2-core node, a thread woken under the
+normal policy, with a short EEVDF slice or at nice -10 waits for a core 4-10 ms at
+p99. Under ``SCHED_FIFO`` priority 1 a woken thread runs at once, ahead of every
+normal-policy task: the loop's signal -> notify p99 went from 5-8 ms to 2-5 ms at two
+and four busy processes (bench_loaded, bench/README.md).
+
+Which threads, and why not the hand-off thread: a woken realtime thread goes to the CPU
+it last ran on whatever runs there. The hand-off thread is woken by the controller's
+own thread, from inside the callback; realtime, it preempted that thread, which then
+waited behind the busy processes for its CPU back while holding the GIL: callback block
+p99 0.05-3.6 ms against 8-12 us under ``SCHED_BATCH`` (A/B, same run). So it stays
+``SCHED_BATCH`` (``reports.Handoff``). The loop and the report thread are woken by the
+hand-off thread, by each other and by the network, never from inside a callback.
 
 Why it is safe to give them that:
 
@@ -21,17 +28,16 @@ Why it is safe to give them that:
 * Priority 1 is the lowest realtime priority: any realtime task of the node (a
   watchdog, an interrupt thread) still preempts them.
 * ``SCHED_RESET_ON_FORK``: a thread or process started from one of them (a hook
-  command, ``asyncio.to_thread``'s workers, gRPC's threads) starts under the normal
-  policy, so only these three threads are ever realtime.
-* Nice levels do not help: at nice -10 the hand-off thread preempted the controller's
-  own thread when the put woke it, and the callback's block p99 went from 30 us to
-  1.5-4 ms (the controller must never be blocked).
+  command, ``asyncio.to_thread``'s workers, the controller's and gRPC's threads) starts
+  under the normal policy, so only these two threads are ever realtime.
+* Nice levels do not help: at nice -10 the woken thread preempted the controller's
+  thread too (block p99 1.5-4 ms in the same micro-benchmark).
 
 Linux refuses ``SCHED_FIFO`` to a process without CAP_SYS_NICE whose RLIMIT_RTPRIO is
 below the priority (the unit sets ``LimitRTPRIO=1``), and so does a seccomp filter such
-as systemd's ``RestrictRealtime=yes``. Then each thread keeps the policy it had (the
-hand-off thread ``SCHED_BATCH``), the bridge logs once how to allow it, and
-``tft_bridge_realtime_thread{thread}`` shows 0: slower under load, never wrong.
+as systemd's ``RestrictRealtime=yes``. Then the threads keep the normal policy, the
+bridge logs once how to allow it, and ``tft_bridge_realtime_thread{thread}`` shows 0:
+slower under load, never wrong.
 """
 
 from __future__ import annotations
@@ -45,9 +51,8 @@ log = logging.getLogger(__name__)
 
 #: ``tft_bridge_realtime_thread``'s label values, one per thread this module promotes.
 LOOP = "loop"
-HANDOFF = "handoff"
 REPORT = "report"
-THREADS = (LOOP, HANDOFF, REPORT)
+THREADS = (LOOP, REPORT)
 
 _FIFO = getattr(os, "SCHED_FIFO", None)
 _RESET_ON_FORK = getattr(os, "SCHED_RESET_ON_FORK", 0)
@@ -98,7 +103,7 @@ def _log_refusal(priority: int, thread: str, error: OSError) -> None:
         if _refused_logged:
             return
         _refused_logged = True
-    log.warning("the %s thread (and the bridge's other report-path threads) keeps the normal scheduling "
+    log.warning("the %s thread (and the bridge's other realtime thread) keeps the normal scheduling "
                 "policy: SCHED_FIFO priority %d refused (%s). Reports and signals then wait for a core "
                 "when the node's cores are busy. Allow it with LimitRTPRIO=%d and RestrictRealtime=no (the "
                 "shipped unit does), or set controller.realtime_priority = 0 to silence this",

@@ -46,7 +46,6 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from . import faults as codec
-from . import realtime
 from .clusterd import SessionState
 from .codes import Code
 from .flow import STRATEGIES, ControllerFlow, Step
@@ -74,7 +73,7 @@ ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
 
 #: How the controller's callbacks reach the event loop (``Handoff(mode=...)``).
 WAKE = "wake"  # the callback wakes the loop itself (issue 16; opt-in: controller.handoff)
-THREAD = "thread"  # via a hand-off thread, realtime or SCHED_BATCH (the default)
+THREAD = "thread"  # via a SCHED_BATCH hand-off thread (the default)
 
 
 class Handoff:
@@ -108,18 +107,21 @@ class Handoff:
     thread blocked in ``get``, which calls ``call_soon_threadsafe`` once the callback has
     returned. That thread runs as ``SCHED_BATCH``: under the normal policy Linux often
     preempted the controller's thread at the put to run it, doubling the callback's
-    median block time. Also the fall back where WAKE is unavailable (no eventfd/ctypes).
+    median block time. It is the one thread of the report path that is *not* realtime
+    (``realtime.py``): Linux puts a woken realtime thread on the CPU it last ran on,
+    whatever runs there, so it preempted the controller's thread at the put, which then
+    had to wait behind the busy processes for its CPU back while holding the GIL (block
+    p99 0.05-3.6 ms against 8-12 us as SCHED_BATCH, bench_loaded A/B at one and two busy
+    processes). Also the fall back where WAKE is unavailable (no eventfd/ctypes).
     """
 
     _STOP = object()
 
     def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None],
-                 mode: str = THREAD, realtime_priority: int = 0) -> None:
+                 mode: str = THREAD) -> None:
         self._loop = loop
         self._handle = handle
-        self._realtime_priority = realtime_priority
-        self.realtime = False  # True once the hand-off thread (THREAD mode) runs under SCHED_FIFO
-        self.batch_policy = False  # True once it runs under SCHED_BATCH instead (realtime refused or off)
+        self.batch_policy = False  # True once the hand-off thread (THREAD mode) runs under SCHED_BATCH
         self._thread: threading.Thread | None = None
         self._closed = False
         self._fd = -1
@@ -185,11 +187,7 @@ class Handoff:
             log.exception("the controller hand-off thread failed")
 
     def _serve(self) -> None:
-        # Realtime where allowed (realtime.py: no wait for a core on busy cores), else
-        # SCHED_BATCH: either way waking it does not cost the controller's thread.
-        self.realtime = realtime.promote(self._realtime_priority, realtime.HANDOFF)
-        if not self.realtime:
-            self.batch_policy = _no_wakeup_preemption()
+        self.batch_policy = _no_wakeup_preemption()
         while True:
             batch = [self._queue.get()]
             while True:
