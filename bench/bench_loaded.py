@@ -18,6 +18,8 @@ ClusterD (a child process, ``remote_sim.py``):
   * ``bridge/wake``: the same bridge, the same loop, outbox and channel, reached through
     a second hand-off in the other mode (WAKE: the callback wakes the loop itself): the
     A/B of the two hand-offs under identical conditions;
+  * ``bridge/no-rt``: the same bridge with its loop and report thread put back under
+    the normal policy for the call (the design before ``bridge/realtime.py``);
   * ``sync``: the existing client's shape (``baseline.SyncRelay``): the request built
     and sent with a blocking call inside the callback;
   * ``sync (again)``: an identical second ``SyncRelay``, the A/A control: how far two
@@ -166,6 +168,12 @@ async def one_report(sim: RemoteSim, controller: ControllerThread, callback: Cal
     return result[0], result[1], entry.at
 
 
+def set_policy(threads: list[int | None], policy: int, priority: int) -> None:
+    for native_id in threads:
+        if native_id is not None:
+            os.sched_setscheduler(native_id, policy, os.sched_param(priority))
+
+
 def stats(values: list[float], unit: float, suffix: str) -> str:
     return (f"p50 {pct(values, 0.5) / unit:8.2f}  p99 {pct(values, 0.99) / unit:8.2f}  "
             f"max {max(values) / unit:8.2f} {suffix}  (n={len(values)})")
@@ -205,6 +213,11 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
             "bridge/aio": wake,  # the same, the report RPC made with grpc.aio on the loop
             f"bridge/{other}": make_callback("report_fault_ranks", thread_handoff.put, lambda: None),
         }
+        # The A/B of bridge/realtime.py in the same run: the same bridge with its loop and
+        # report thread put back under the normal policy for the call, restored after it.
+        realtime_threads = [threading.get_native_id(), link.client.rpc_thread._thread.native_id]
+        if link.loop_priority.realtime and link.client.rpc_thread.realtime:
+            ways["bridge/no-rt"] = wake
         sync = SyncRelay(job.config.clusterd.address, JOB)
         ways["sync"] = sync.report_fault_ranks
         sync_again = SyncRelay(job.config.clusterd.address, JOB)  # A/A: identical, its own channel
@@ -225,8 +238,15 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
                             arrived.clear()
                             link.client.report_thread = name != "bridge/aio"
                             sent = len(link.relay.sent)
-                            called, block, decoded = await one_report(sim, controller, callback,
-                                                                    fault_map(size, len(ways) * i + k))
+                            if name == "bridge/no-rt":
+                                set_policy(realtime_threads, os.SCHED_OTHER, 0)
+                            try:
+                                called, block, decoded = await one_report(sim, controller, callback,
+                                                                        fault_map(size, len(ways) * i + k))
+                            finally:
+                                if name == "bridge/no-rt":
+                                    set_policy(realtime_threads, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK,
+                                               job.config.controller.realtime_priority)
                             blocks[name].append(block)
                             latency[name].append(decoded - called)
                             if not name.startswith("sync") and arrived and len(link.relay.sent) > sent:
@@ -492,7 +512,8 @@ async def main_async(args: argparse.Namespace) -> int:
     sizes = [int(n) for n in args.sizes.split(",")]
     rounds = {size: args.rounds or (100 if size <= 1_000 else 30) // (5 if args.quick else 1) for size in sizes}
     misses: list[str] = []
-    print(f"{cores} cores; load levels {loads} busy processes; simulated ClusterD at nice {RemoteSim.nice}; "
+    print(f"{cores} cores; load levels {loads} busy processes; simulated ClusterD at nice {RemoteSim.nice}, "
+          f"SCHED_FIFO {RemoteSim.fifo or 'no'}; "
           f"uptime: {_uptime()}")
     if "callbacks" in args.phases:
         await report_phase(loads, sizes, rounds, misses)
@@ -531,8 +552,12 @@ def main() -> int:
     parser.add_argument("--clusterd-nice", type=int, default=0,
                         help="nice value of the simulated ClusterD's process (negative: keep it out of reach of the "
                              "busy processes, as a ClusterD on another machine is; needs privilege)")
+    parser.add_argument("--clusterd-fifo", type=int, default=0,
+                        help="SCHED_FIFO priority of the simulated ClusterD's process (2: out of reach of the busy "
+                             "processes and of the bridge's own realtime threads, which run at 1; needs privilege)")
     args = parser.parse_args()
     RemoteSim.nice = args.clusterd_nice
+    RemoteSim.fifo = args.clusterd_fifo
     return asyncio.run(main_async(args))
 
 

@@ -49,6 +49,11 @@ class RemoteSim:
     #: busy processes a benchmark puts on this node's cores (bench_loaded --clusterd-nice).
     #: Needs the privilege to raise a priority; without it the child says so and runs at 0.
     nice = 0
+    #: SCHED_FIFO priority of the child and every thread it starts (0: the normal policy).
+    #: Since the bridge's loop and report thread are realtime (priority 1), a nice value no
+    #: longer keeps ClusterD out of their reach on the benchmark's shared cores: priority 2
+    #: does (bench_loaded --clusterd-fifo). Needs privilege, like ``nice``.
+    fifo = 0
 
     def __init__(self, listen: str, job: str, world_size: int, devices_per_pod: int = 8,
                  keepalive: float = 1.0, phase_delay: float = 0.05, dump_exit_repeat: float = 0.5,
@@ -59,6 +64,8 @@ class RemoteSim:
                      "--dump-exit-repeat", str(dump_exit_repeat), "--strategies", ",".join(strategies)]
         if RemoteSim.nice:
             self.argv += ["--nice", str(RemoteSim.nice)]
+        if RemoteSim.fifo:
+            self.argv += ["--fifo", str(RemoteSim.fifo)]
         if not rank_sets:
             # A fault report's rank list, parsed from JSON on the measured process's
             # event loop, holds the GIL ~9 ms per 100 000 ranks: only when asked for.
@@ -197,7 +204,13 @@ if __name__ == "__main__":
     parser.add_argument("--strategies", default=",".join(MEASURING_STRATEGIES))
     parser.add_argument("--no-rank-sets", dest="rank_sets", action="store_false")
     parser.add_argument("--nice", type=int, default=0)
+    parser.add_argument("--fifo", type=int, default=0)
     child_args = parser.parse_args()
+    if child_args.fifo:
+        try:  # before any thread exists, without SCHED_RESET_ON_FORK: every thread inherits it
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(child_args.fifo))
+        except OSError as error:
+            print(f"remote_sim: SCHED_FIFO {child_args.fifo} refused ({error}); normal policy", file=sys.stderr)
     if child_args.nice:
         try:
             os.nice(child_args.nice)  # before any thread exists: every thread of the child inherits it
