@@ -6,8 +6,8 @@ A report crosses three of the bridge's threads after the controller's callback r
 crosses none: its callback makes the RPC. Issue 16 measured what each crossing costs
 when the node's cores are busy (recoveries happen then: ranks restarting, checkpoints
 loading): with two to four busy processes on a 2-core node, a thread woken under the
-normal policy, with a short EEVDF slice or at nice -10 waits for a core 4-10 ms at
-p99. Under ``SCHED_FIFO`` priority 1 a woken thread runs at once, ahead of every
+normal policy, SCHED_BATCH, a short EEVDF slice or nice -10 waits for a core 1.6-8 ms
+at p99 (``bench/bench_wakeup.py``). Under ``SCHED_FIFO`` priority 1 a woken thread runs at once, ahead of every
 normal-policy task: the loop's signal -> notify p99 went from 5-8 ms to 2-5 ms at two
 and four busy processes (bench_loaded, bench/README.md).
 
@@ -17,7 +17,9 @@ own thread, from inside the callback; realtime, it preempted that thread, which 
 waited behind the busy processes for its CPU back while holding the GIL: callback block
 p99 0.05-3.6 ms against 8-12 us under ``SCHED_BATCH`` (A/B, same run). So it stays
 ``SCHED_BATCH`` (``reports.Handoff``). The loop and the report thread are woken by the
-hand-off thread, by each other and by the network, never from inside a callback.
+hand-off thread, by each other and by the network, not from inside a callback (except
+under the opt-in WAKE hand-off, whose callback wakes the loop itself and pays for it:
+block p99 over 50 us at every load in bench_loaded).
 
 Why it is safe to give them that:
 
@@ -52,7 +54,6 @@ log = logging.getLogger(__name__)
 #: ``tft_bridge_realtime_thread``'s label values, one per thread this module promotes.
 LOOP = "loop"
 REPORT = "report"
-THREADS = (LOOP, REPORT)
 
 _FIFO = getattr(os, "SCHED_FIFO", None)
 _RESET_ON_FORK = getattr(os, "SCHED_RESET_ON_FORK", 0)
@@ -70,16 +71,6 @@ class _Saved(NamedTuple):
 
 
 _saved: dict[int, _Saved] = {}  # native thread id -> what to restore when the last holder lets go
-
-
-def realtime_now() -> bool:
-    """Whether the calling thread runs under SCHED_FIFO."""
-    if _FIFO is None:
-        return False
-    try:
-        return os.sched_getscheduler(0) & ~_RESET_ON_FORK == _FIFO
-    except OSError:
-        return False
 
 
 def promote(priority: int, thread: str) -> bool:

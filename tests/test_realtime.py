@@ -25,7 +25,7 @@ from .simjobs import annotation, start_job
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(not hasattr(os, "SCHED_FIFO"), reason="SCHED_FIFO is Linux-only")]
 
-THREADS = ("loop", "report")
+THREADS = (realtime.LOOP, realtime.REPORT)
 
 
 def _policy(native_id: int) -> int:
