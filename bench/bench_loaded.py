@@ -168,10 +168,17 @@ async def one_report(sim: RemoteSim, controller: ControllerThread, callback: Cal
     return result[0], result[1], entry.at
 
 
-def set_policy(threads: list[int | None], policy: int, priority: int) -> None:
-    for native_id in threads:
-        if native_id is not None:
-            os.sched_setscheduler(native_id, policy, os.sched_param(priority))
+def normal_policy(threads: list[int]) -> list[tuple[int, int, os.sched_param]]:
+    """Put ``threads`` under the normal policy; what ``restore_policy`` puts back."""
+    saved = [(tid, os.sched_getscheduler(tid), os.sched_getparam(tid)) for tid in threads]
+    for tid in threads:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+    return saved
+
+
+def restore_policy(saved: list[tuple[int, int, os.sched_param]]) -> None:
+    for tid, policy, param in saved:
+        os.sched_setscheduler(tid, policy, param)
 
 
 def stats(values: list[float], unit: float, suffix: str) -> str:
@@ -215,7 +222,9 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
         }
         # The A/B of bridge/realtime.py in the same run: the same bridge with its loop and
         # report thread put back under the normal policy for the call, restored after it.
-        realtime_threads = [threading.get_native_id(), link.client.rpc_thread._thread.native_id]
+        report_thread = link.client.rpc_thread._thread.native_id
+        assert report_thread is not None, "the report thread runs"
+        realtime_threads = [threading.get_native_id(), report_thread]
         if link.loop_priority.realtime and link.client.rpc_thread.realtime:
             ways["bridge/no-rt"] = wake
         sync = SyncRelay(job.config.clusterd.address, JOB)
@@ -238,15 +247,12 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
                             arrived.clear()
                             link.client.report_thread = name != "bridge/aio"
                             sent = len(link.relay.sent)
-                            if name == "bridge/no-rt":
-                                set_policy(realtime_threads, os.SCHED_OTHER, 0)
+                            saved = normal_policy(realtime_threads) if name == "bridge/no-rt" else []
                             try:
                                 called, block, decoded = await one_report(sim, controller, callback,
                                                                         fault_map(size, len(ways) * i + k))
                             finally:
-                                if name == "bridge/no-rt":
-                                    set_policy(realtime_threads, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK,
-                                               job.config.controller.realtime_priority)
+                                restore_policy(saved)
                             blocks[name].append(block)
                             latency[name].append(decoded - called)
                             if not name.startswith("sync") and arrived and len(link.relay.sent) > sent:

@@ -110,8 +110,11 @@ class LoopPriority:
 
     def __init__(self, priority: int) -> None:
         self.priority = priority
-        self._tid: int | None = None
-        self.realtime = False
+        self._tid: int | None = None  # the loop's thread while this holds its promotion
+
+    @property
+    def realtime(self) -> bool:
+        return self._tid is not None
 
     def hold(self) -> bool:
         """On the loop's thread. True when it runs realtime afterwards."""
@@ -122,7 +125,7 @@ class LoopPriority:
             saved = _saved.get(tid)
             if saved is not None:
                 _saved[tid] = saved._replace(holders=saved.holders + 1)
-                self._tid, self.realtime = tid, True
+                self._tid = tid
                 return True
         try:
             before = _Saved(os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, 1)
@@ -132,13 +135,12 @@ class LoopPriority:
             return False
         with _lock:
             _saved[tid] = before
-        self._tid, self.realtime = tid, True
+        self._tid = tid
         return True
 
     def release(self) -> None:
         """On the same thread as ``hold``; idempotent."""
         tid, self._tid = self._tid, None
-        self.realtime = False
         if tid is None:
             return
         with _lock:
