@@ -27,6 +27,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from .affinity import cpu_reader
 from .config import STUB_CONTROLLER, ControllerConfig
 from .reports import ReportFields
 
@@ -55,12 +56,19 @@ def load_controller_module(name: str) -> ModuleType:
         ) from error
 
 
-def make_callback(callback: str, sink: Callable[[ReportFields], None], on_error: Callable[[], None]) -> Callable[..., int]:
-    """A controller callback that hands its arguments to ``sink`` and returns at once."""
+def make_callback(callback: str, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
+                  where: list[int] | None = None) -> Callable[..., int]:
+    """A controller callback that hands its arguments to ``sink`` and returns at once;
+    with ``where``, it first notes there the CPU the controller's thread runs on (the
+    hand-off thread follows it there: ``bridge/affinity.py``)."""
     monotonic = time.monotonic  # a closure cell: no global and attribute look-up per call
+    getcpu = cpu_reader() if where is not None else None
+    slot = where if where is not None else [-1]
 
     def relay_callback(*args: Any) -> int:
         try:
+            if getcpu is not None:
+                slot[0] = getcpu()
             sink((callback, args, monotonic(), None))
         except BaseException:  # noqa: BLE001 - anything escaping would kill the job or the process
             try:
@@ -130,14 +138,15 @@ class ControllerHost:
         """Some older builds lack ``tft_notify_controller_prepare_action``."""
         return self._prepare_action is not None
 
-    def start(self, sink: Callable[[ReportFields], None], on_error: Callable[[], None]) -> None:
+    def start(self, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
+              where: list[int] | None = None) -> None:
         """Register all four callbacks, then init, then start (the controller checks that
         all four are registered once, while starting, and silently never calls any of
-        them otherwise)."""
+        them otherwise). ``where``: see ``make_callback``."""
         if not self.owned:  # re-registering and re-initialising the caller's controller would break it
             raise StartupError("this controller is run by the caller (external=True): it is never started here")
         m, c = self.module, self.config
-        self.callbacks = {name: make_callback(name, sink, on_error) for name in CALLBACKS}
+        self.callbacks = {name: make_callback(name, sink, on_error, where) for name in CALLBACKS}
         for name, callback in self.callbacks.items():
             if m.tft_register_mindx_callback(name, callback) != 0:
                 raise StartupError(f"the controller refused to register callback {name!r}")

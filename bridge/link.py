@@ -33,7 +33,7 @@ from .metrics import BridgeMetrics
 from .realtime import LoopPriority
 from .recorder import NullRecorder
 from .relay import Relay
-from .reports import Handoff, ReportFields, ReportPath
+from .reports import THREAD, Handoff, ReportFields, ReportPath
 from .signals import SignalDispatcher, screen_signal
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,12 @@ class Link:
     def sink(self) -> Callable[[ReportFields], None]:
         """Where the controller's callbacks put their arguments (O(1), see Handoff)."""
         return self.handoff.put
+
+    @property
+    def controller_cpu(self) -> list[int] | None:
+        """Where the callbacks note the controller's CPU for the hand-off thread to follow
+        (``bridge/affinity.py``); None when no hand-off thread follows it (WAKE mode)."""
+        return self.handoff.controller_cpu if self.handoff.mode == THREAD else None
 
     async def start(self) -> None:
         """Open the channel and start the session, the dispatcher and the outbox."""

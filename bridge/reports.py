@@ -46,6 +46,7 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from . import faults as codec
+from .affinity import CpuFollower
 from .clusterd import SessionState
 from .codes import Code
 from .flow import STRATEGIES, ControllerFlow, Step
@@ -113,6 +114,9 @@ class Handoff:
     had to wait behind the busy processes for its CPU back while holding the GIL (block
     p99 0.05-3.6 ms against 8-12 us as SCHED_BATCH, bench_loaded A/B at one and two busy
     processes). Also the fall back where WAKE is unavailable (no eventfd/ctypes).
+    After each batch the thread moves to the CPU the controller's thread last called
+    back on (``bridge/affinity.py``): woken there, it runs as soon as the controller's
+    thread goes back to waiting instead of behind a busy process on another CPU.
     """
 
     _STOP = object()
@@ -137,6 +141,11 @@ class Handoff:
             self.put: Callable[[ReportFields], None] = self._put_and_wake
             return
         self.mode = THREAD
+        # Where the controller's thread last called back (its callbacks write it, see
+        # ``controller_cpu``), and whether the hand-off thread follows it (affinity.py).
+        self.controller_cpu: list[int] = [-1]
+        self.follow_controller = True
+        self.follower: CpuFollower | None = None  # the hand-off thread's, once it runs
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         # The callbacks' sink: the C method itself, no Python frame on the controller's thread.
         self.put = self._queue.put
@@ -188,6 +197,8 @@ class Handoff:
 
     def _serve(self) -> None:
         self.batch_policy = _no_wakeup_preemption()
+        self.follower = follower = CpuFollower()
+        cpu = self.controller_cpu
         while True:
             batch = [self._queue.get()]
             while True:
@@ -204,6 +215,8 @@ class Handoff:
                     log.error("dropped %d controller report(s): the event loop is closed", len(reports))
             if stop:
                 return
+            if self.follow_controller:  # after the batch is on its way: the next wake-up is local
+                follower.follow(cpu[0])
 
     # ------------------------------------------------------------------ both
     def close(self, timeout: float = 2.0) -> None:
