@@ -57,7 +57,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -181,6 +181,16 @@ def restore_policy(saved: list[tuple[int, int, os.sched_param]]) -> None:
         os.sched_setscheduler(tid, policy, param)
 
 
+def unpin(handoff: Handoff, unpinned: bool) -> None:
+    """The hand-off thread back on all its CPUs and not following the controller's
+    (``unpinned``), or following it again from its next batch on."""
+    if handoff.mode != THREAD:
+        return
+    handoff.follow_controller = not unpinned
+    if unpinned and handoff.follower is not None:
+        handoff.follower.release()
+
+
 def stats(values: list[float], unit: float, suffix: str) -> str:
     return (f"p50 {pct(values, 0.5) / unit:8.2f}  p99 {pct(values, 0.99) / unit:8.2f}  "
             f"max {max(values) / unit:8.2f} {suffix}  (n={len(values)})")
@@ -227,6 +237,10 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
         realtime_threads = [threading.get_native_id(), report_thread]
         if link.loop_priority.realtime and link.client.rpc_thread.realtime:
             ways["bridge/no-rt"] = wake
+        # The A/B of bridge/affinity.py: the same bridge with its hand-off thread back on all
+        # its CPUs and not following the controller's for the call.
+        if link.handoff.mode == THREAD:
+            ways["bridge/unpinned"] = wake
         sync = SyncRelay(job.config.clusterd.address, JOB)
         ways["sync"] = sync.report_fault_ranks
         sync_again = SyncRelay(job.config.clusterd.address, JOB)  # A/A: identical, its own channel
@@ -248,11 +262,13 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
                             link.client.report_thread = name != "bridge/aio"
                             sent = len(link.relay.sent)
                             saved = normal_policy(realtime_threads) if name == "bridge/no-rt" else []
+                            unpin(link.handoff, name == "bridge/unpinned")
                             try:
                                 called, block, decoded = await one_report(sim, controller, callback,
                                                                         fault_map(size, len(ways) * i + k))
                             finally:
                                 restore_policy(saved)
+                                unpin(link.handoff, False)
                             blocks[name].append(block)
                             latency[name].append(decoded - called)
                             if not name.startswith("sync") and arrived and len(link.relay.sent) > sent:
@@ -381,7 +397,7 @@ async def e2e_phase(loads: list[int], cycles: int) -> None:
         print(f"  {load} busy process(es)")
         with BusyProcesses(load):
             results = {"bridge": await e2e_bridge(cycles), "bridge/no-rt": await e2e_bridge(cycles, 0),
-                       "sync": await e2e_sync(cycles)}
+                       "bridge/unpinned": await e2e_bridge(cycles, pinned=False), "sync": await e2e_sync(cycles)}
         for name, (times, failures) in results.items():
             totals = [t.total for t in times]
             if totals:
@@ -394,12 +410,23 @@ async def e2e_phase(loads: list[int], cycles: int) -> None:
             if failures:
                 print(f"      {len(failures)} cycle(s) FAILED, the first: {failures[0]}")
         sync = [t.total for t in results["sync"][0]]
-        for name in ("bridge", "bridge/no-rt"):
+        for name in ("bridge", "bridge/no-rt", "bridge/unpinned"):
             bridge = [t.total for t in results[name][0]]
             if bridge and sync:
                 print(f"    {name + ' - sync':<16} p50 {(pct(bridge, 0.5) - pct(sync, 0.5)) * 1e3:+8.2f}  "
                       f"p99 {(pct(bridge, 0.99) - pct(sync, 0.99)) * 1e3:+8.2f}  "
                       f"max {(max(bridge) - max(sync)) * 1e3:+8.2f} ms")
+
+
+class TimeLog:
+    """Several (kind, monotonic time) logs read as one, in time order: the relay's send
+    log and the bench's own stamps, for the hop split only."""
+
+    def __init__(self, *logs: list[tuple[str, float]]) -> None:
+        self._logs = logs
+
+    def __iter__(self) -> Iterator[tuple[str, float]]:
+        return iter(sorted((entry for log in self._logs for entry in list(log)), key=lambda entry: entry[1]))
 
 
 def e2e_hops(times: list[CycleTimes], with_send: bool) -> list[tuple[str, list[float]]]:
@@ -411,6 +438,10 @@ def e2e_hops(times: list[CycleTimes], with_send: bool) -> list[tuple[str, list[f
         ("cb2->strat cb", [t.strategies_cb - t.second_fault_cb for t in times]),
     ]
     if with_send:
+        hops[:0] = [("cb2->loop", [t.fault_at_loop - t.second_fault_cb for t in times  # type: ignore[misc]
+                                   if t.fault_at_loop is not None]),
+                    ("cb2->fault relay", [t.fault_sent - t.second_fault_cb for t in times  # type: ignore[misc]
+                                          if t.fault_sent is not None])]
         relayed = [t for t in times if t.strategy_sent is not None]
         hops += [("strat cb->relay", [t.strategy_sent - t.strategies_cb for t in relayed]),  # type: ignore[operator]
                  ("relay->srv", [t.strategy_received - t.strategy_sent for t in relayed])]  # type: ignore[operator]
@@ -419,7 +450,7 @@ def e2e_hops(times: list[CycleTimes], with_send: bool) -> list[tuple[str, list[f
 
 
 async def run_cycles(sim: RemoteSim, training: Any, cycles: int, ready: Callable[[int], Awaitable[None]],
-                     sent_log: list[tuple[str, float]] | None = None) -> tuple[list[CycleTimes], list[str]]:
+                     sent_log: Iterable[tuple[str, float]] | None = None) -> tuple[list[CycleTimes], list[str]]:
     """One warm-up cycle (connections, caches; not counted), then ``cycles`` measured;
     gives up after three failed cycles (the job's state is then suspect)."""
     times: list[CycleTimes] = []
@@ -449,10 +480,12 @@ def e2e_job(realtime_priority: int) -> tuple[SimulatedJob, RemoteSim]:
     return job, sim
 
 
-async def e2e_bridge(cycles: int, realtime_priority: int = 1) -> tuple[list[CycleTimes], list[str]]:
+async def e2e_bridge(cycles: int, realtime_priority: int = 1, pinned: bool = True
+                     ) -> tuple[list[CycleTimes], list[str]]:
     """The bridge as built: SimulatedJob with the stub controller, FAST timings; with
     ``realtime_priority`` 0 its report-path threads stay under the normal policy (the
-    design before, bridge/realtime.py)."""
+    design before, bridge/realtime.py); not ``pinned``, its hand-off thread does not
+    follow the controller's CPU (the design before, bridge/affinity.py)."""
     job, sim = e2e_job(realtime_priority)
     await sim.start()
     await job.start()
@@ -461,8 +494,19 @@ async def e2e_bridge(cycles: int, realtime_priority: int = 1) -> tuple[list[Cycl
         assert job.bridge is not None
         if realtime_priority and not job.bridge.link.loop_priority.realtime:
             print("      (realtime refused: this bridge runs under the normal policy)")
-        sent = getattr(job.bridge.relay, "sent", None)  # the relay's send log, for the hop split only
-        return await run_cycles(sim, job.training, cycles, bridge_ready_again(job, sim), sent)
+        link = job.bridge.link
+        unpin(link.handoff, not pinned)
+        arrived: list[tuple[str, float]] = []  # ("loop <callback>", when a report reached the loop)
+        handle = link.handoff._handle
+
+        def stamped(reports: list[ControllerReport]) -> None:
+            now = time.monotonic()
+            arrived.extend((f"loop {report.callback}", now) for report in reports)
+            handle(reports)
+
+        link.handoff._handle = stamped
+        return await run_cycles(sim, job.training, cycles, bridge_ready_again(job, sim),
+                                TimeLog(link.relay.sent, arrived))
     finally:
         await job.stop()
         await sim.stop()

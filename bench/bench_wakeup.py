@@ -43,8 +43,10 @@ class _SchedAttr(ctypes.Structure):
 
 def apply(policy: str) -> None:
     """Put the calling thread under ``policy`` (see the module docstring)."""
-    if policy == "batch":
+    if policy.startswith("batch"):
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        if policy != "batch":  # batch-20: SCHED_BATCH at nice -20
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), int(policy[5:]))
     elif policy == "fifo":
         os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
     elif policy.startswith("nice"):
@@ -72,6 +74,9 @@ def pct(values: list[float], q: float) -> float:
 
 def run(setting: str, rounds: int, work: int) -> dict[str, list[float]]:
     handoff_policy, loop_policy, report_policy = setting.split("/")
+    handoff_policy, pin = handoff_policy.removesuffix("+pin"), handoff_policy.endswith("+pin")
+    getcpu = ctypes.CDLL(None).sched_getcpu
+    handoff_tid: list[int] = []
     loop = asyncio.new_event_loop()
     handoff_queue: queue.SimpleQueue[float | None] = queue.SimpleQueue()
     report_queue: queue.SimpleQueue[float | None] = queue.SimpleQueue()
@@ -83,6 +88,7 @@ def run(setting: str, rounds: int, work: int) -> dict[str, list[float]]:
 
     def handoff() -> None:
         apply(handoff_policy)
+        handoff_tid.append(threading.get_native_id())
         while (put_at := handoff_queue.get()) is not None:
             seen["hand-off"].append(time.perf_counter() - put_at)
             loop.call_soon_threadsafe(on_loop, put_at)
@@ -93,9 +99,13 @@ def run(setting: str, rounds: int, work: int) -> dict[str, list[float]]:
             seen["report"].append(time.perf_counter() - put_at)
 
     def controller() -> None:
+        pinned = -1
         for _ in range(rounds):
             time.sleep(random.uniform(0.002, 0.006))
             put_at = time.perf_counter()
+            if pin and handoff_tid and (cpu := getcpu()) != pinned:
+                os.sched_setaffinity(handoff_tid[0], (cpu,))
+                pinned = cpu
             handoff_queue.put(put_at)
             seen["block"].append(time.perf_counter() - put_at)
             total = 0

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,8 @@ class CycleTimes:
     strategies_cb: float  # the controller calls report_strategies
     strategy_sent: float | None  # the bridge's relay starts the RecoverStrategy RPC (bridge only)
     strategy_received: float  # ClusterD logs ReportRecoverStrategy
+    fault_at_loop: float | None = None  # the 2nd fault report reaches the bridge's event loop (bridge only)
+    fault_sent: float | None = None  # the bridge's relay starts the 2nd fault report's RPC (bridge only)
 
     @property
     def total(self) -> float:
@@ -71,7 +73,7 @@ class CycleTimes:
 
 async def run_cycle(sim: RemoteSim, training: Any, index: int,
                     ready_again: Callable[[int], Awaitable[None]],
-                    sent_log: list[tuple[str, float]] | None = None) -> CycleTimes:
+                    sent_log: Iterable[tuple[str, float]] | None = None) -> CycleTimes:
     """Inject a UCE on one rank, wait for ClusterD's retry-success and for the client to
     be subscribed again with the controller back in NORMAL; return the cycle's times.
     ``ready_again(mark)`` waits for the client's next live stream after journal seq
@@ -105,10 +107,14 @@ async def run_cycle(sim: RemoteSim, training: Any, index: int,
     strategy_rpc = next((e for e in entries if e.kind == "rpc" and e.name == "ReportRecoverStrategy"), None)
     if strategy_rpc is None:
         raise CycleFailed(f"cycle {index}: no ReportRecoverStrategy in ClusterD's journal")
-    sent = None
+    sent = fault_sent = at_loop = None
     if sent_log is not None:
-        sent = next((t for kind, t in list(sent_log) if kind == "strategy" and t >= offered), None)
-    return CycleTimes(second, fault_rpc.at if fault_rpc else None, offered, sent, strategy_rpc.at)
+        log = list(sent_log)
+        sent = next((t for kind, t in log if kind == "strategy" and t >= offered), None)
+        fault_sent = next((t for kind, t in log if kind == "fault" and t >= second), None)
+        at_loop = next((t for kind, t in log if kind == "loop report_fault_ranks" and t >= second), None)
+    return CycleTimes(second, fault_rpc.at if fault_rpc else None, offered, sent, strategy_rpc.at, at_loop,
+                      fault_sent)
 
 
 async def next_stream_open(sim: RemoteSim, mark: int) -> int:
