@@ -182,13 +182,10 @@ def restore_policy(saved: list[tuple[int, int, os.sched_param]]) -> None:
 
 
 def unpin(handoff: Handoff, unpinned: bool) -> None:
-    """The hand-off thread back on all its CPUs and not following the controller's
-    (``unpinned``), or following it again from its next batch on."""
-    if handoff.mode != THREAD:
-        return
-    handoff.follow_controller = not unpinned
-    if unpinned and handoff.follower is not None:
-        handoff.follower.release()
+    """The hand-off thread back on all its CPUs and not pinned by the callbacks
+    (``unpinned``), or pinned by them again from the next callback on."""
+    if handoff.pin is not None:
+        handoff.pin.enable(not unpinned)
 
 
 def stats(values: list[float], unit: float, suffix: str) -> str:
@@ -238,8 +235,8 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
         if link.loop_priority.realtime and link.client.rpc_thread.realtime:
             ways["bridge/no-rt"] = wake
         # The A/B of bridge/affinity.py: the same bridge with its hand-off thread back on all
-        # its CPUs and not following the controller's for the call.
-        if link.handoff.mode == THREAD:
+        # its CPUs and not pinned to the controller's for the call.
+        if link.handoff.pin is not None and link.handoff.pin.enabled:
             ways["bridge/unpinned"] = wake
         sync = SyncRelay(job.config.clusterd.address, JOB)
         ways["sync"] = sync.report_fault_ranks
@@ -484,8 +481,8 @@ async def e2e_bridge(cycles: int, realtime_priority: int = 1, pinned: bool = Tru
                      ) -> tuple[list[CycleTimes], list[str]]:
     """The bridge as built: SimulatedJob with the stub controller, FAST timings; with
     ``realtime_priority`` 0 its report-path threads stay under the normal policy (the
-    design before, bridge/realtime.py); not ``pinned``, its hand-off thread does not
-    follow the controller's CPU (the design before, bridge/affinity.py)."""
+    design before, bridge/realtime.py); not ``pinned``, its hand-off thread is not pinned
+    to the controller's CPU (the design before, bridge/affinity.py)."""
     job, sim = e2e_job(realtime_priority)
     await sim.start()
     await job.start()

@@ -6,30 +6,37 @@ thread inside the callback (``realtime.py`` says why no other policy will do). W
 batch thread runs is the scheduler's choice, and issue 16's end-to-end runs showed that
 choice is the whole of the remaining gap to the synchronous client under load: with two
 busy processes on a 2-core node, the controller's second ``report_fault_ranks`` reached
-the event loop 2.1 ms later at the median (4.4 ms p99) whenever the hand-off thread
-was queued behind a busy process on the *other* CPU, where it waits out that process's
-slice. On the controller's own CPU it runs the moment the controller's thread goes back
-to waiting, which it does right after its callbacks (``bench/bench_wakeup.py``, two and
-four busy processes: hand-off p99 0.12-0.19 ms pinned against 4-8 ms unpinned, put p99
-unchanged).
+the event loop 1.4-2.1 ms later at the median (4.4-4.8 ms p99) whenever the hand-off
+thread was queued behind a busy process on the *other* CPU, where it waits out that
+process's slice. On the controller's own CPU it runs the moment the controller's thread
+goes back to waiting, which it does right after its callbacks (``bench/bench_wakeup.py``,
+two and four busy processes: hand-off p99 0.12-0.19 ms pinned against 4-8 ms unpinned).
 
-So each callback notes the CPU its thread runs on (``sched_getcpu``, a vDSO read
-through a ``PyDLL`` call that keeps the GIL: well under a microsecond), and the hand-off
-thread, after delivering a batch, pins itself to that CPU when it changed. The pin is
-made with the GIL released: pinning a running thread migrates it, and it may then wait
-for its new CPU; holding the GIL meanwhile would stall the event loop and the next
-callback. The thread starts unpinned and is put back on its original CPUs when it ends.
+So a callback pins the hand-off thread to the CPU its own thread runs on, *before* it
+wakes it, whenever that CPU is not the one it pinned it to last time. Pinning after the
+fact (the hand-off thread following the CPU the last callback noted) was measured too
+and lost: the controller's thread had often moved since, and the wake-up then went to
+its old CPU, behind a busy process (callback -> loop p99 4-5 ms at two and four busy).
+
+The callback's cost stays a few C calls: ``sched_getcpu`` (a vDSO read) every time, and
+``sched_setaffinity`` on the hand-off thread's id only when the CPU changed, both through
+``ctypes.PyDLL``, which keeps the GIL: a call that released it would let another thread
+take the GIL and keep the controller's thread waiting for it up to the switch interval
+(5 ms). The hand-off thread is asleep in its queue nearly always, so the pin only
+rewrites its CPU mask; pinned to one CPU of the set it started with, it never leaves the
+node's cpuset.
 
 Nothing here needs privilege. Where ``sched_getcpu`` or ``sched_setaffinity`` is
-missing or refused, the hand-off thread keeps its CPUs, logs once and works as before.
+missing, filtered (the unit allows it back from ``@resources``) or refused, the bridge
+logs once and the hand-off thread keeps all its CPUs: slower under load, never wrong.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
-import threading
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -51,18 +58,18 @@ def cpu_reader() -> Callable[[], int] | None:
     return getcpu  # type: ignore[no-any-return]
 
 
-def _setaffinity() -> Callable[[int, int, object], int] | None:
-    """``sched_setaffinity`` called with the GIL released (``CDLL``)."""
+def _setaffinity() -> Callable[..., int] | None:
+    """``sched_setaffinity`` called without releasing the GIL; None where missing."""
     try:
-        setaffinity = ctypes.CDLL(None, use_errno=True).sched_setaffinity
+        setaffinity = ctypes.PyDLL(None, use_errno=True).sched_setaffinity
     except (OSError, AttributeError):
         return None
-    setaffinity.argtypes = (ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p)
+    setaffinity.argtypes = (ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(_CpuSet))
     setaffinity.restype = ctypes.c_int
     return setaffinity  # type: ignore[no-any-return]
 
 
-def _mask(cpus: set[int] | frozenset[int]) -> _CpuSet:
+def _mask(cpus: frozenset[int]) -> _CpuSet:
     words = _CpuSet()
     for cpu in cpus:
         if 0 <= cpu < _CPU_SET_WORDS * _WORD_BITS:
@@ -70,43 +77,58 @@ def _mask(cpus: set[int] | frozenset[int]) -> _CpuSet:
     return words
 
 
-class CpuFollower:
-    """One thread pinned to the CPU it is told: created on that thread (the hand-off
-    thread), which calls ``follow``; ``release`` may come from any thread."""
+class HandoffPin:
+    """What the callbacks need to pin one thread (the hand-off thread) to their CPU.
 
-    def __init__(self) -> None:
-        self._setaffinity = _setaffinity()
-        self.thread = threading.get_native_id()
+    ``make_callback`` reads the fields directly, so that the callback makes C calls
+    only: ``masks`` (one CPU mask per CPU the thread may use; empty when pinning is off
+    or refused), ``pinned`` (the CPU the callbacks last pinned it to, one slot),
+    ``result`` (that pin's return code, -1 when the kernel refused it) and ``call`` (the
+    pin itself, given a mask). A refusal at run time (a cpuset that changed) is logged by
+    ``check``, from the hand-off thread."""
+
+    def __init__(self, thread: int) -> None:
+        self.thread = thread
+        setaffinity = _setaffinity()
         try:
-            self.allowed = frozenset(os.sched_getaffinity(0))
+            self.allowed = frozenset(os.sched_getaffinity(thread))
         except (AttributeError, OSError):
             self.allowed = frozenset()
-        self.enabled = self._setaffinity is not None and len(self.allowed) > 1
-        self.pinned = -1  # the CPU the thread is pinned to; -1: its original CPUs
-        self.pins = 0  # how many times it moved (tests, benchmarks)
-
-    def follow(self, cpu: int) -> None:
-        """Pin the thread to ``cpu`` unless it already is (or following is off)."""
-        if not self.enabled or cpu == self.pinned or cpu not in self.allowed:
+        self.pinned = [-1]
+        self.result = [0]
+        self.masks: dict[int, _CpuSet] = {}
+        self._all = _mask(self.allowed)
+        self.call: Callable[[_CpuSet], int] | None = None
+        if setaffinity is None or len(self.allowed) < 2:
             return
-        if self._set({cpu}):
-            self.pinned = cpu
-            self.pins += 1
-        else:
-            self.enabled = False
+        self.call = functools.partial(setaffinity, thread, ctypes.sizeof(_CpuSet))
+        if self.call(self._all) != 0:  # a no-op pin: filtered or refused shows now, with the reason
+            self._refused(os.strerror(ctypes.get_errno()))
+            return
+        self.enable(True)
 
-    def release(self) -> None:
-        """Back on the thread's original CPUs (idempotent)."""
-        if self.pinned >= 0 and self._set(self.allowed):
-            self.pinned = -1
+    @property
+    def enabled(self) -> bool:
+        return bool(self.masks)
 
-    def _set(self, cpus: set[int] | frozenset[int]) -> bool:
-        assert self._setaffinity is not None
-        mask = _mask(cpus)
-        if self._setaffinity(self.thread, ctypes.sizeof(mask), ctypes.addressof(mask)) == 0:
-            return True
-        error = ctypes.get_errno()
-        log.warning("the controller hand-off thread cannot follow the controller's CPU (sched_setaffinity: "
-                    "%s): callbacks then reach the event loop later when the node's cores are busy",
-                    os.strerror(error))
-        return False
+    def enable(self, on: bool) -> None:
+        """Pin from the next callback on, or put the thread back on all its CPUs now."""
+        if on and self.call is not None:
+            self.masks.update({cpu: _mask(frozenset({cpu})) for cpu in self.allowed})
+            return
+        self.masks.clear()
+        if self.call is not None and self.pinned[0] >= 0:
+            self.call(self._all)
+        self.pinned[0] = -1
+
+    def check(self) -> None:
+        """On the hand-off thread after a batch: a refused pin turns pinning off, once."""
+        if self.result[0] != 0:
+            self.result[0] = 0
+            self._refused("the kernel refused it (has the cpuset changed?)")
+            self.enable(False)
+
+    def _refused(self, reason: str) -> None:
+        log.warning("the controller hand-off thread keeps all its CPUs: pinning it to the controller's CPU "
+                    "(sched_setaffinity) failed: %s. Callbacks then reach the event loop later when the node's "
+                    "cores are busy; allow sched_setaffinity in the unit's SystemCallFilter=", reason)

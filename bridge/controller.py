@@ -27,7 +27,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .affinity import cpu_reader
+from .affinity import HandoffPin, cpu_reader
 from .config import STUB_CONTROLLER, ControllerConfig
 from .reports import ReportFields
 
@@ -57,18 +57,24 @@ def load_controller_module(name: str) -> ModuleType:
 
 
 def make_callback(callback: str, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
-                  where: list[int] | None = None) -> Callable[..., int]:
+                  pin: HandoffPin | None = None) -> Callable[..., int]:
     """A controller callback that hands its arguments to ``sink`` and returns at once;
-    with ``where``, it first notes there the CPU the controller's thread runs on (the
-    hand-off thread follows it there: ``bridge/affinity.py``)."""
+    with ``pin``, it first pins the hand-off thread to its own CPU when that changed
+    (``bridge/affinity.py``: C calls only, the GIL kept)."""
     monotonic = time.monotonic  # a closure cell: no global and attribute look-up per call
-    getcpu = cpu_reader() if where is not None else None
-    slot = where if where is not None else [-1]
+    getcpu = cpu_reader() if pin is not None and pin.call is not None else None
+    masks, pinned, result, call = ((pin.masks, pin.pinned, pin.result, pin.call) if pin is not None
+                                   else ({}, [-1], [0], None))
 
     def relay_callback(*args: Any) -> int:
         try:
             if getcpu is not None:
-                slot[0] = getcpu()
+                cpu = getcpu()
+                if cpu != pinned[0]:
+                    mask = masks.get(cpu)
+                    if mask is not None:  # None: pinning off, or a CPU the thread may not use
+                        pinned[0] = cpu
+                        result[0] = call(mask)  # type: ignore[misc]
             sink((callback, args, monotonic(), None))
         except BaseException:  # noqa: BLE001 - anything escaping would kill the job or the process
             try:
@@ -139,14 +145,14 @@ class ControllerHost:
         return self._prepare_action is not None
 
     def start(self, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
-              where: list[int] | None = None) -> None:
+              pin: HandoffPin | None = None) -> None:
         """Register all four callbacks, then init, then start (the controller checks that
         all four are registered once, while starting, and silently never calls any of
-        them otherwise). ``where``: see ``make_callback``."""
+        them otherwise). ``pin``: see ``make_callback``."""
         if not self.owned:  # re-registering and re-initialising the caller's controller would break it
             raise StartupError("this controller is run by the caller (external=True): it is never started here")
         m, c = self.module, self.config
-        self.callbacks = {name: make_callback(name, sink, on_error, where) for name in CALLBACKS}
+        self.callbacks = {name: make_callback(name, sink, on_error, pin) for name in CALLBACKS}
         for name, callback in self.callbacks.items():
             if m.tft_register_mindx_callback(name, callback) != 0:
                 raise StartupError(f"the controller refused to register callback {name!r}")

@@ -24,6 +24,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from . import realtime
+from .affinity import HandoffPin
 from .clusterd import ClusterDClient, Session, SessionState, run_logged
 from .config import BridgeConfig
 from .controller import ControllerHost
@@ -87,10 +88,10 @@ class Link:
         return self.handoff.put
 
     @property
-    def controller_cpu(self) -> list[int] | None:
-        """Where the callbacks note the controller's CPU for the hand-off thread to follow
-        (``bridge/affinity.py``); None when no hand-off thread follows it (WAKE mode)."""
-        return self.handoff.controller_cpu if self.handoff.mode == THREAD else None
+    def handoff_pin(self) -> HandoffPin | None:
+        """How the callbacks pin the hand-off thread to their CPU (``bridge/affinity.py``);
+        None in WAKE mode, which has no hand-off thread."""
+        return self.handoff.pin if self.handoff.mode == THREAD else None
 
     async def start(self) -> None:
         """Open the channel and start the session, the dispatcher and the outbox."""
