@@ -27,7 +27,6 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .affinity import HandoffPin, cpu_reader
 from .config import STUB_CONTROLLER, ControllerConfig
 from .reports import ReportFields
 
@@ -56,25 +55,12 @@ def load_controller_module(name: str) -> ModuleType:
         ) from error
 
 
-def make_callback(callback: str, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
-                  pin: HandoffPin | None = None) -> Callable[..., int]:
-    """A controller callback that hands its arguments to ``sink`` and returns at once;
-    with ``pin``, it first pins the hand-off thread to its own CPU when that changed
-    (``bridge/affinity.py``: C calls only, the GIL kept)."""
+def make_callback(callback: str, sink: Callable[[ReportFields], None], on_error: Callable[[], None]) -> Callable[..., int]:
+    """A controller callback that hands its arguments to ``sink`` and returns at once."""
     monotonic = time.monotonic  # a closure cell: no global and attribute look-up per call
-    getcpu = cpu_reader() if pin is not None and pin.call is not None else None
-    masks, pinned, result, call = ((pin.masks, pin.pinned, pin.result, pin.call) if pin is not None
-                                   else ({}, [-1], [0], None))
 
     def relay_callback(*args: Any) -> int:
         try:
-            if getcpu is not None:
-                cpu = getcpu()
-                if cpu != pinned[0]:
-                    mask = masks.get(cpu)
-                    if mask is not None:  # None: pinning off, or a CPU the thread may not use
-                        pinned[0] = cpu
-                        result[0] = call(mask)  # type: ignore[misc]
             sink((callback, args, monotonic(), None))
         except BaseException:  # noqa: BLE001 - anything escaping would kill the job or the process
             try:
@@ -144,15 +130,14 @@ class ControllerHost:
         """Some older builds lack ``tft_notify_controller_prepare_action``."""
         return self._prepare_action is not None
 
-    def start(self, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
-              pin: HandoffPin | None = None) -> None:
+    def start(self, sink: Callable[[ReportFields], None], on_error: Callable[[], None]) -> None:
         """Register all four callbacks, then init, then start (the controller checks that
         all four are registered once, while starting, and silently never calls any of
-        them otherwise). ``pin``: see ``make_callback``."""
+        them otherwise)."""
         if not self.owned:  # re-registering and re-initialising the caller's controller would break it
             raise StartupError("this controller is run by the caller (external=True): it is never started here")
         m, c = self.module, self.config
-        self.callbacks = {name: make_callback(name, sink, on_error, pin) for name in CALLBACKS}
+        self.callbacks = {name: make_callback(name, sink, on_error) for name in CALLBACKS}
         for name, callback in self.callbacks.items():
             if m.tft_register_mindx_callback(name, callback) != 0:
                 raise StartupError(f"the controller refused to register callback {name!r}")

@@ -219,8 +219,7 @@ class Bridge:
 
     async def _start_controller(self) -> None:
         c, link = self.config, self.link
-        await asyncio.to_thread(link.controller.start, link.sink, self.metrics.callback_errors.inc,
-                                link.handoff_pin)
+        await asyncio.to_thread(link.controller.start, link.sink, self.metrics.callback_errors.inc)
         self.orphan.controller_started(f"{c.controller.bind_ip}:{c.controller.port}")
         self._marked = True
         self._observe(f"controller listening for training ranks on {c.controller.bind_ip}:{c.controller.port}")

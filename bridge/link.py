@@ -24,7 +24,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from . import realtime
-from .affinity import HandoffPin
 from .clusterd import ClusterDClient, Session, SessionState, run_logged
 from .config import BridgeConfig
 from .controller import ControllerHost
@@ -34,7 +33,7 @@ from .metrics import BridgeMetrics
 from .realtime import LoopPriority
 from .recorder import NullRecorder
 from .relay import Relay
-from .reports import THREAD, Handoff, ReportFields, ReportPath
+from .reports import Handoff, ReportFields, ReportPath
 from .signals import SignalDispatcher, screen_signal
 
 log = logging.getLogger(__name__)
@@ -86,12 +85,6 @@ class Link:
     def sink(self) -> Callable[[ReportFields], None]:
         """Where the controller's callbacks put their arguments (O(1), see Handoff)."""
         return self.handoff.put
-
-    @property
-    def handoff_pin(self) -> HandoffPin | None:
-        """How the callbacks pin the hand-off thread to their CPU (``bridge/affinity.py``);
-        None in WAKE mode, which has no hand-off thread."""
-        return self.handoff.pin if self.handoff.mode == THREAD else None
 
     async def start(self) -> None:
         """Open the channel and start the session, the dispatcher and the outbox."""

@@ -46,7 +46,6 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from . import faults as codec
-from .affinity import HandoffPin
 from .clusterd import SessionState
 from .codes import Code
 from .flow import STRATEGIES, ControllerFlow, Step
@@ -114,9 +113,6 @@ class Handoff:
     had to wait behind the busy processes for its CPU back while holding the GIL (block
     p99 0.05-3.6 ms against 8-12 us as SCHED_BATCH, bench_loaded A/B at one and two busy
     processes). Also the fall back where WAKE is unavailable (no eventfd/ctypes).
-    The callback pins the thread to the CPU the controller's thread runs on before waking
-    it (``bridge/affinity.py``): woken there, it runs as soon as the controller's thread
-    goes back to waiting instead of behind a busy process on another CPU.
     """
 
     _STOP = object()
@@ -129,7 +125,6 @@ class Handoff:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._fd = -1
-        self.pin: HandoffPin | None = None  # THREAD mode: how the callbacks pin its thread
         self._write = _gil_holding_write() if mode == WAKE else None
         if mode == WAKE and self._write is None:
             log.warning("no GIL-holding write available: the controller hand-off falls back to a thread")
@@ -147,8 +142,6 @@ class Handoff:
         self.put = self._queue.put
         self._thread = threading.Thread(target=self._run, name="tft-handoff", daemon=True)
         self._thread.start()
-        assert self._thread.native_id is not None  # set before start() returns
-        self.pin = HandoffPin(self._thread.native_id)
 
     # ------------------------------------------------------------------ WAKE mode
     def _put_and_wake(self, item: ReportFields) -> None:
@@ -211,8 +204,6 @@ class Handoff:
                     log.error("dropped %d controller report(s): the event loop is closed", len(reports))
             if stop:
                 return
-            if self.pin is not None:
-                self.pin.check()
 
     # ------------------------------------------------------------------ both
     def close(self, timeout: float = 2.0) -> None:
