@@ -181,13 +181,6 @@ def restore_policy(saved: list[tuple[int, int, os.sched_param]]) -> None:
         os.sched_setscheduler(tid, policy, param)
 
 
-def unpin(handoff: Handoff, unpinned: bool) -> None:
-    """The hand-off thread back on all its CPUs and not pinned by the callbacks
-    (``unpinned``), or pinned by them again from the next callback on."""
-    if handoff.pin is not None:
-        handoff.pin.enable(not unpinned)
-
-
 def stats(values: list[float], unit: float, suffix: str) -> str:
     return (f"p50 {pct(values, 0.5) / unit:8.2f}  p99 {pct(values, 0.99) / unit:8.2f}  "
             f"max {max(values) / unit:8.2f} {suffix}  (n={len(values)})")
@@ -234,10 +227,6 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
         realtime_threads = [threading.get_native_id(), report_thread]
         if link.loop_priority.realtime and link.client.rpc_thread.realtime:
             ways["bridge/no-rt"] = wake
-        # The A/B of bridge/affinity.py: the same bridge with its hand-off thread back on all
-        # its CPUs and not pinned to the controller's for the call.
-        if link.handoff.pin is not None and link.handoff.pin.enabled:
-            ways["bridge/unpinned"] = wake
         sync = SyncRelay(job.config.clusterd.address, JOB)
         ways["sync"] = sync.report_fault_ranks
         sync_again = SyncRelay(job.config.clusterd.address, JOB)  # A/A: identical, its own channel
@@ -259,13 +248,11 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
                             link.client.report_thread = name != "bridge/aio"
                             sent = len(link.relay.sent)
                             saved = normal_policy(realtime_threads) if name == "bridge/no-rt" else []
-                            unpin(link.handoff, name == "bridge/unpinned")
                             try:
                                 called, block, decoded = await one_report(sim, controller, callback,
                                                                         fault_map(size, len(ways) * i + k))
                             finally:
                                 restore_policy(saved)
-                                unpin(link.handoff, False)
                             blocks[name].append(block)
                             latency[name].append(decoded - called)
                             if not name.startswith("sync") and arrived and len(link.relay.sent) > sent:
@@ -394,7 +381,7 @@ async def e2e_phase(loads: list[int], cycles: int) -> None:
         print(f"  {load} busy process(es)")
         with BusyProcesses(load):
             results = {"bridge": await e2e_bridge(cycles), "bridge/no-rt": await e2e_bridge(cycles, 0),
-                       "bridge/unpinned": await e2e_bridge(cycles, pinned=False), "sync": await e2e_sync(cycles)}
+                       "sync": await e2e_sync(cycles)}
         for name, (times, failures) in results.items():
             totals = [t.total for t in times]
             if totals:
@@ -407,7 +394,7 @@ async def e2e_phase(loads: list[int], cycles: int) -> None:
             if failures:
                 print(f"      {len(failures)} cycle(s) FAILED, the first: {failures[0]}")
         sync = [t.total for t in results["sync"][0]]
-        for name in ("bridge", "bridge/no-rt", "bridge/unpinned"):
+        for name in ("bridge", "bridge/no-rt"):
             bridge = [t.total for t in results[name][0]]
             if bridge and sync:
                 print(f"    {name + ' - sync':<16} p50 {(pct(bridge, 0.5) - pct(sync, 0.5)) * 1e3:+8.2f}  "
@@ -477,12 +464,10 @@ def e2e_job(realtime_priority: int) -> tuple[SimulatedJob, RemoteSim]:
     return job, sim
 
 
-async def e2e_bridge(cycles: int, realtime_priority: int = 1, pinned: bool = True
-                     ) -> tuple[list[CycleTimes], list[str]]:
+async def e2e_bridge(cycles: int, realtime_priority: int = 1) -> tuple[list[CycleTimes], list[str]]:
     """The bridge as built: SimulatedJob with the stub controller, FAST timings; with
     ``realtime_priority`` 0 its report-path threads stay under the normal policy (the
-    design before, bridge/realtime.py); not ``pinned``, its hand-off thread is not pinned
-    to the controller's CPU (the design before, bridge/affinity.py)."""
+    design before, bridge/realtime.py)."""
     job, sim = e2e_job(realtime_priority)
     await sim.start()
     await job.start()
@@ -492,7 +477,6 @@ async def e2e_bridge(cycles: int, realtime_priority: int = 1, pinned: bool = Tru
         if realtime_priority and not job.bridge.link.loop_priority.realtime:
             print("      (realtime refused: this bridge runs under the normal policy)")
         link = job.bridge.link
-        unpin(link.handoff, not pinned)
         arrived: list[tuple[str, float]] = []  # ("loop <callback>", when a report reached the loop)
         handle = link.handoff._handle
 

@@ -10,11 +10,15 @@ a "report" thread. Printed per setting and load: the put's block time and the ti
 the put to each thread running, p50/p99/max in microseconds.
 
 A setting names the policy of the hand-off, loop and report threads:
-``batch`` (SCHED_BATCH), ``normal``, ``fifo`` (SCHED_FIFO 1 with SCHED_RESET_ON_FORK),
+``batch`` (SCHED_BATCH; ``batch-20``: at nice -20), ``normal``, ``fifo`` (SCHED_FIFO 1
+with SCHED_RESET_ON_FORK),
 ``nice-10``, ``slice100`` (the normal policy with a 100 us EEVDF slice request,
 Linux >= 6.12, x86_64 only here). ``fifo`` and ``nice-10`` need privilege
-(root, CAP_SYS_NICE or RLIMIT_RTPRIO). This is what chose ``bridge/realtime.py``'s
-threads; ``bench_loaded.py`` measures the bridge itself.
+(root, CAP_SYS_NICE or RLIMIT_RTPRIO). ``+pin`` after the hand-off's policy (e.g.
+``batch+pin/fifo/fifo``): before each put the controller pins the hand-off thread to
+the CPU it runs on, when that changed (session 6, not adopted: bench/README.md). This
+is what chose ``bridge/realtime.py``'s threads; ``bench_loaded.py`` measures the bridge
+itself.
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ def pct(values: list[float], q: float) -> float:
 def run(setting: str, rounds: int, work: int) -> dict[str, list[float]]:
     handoff_policy, loop_policy, report_policy = setting.split("/")
     handoff_policy, pin = handoff_policy.removesuffix("+pin"), handoff_policy.endswith("+pin")
-    getcpu = ctypes.CDLL(None).sched_getcpu
+    getcpu = ctypes.CDLL(None).sched_getcpu  # the benchmark's own, not the bridge's (GIL released)
     handoff_tid: list[int] = []
     loop = asyncio.new_event_loop()
     handoff_queue: queue.SimpleQueue[float | None] = queue.SimpleQueue()
