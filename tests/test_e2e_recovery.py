@@ -243,7 +243,16 @@ async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[Si
     assert delivered() == set(range(1000))
     requests = len(rpcs(job, "ReportProcessFault"))
     assert requests <= 50, requests
-    assert job.metrics.sample("tft_bridge_fault_reports_merged_total") == 1000 - requests
+    # Every callback's rank first goes out in exactly one request, built by merging the
+    # callbacks queued together. A request carrying no rank for the first time is a resend
+    # or a re-report (a new stream on a loaded machine), which merges no callback.
+    sent: set[int] = set()
+    built = 0
+    for entry in rpcs(job, "ReportProcessFault"):
+        ranks = set(entry.detail["faults"])
+        built += bool(ranks - sent)
+        sent |= ranks
+    assert job.metrics.sample("tft_bridge_fault_reports_merged_total") == 1000 - built
 
 
 def after(job: SimulatedJob, seq: int, kind: str, name: str | None = None) -> list:  # type: ignore[type-arg]

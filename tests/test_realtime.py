@@ -89,9 +89,14 @@ async def test_a_running_bridge_runs_its_loop_and_report_thread_realtime_and_nev
     assert _gauges(job) == {thread: 1.0 for thread in THREADS}
     # Nothing these threads start is realtime: not a worker thread, not a hook's process.
     assert await asyncio.to_thread(lambda: _policy(0)) == os.SCHED_OTHER
-    child = await asyncio.create_subprocess_exec("sh", "-c", "exit 0")
-    assert _policy(child.pid) == os.SCHED_OTHER
-    await child.wait()
+    # The child waits for its stdin to close: one that exited may be reaped before it is looked at.
+    child = await asyncio.create_subprocess_exec("sh", "-c", "read line", stdin=asyncio.subprocess.PIPE)
+    try:
+        assert _policy(child.pid) == os.SCHED_OTHER
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        await child.wait()
     # It recovers a job exactly as before.
     job.training.inject_fault({5: 1})
     await annotation(job, "recover-success")
