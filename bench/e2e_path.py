@@ -77,7 +77,8 @@ async def run_cycle(sim: RemoteSim, training: Any, index: int,
     """Inject a UCE on one rank, wait for ClusterD's retry-success and for the client to
     be subscribed again with the controller back in NORMAL; return the cycle's times.
     ``ready_again(mark)`` waits for the client's next live stream after journal seq
-    ``mark``. ``sent_log``: the bridge relay's (kind, time) send log, if any."""
+    ``mark``. ``sent_log``: the bridge relay's (kind, time) send log with the bench's
+    ("loop <callback>", time) stamps, if any."""
     rank = (index * 5 + 1) % WORLD_SIZE
     with training.cond:  # the stub's log is per cycle: indexes below are this cycle's
         training.events.clear()
