@@ -240,18 +240,18 @@ async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[Si
         return ranks
 
     await eventually(lambda: len(delivered()) == 1000, 10, what="all 1000 ranks delivered")
-    assert delivered() == set(range(1000))
-    requests = len(rpcs(job, "ReportProcessFault"))
-    assert requests <= 50, requests
+    requests = rpcs(job, "ReportProcessFault")
+    assert len(requests) <= 50, len(requests)
     # Every callback's rank first goes out in exactly one request, built by merging the
     # callbacks queued together. A request carrying no rank for the first time is a resend
     # or a re-report (a new stream on a loaded machine), which merges no callback.
     sent: set[int] = set()
     built = 0
-    for entry in rpcs(job, "ReportProcessFault"):
+    for entry in requests:
         ranks = set(entry.detail["faults"])
         built += bool(ranks - sent)
         sent |= ranks
+    assert sent == set(range(1000))
     assert job.metrics.sample("tft_bridge_fault_reports_merged_total") == 1000 - built
 
 
