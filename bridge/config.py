@@ -117,6 +117,12 @@ class ControllerConfig:
     # they then run the moment they wake, also when the node's cores are busy; 0 leaves
     # them under the normal policy. The unit allows 1 (LimitRTPRIO=1).
     realtime_priority: int = 1
+    # Pin the controller's callback thread and the hand-off thread to the CPU the
+    # controller first calls back on (bridge/affinity.py): every wake-up of the hand-off
+    # is then local, and a report reaches the loop when the callback's thread goes back
+    # to waiting instead of after a busy process's slice on another CPU. Within the
+    # unit's CPUAffinity=; false leaves both free to move.
+    pin_cpu: bool = True
 
 
 @dataclass(frozen=True)

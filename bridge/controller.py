@@ -27,6 +27,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from .affinity import ControllerPin
 from .config import STUB_CONTROLLER, ControllerConfig
 from .reports import ReportFields
 
@@ -55,23 +56,44 @@ def load_controller_module(name: str) -> ModuleType:
         ) from error
 
 
-def make_callback(callback: str, sink: Callable[[ReportFields], None], on_error: Callable[[], None]) -> Callable[..., int]:
-    """A controller callback that hands its arguments to ``sink`` and returns at once."""
+def make_callback(callback: str, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
+                  pin: ControllerPin | None = None) -> Callable[..., int]:
+    """A controller callback that hands its arguments to ``sink`` and returns at once.
+    With ``pin``, a thread's first callback first pins that thread to its CPU
+    (``bridge/affinity.py``); every later one pays two attribute reads and a
+    comparison, made here so that no further Python frame runs on the controller's
+    thread."""
     monotonic = time.monotonic  # a closure cell: no global and attribute look-up per call
+    get_ident = threading.get_ident
 
     def relay_callback(*args: Any) -> int:
         try:
             sink((callback, args, monotonic(), None))
         except BaseException:  # noqa: BLE001 - anything escaping would kill the job or the process
-            try:
-                on_error()
-                log.exception("controller callback %s could not hand off its report", callback)
-            except BaseException:  # noqa: BLE001
-                pass
+            _callback_failed(callback, on_error)
         return 0
 
-    relay_callback.__name__ = f"relay_{callback}"
-    return relay_callback
+    def pinning_callback(*args: Any) -> int:
+        try:
+            if pin.enabled and pin.thread != get_ident():  # type: ignore[union-attr]
+                pin.pin_caller()  # type: ignore[union-attr]
+            sink((callback, args, monotonic(), None))
+        except BaseException:  # noqa: BLE001 - anything escaping would kill the job or the process
+            _callback_failed(callback, on_error)
+        return 0
+
+    chosen = pinning_callback if pin is not None else relay_callback
+    chosen.__name__ = f"relay_{callback}"
+    return chosen
+
+
+def _callback_failed(callback: str, on_error: Callable[[], None]) -> None:
+    """Count and log a callback that could not hand off (never raises)."""
+    try:
+        on_error()
+        log.exception("controller callback %s could not hand off its report", callback)
+    except BaseException:  # noqa: BLE001
+        pass
 
 
 #: The controller's wait for every ClusterD answer, read from the environment only.
@@ -130,14 +152,15 @@ class ControllerHost:
         """Some older builds lack ``tft_notify_controller_prepare_action``."""
         return self._prepare_action is not None
 
-    def start(self, sink: Callable[[ReportFields], None], on_error: Callable[[], None]) -> None:
+    def start(self, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
+              pin: ControllerPin | None = None) -> None:
         """Register all four callbacks, then init, then start (the controller checks that
         all four are registered once, while starting, and silently never calls any of
-        them otherwise)."""
+        them otherwise). ``pin``: see ``make_callback``."""
         if not self.owned:  # re-registering and re-initialising the caller's controller would break it
             raise StartupError("this controller is run by the caller (external=True): it is never started here")
         m, c = self.module, self.config
-        self.callbacks = {name: make_callback(name, sink, on_error) for name in CALLBACKS}
+        self.callbacks = {name: make_callback(name, sink, on_error, pin) for name in CALLBACKS}
         for name, callback in self.callbacks.items():
             if m.tft_register_mindx_callback(name, callback) != 0:
                 raise StartupError(f"the controller refused to register callback {name!r}")

@@ -66,10 +66,10 @@ from .flow import ControllerFlow, Step
 from .link import Link, finish, spawn
 from .metrics import BridgeMetrics, MetricsServer
 from .orphan import ControllerMarker, OrphanWatch
-from .recorder import NullRecorder, Recording
-from .state import state_directory
 from .ranktable import RankTableSubscriber
+from .recorder import NullRecorder, Recording
 from .relay import Relay
+from .state import state_directory
 from .systemd import Notifier
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,8 @@ class Bridge:
 
     async def _start_controller(self) -> None:
         c, link = self.config, self.link
-        await asyncio.to_thread(link.controller.start, link.sink, self.metrics.callback_errors.inc)
+        await asyncio.to_thread(link.controller.start, link.sink, self.metrics.callback_errors.inc,
+                                link.controller_pin)
         self.orphan.controller_started(f"{c.controller.bind_ip}:{c.controller.port}")
         self._marked = True
         self._observe(f"controller listening for training ranks on {c.controller.bind_ip}:{c.controller.port}")

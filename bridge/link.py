@@ -24,6 +24,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from . import realtime
+from .affinity import ControllerPin
 from .clusterd import ClusterDClient, Session, SessionState, run_logged
 from .config import BridgeConfig
 from .controller import ControllerHost
@@ -68,7 +69,10 @@ class Link:
         self.dispatcher.resume = self.reports.resume
         self.dispatcher.on_orphaned_global_fault = lambda: self.session.request_resubscribe("orphaned_global_fault")
         self.relay.on_outcome_unknown = self.reports.resume.outcome_unknown
-        self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle, config.controller.handoff)
+        self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle, config.controller.handoff,
+                               pin_cpu=config.controller.pin_cpu)
+        if self.handoff.pin is not None:
+            metrics.bind_controller_cpu(lambda: self.handoff.pin.handoff_cpu if self.handoff.pin else -1)
         self.loop_priority = LoopPriority(config.controller.realtime_priority)  # held from start to stop
         if config.controller.realtime_priority > 0:  # off: not exported (no alert for a choice)
             metrics.bind_realtime_threads({
@@ -85,6 +89,13 @@ class Link:
     def sink(self) -> Callable[[ReportFields], None]:
         """Where the controller's callbacks put their arguments (O(1), see Handoff)."""
         return self.handoff.put
+
+    @property
+    def controller_pin(self) -> ControllerPin | None:
+        """What pins an owned controller's callback thread to one CPU with the hand-off
+        thread (bridge/affinity.py), for its callbacks; None when off."""
+        pin = self.handoff.pin
+        return pin if pin is not None and pin.enabled else None
 
     async def start(self) -> None:
         """Open the channel and start the session, the dispatcher and the outbox."""

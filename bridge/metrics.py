@@ -163,6 +163,11 @@ class BridgeMetrics:
             "1 while this thread (loop, report) runs under SCHED_FIFO (controller.realtime_priority); 0: it waits for "
             "a core when the node is busy (refused, or the report thread before the first subscription); not "
             "exported with realtime_priority 0", ["thread"], registry=r)
+        self.controller_cpu = Gauge(
+            "tft_bridge_controller_cpu",
+            "The CPU the controller's callback thread and the hand-off thread are pinned to (controller.pin_cpu); "
+            "-1: not pinned (off, refused, or no callback yet)", registry=r)
+        self.controller_cpu.set(-1)
         self.outbox_depth = Gauge(
             "tft_bridge_outbox_depth", "Reports waiting to be delivered to ClusterD", registry=r)
         self.bad_inputs = Counter(
@@ -234,6 +239,10 @@ class BridgeMetrics:
         """Whether each report-path thread is realtime (bridge/realtime.py), read at scrape time."""
         for thread, query in queries.items():
             self.realtime_thread.labels(thread).set_function(lambda query=query: 1.0 if query() else 0.0)
+
+    def bind_controller_cpu(self, query: Callable[[], int]) -> None:
+        """Where the controller's thread and the hand-off thread are pinned (bridge/affinity.py)."""
+        self.controller_cpu.set_function(lambda: float(query()))
 
     def bind_controller_switch(self, query: Callable[[], bool]) -> None:
         def connected() -> float:

@@ -46,6 +46,7 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from . import faults as codec
+from .affinity import ControllerPin
 from .clusterd import SessionState
 from .codes import Code
 from .flow import STRATEGIES, ControllerFlow, Step
@@ -113,13 +114,18 @@ class Handoff:
     had to wait behind the busy processes for its CPU back while holding the GIL (block
     p99 0.05-3.6 ms against 8-12 us as SCHED_BATCH, bench_loaded A/B at one and two busy
     processes). Also the fall back where WAKE is unavailable (no eventfd/ctypes).
+    With ``pin_cpu`` the thread, after each batch, moves to the CPU the controller's
+    thread is pinned to by its first callback (``bridge/affinity.py``): woken there, it
+    runs as soon as the controller's thread goes back to waiting instead of behind a
+    busy process on another CPU.
     """
 
     _STOP = object()
 
     def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None],
-                 mode: str = THREAD) -> None:
+                 mode: str = THREAD, *, pin_cpu: bool = True) -> None:
         self._loop = loop
+        self.pin: ControllerPin | None = None  # THREAD mode: the controller's thread and this one on one CPU
         self._handle = handle
         self.batch_policy = False  # True once the hand-off thread (THREAD mode) runs under SCHED_BATCH
         self._thread: threading.Thread | None = None
@@ -137,6 +143,7 @@ class Handoff:
             self.put: Callable[[ReportFields], None] = self._put_and_wake
             return
         self.mode = THREAD
+        self.pin = ControllerPin(pin_cpu)
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         # The callbacks' sink: the C method itself, no Python frame on the controller's thread.
         self.put = self._queue.put
@@ -188,6 +195,8 @@ class Handoff:
 
     def _serve(self) -> None:
         self.batch_policy = _no_wakeup_preemption()
+        pin = self.pin
+        assert pin is not None
         while True:
             batch = [self._queue.get()]
             while True:
@@ -204,6 +213,7 @@ class Handoff:
                     log.error("dropped %d controller report(s): the event loop is closed", len(reports))
             if stop:
                 return
+            pin.follow()  # after the batch is on its way: a migration never delays it
 
     # ------------------------------------------------------------------ both
     def close(self, timeout: float = 2.0) -> None:
@@ -211,6 +221,8 @@ class Handoff:
         if self._thread is not None:
             self._queue.put(self._STOP)
             self._thread.join(timeout)
+            if self.pin is not None:
+                self.pin.release()
             return
         if self._closed:
             return

@@ -298,3 +298,10 @@ def test_the_hand_off_mode_is_one_of_the_two_and_named_when_wrong() -> None:
     assert build_config({**MINIMAL, "controller": {"handoff": "wake"}}, {}).controller.handoff == "wake"
     problem = one_problem({**MINIMAL, "controller": {"handoff": "fast"}})
     assert problem.startswith("controller.handoff") and "'thread'" in problem and "'fast'" in problem
+
+
+def test_controller_pin_cpu_is_on_by_default_and_takes_only_a_boolean() -> None:
+    assert build_config(MINIMAL, {}).controller.pin_cpu is True
+    assert build_config({**MINIMAL, "controller": {"pin_cpu": False}}, {}).controller.pin_cpu is False
+    message = one_problem({**MINIMAL, "controller": {"pin_cpu": "sometimes"}})
+    assert "controller.pin_cpu" in message and "boolean" in message

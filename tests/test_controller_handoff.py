@@ -109,15 +109,17 @@ def test_a_failing_error_counter_does_not_escape_either() -> None:
     assert call_from_thread(make_callback("report_result", broken, broken), 0, "ok", {}, "retry") == 0
 
 
-@pytest.mark.parametrize("mode", [WAKE, THREAD])
-async def test_the_callback_runs_no_python_frame_but_its_own_and_the_put(mode: str) -> None:
+@pytest.mark.parametrize("mode, pinned", [(WAKE, False), (THREAD, False), (THREAD, True)])
+async def test_the_callback_runs_no_python_frame_but_its_own_and_the_put(mode: str, pinned: bool) -> None:
     """On the controller's (cold) thread the callback's Python frames are itself and, in
     WAKE mode, the hand-off's put (a deque append and a flag; the clock, the append and
     the wake-up write are C calls). A further wrapper, or a dataclass built per call,
-    would show up here (and cost 3-4x the time)."""
+    would show up here (and cost 3-4x the time). Pinned (the daemon's THREAD mode,
+    bridge/affinity.py), the thread's first callback pins it; the next runs no more
+    frames than unpinned."""
     collected = Collected()
     handoff = Handoff(asyncio.get_running_loop(), collected.handle, mode)
-    callback = make_callback("report_fault_ranks", handoff.put, lambda: None)
+    callback = make_callback("report_fault_ranks", handoff.put, lambda: None, handoff.pin if pinned else None)
     python_frames: list[str] = []
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
@@ -125,6 +127,8 @@ async def test_the_callback_runs_no_python_frame_but_its_own_and_the_put(mode: s
             python_frames.append(frame.f_code.co_name)
 
     def controller_thread() -> int:
+        if pinned:
+            assert callback({0: 0}) == 0  # the first: pins the thread where pinning is possible
         sys.setprofile(profile)
         try:
             return callback({1: 0})
@@ -133,7 +137,7 @@ async def test_the_callback_runs_no_python_frame_but_its_own_and_the_put(mode: s
 
     try:
         assert call_from_thread(controller_thread) == 0
-        await collected.wait_for(1)
+        await collected.wait_for(2 if pinned else 1)
     finally:
         handoff.close()
     own = [callback.__code__.co_name] + (["_put_and_wake"] if mode == WAKE else [])

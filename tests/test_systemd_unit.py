@@ -258,11 +258,13 @@ def syscall_group(name: str, seen: set[str] | None = None) -> set[str]:
 
 
 @needs_systemd_analyze
-def test_the_handoff_thread_may_lower_its_own_scheduling_policy(unit: dict[str, list[tuple[str, str]]]) -> None:
-    """The hand-off thread calls sched_setscheduler(SCHED_BATCH) (bridge/controller.py);
-    @resources holds that call, and the unit denies @resources. Applied in systemd's
-    order (the first line sets allow-list mode, later lines add or remove), the call
-    must end up allowed, and nothing else of @resources with it."""
+def test_the_report_path_threads_may_set_their_own_policy_and_cpus(unit: dict[str, list[tuple[str, str]]]) -> None:
+    """The report path's threads call sched_setscheduler (bridge/realtime.py, the
+    hand-off's SCHED_BATCH), and the controller's callback thread and the hand-off thread
+    sched_setaffinity (bridge/affinity.py); @resources holds both calls, and the unit
+    denies @resources. Applied in systemd's order (the first line sets allow-list mode,
+    later lines add or remove), both must end up allowed, and nothing else of @resources
+    with them."""
     lines = values(unit, "Service", "SystemCallFilter")
     assert lines and not lines[0].startswith("~"), "an allow-list filter is expected"
     allowed: set[str] = set()
@@ -270,6 +272,6 @@ def test_the_handoff_thread_may_lower_its_own_scheduling_policy(unit: dict[str, 
         deny = line.startswith("~")
         names = set().union(*(syscall_group(name) for name in line.lstrip("~").split()))
         allowed = allowed - names if deny else allowed | names
-    assert "sched_setscheduler" in allowed
-    assert not (syscall_group("@resources") - {"sched_setscheduler"}) & allowed
+    assert {"sched_setscheduler", "sched_setaffinity"} <= allowed
+    assert not (syscall_group("@resources") - {"sched_setscheduler", "sched_setaffinity"}) & allowed
     assert "setrlimit" not in allowed

@@ -1,0 +1,184 @@
+"""The controller's callback thread and the hand-off thread pinned to one CPU (issue 16).
+
+The controller's callbacks wake the hand-off thread (``reports.Handoff``, THREAD mode),
+which runs under ``SCHED_BATCH`` so that the wake-up never preempts the controller's
+thread inside the callback (``realtime.py`` says why no other policy will do). A batch
+thread woken on the controller's CPU runs the moment the controller's thread goes back
+to waiting, which the real controller does right after its callbacks; woken on another
+CPU it waits out whatever busy process runs there. Issue 16's end-to-end runs showed that
+choice of the scheduler is the whole of the remaining gap to the synchronous client
+under load: at two busy processes on a 2-core node the controller's second
+``report_fault_ranks`` reached the event loop 2.1 ms later at the median (4.4 ms p99)
+whenever the hand-off thread was queued on the other CPU.
+
+Session 6 tried to make the hand-off thread *follow* the controller's thread and lost
+either way (bench/README.md): pinned after each batch, it was on the wrong CPU whenever
+the controller's thread had moved since its last callback (the benchmark's thread
+usually had: cb -> loop p99 3.5-5 ms); pinned from inside the callback, each pin cost
+the callback 30-200 us. So the controller's thread is pinned too, once: the first
+callback on a thread pins *that thread* to the CPU it is running on (``sched_getcpu``
+and ``sched_setaffinity`` through ``PyDLL``, which keep the GIL; the thread is already
+there, so nothing migrates), and the hand-off thread, after the batch that callback
+woke it for, pins itself to the same CPU (with the GIL released: pinning a running
+thread migrates it, and it may then wait for its new CPU). From then on every wake-up is
+local and the callback pays one thread-id comparison (``bench/bench_wakeup.py``'s
+``batch+co``: hand-off p99 0.2-0.4 ms at two and four busy processes against 5-8 ms,
+put p99 unchanged).
+
+What it costs: the controller's state-machine thread can no longer move to an idle CPU.
+Where training processes are bound to cores the bridge may share, confine the unit to
+housekeeping cores (``CPUAffinity=`` in a drop-in): the pin is always taken within the
+CPUs the bridge is allowed. ``controller.pin_cpu = false`` turns it off;
+``tft_bridge_controller_cpu`` shows where both threads are pinned (-1: not pinned).
+
+Where ``sched_getcpu`` or ``sched_setaffinity`` is missing, filtered or refused, nothing
+is pinned (a pinned controller thread is put back), the hand-off thread logs it once
+(never the callback: logging may block) and reports flow exactly as before. ``release``
+puts every thread pinned here back on the CPUs it had.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+_CPU_SET_WORDS = 16  # glibc's cpu_set_t: 1 024 CPUs in unsigned longs
+_CpuSet = ctypes.c_ulong * _CPU_SET_WORDS
+_WORD_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
+
+#: ``sched_setaffinity(thread id, mask size, mask)``, 0 or -1 with errno set.
+SetAffinity = Callable[[int, int, object], int]
+
+
+def _libc_function(name: str, keep_gil: bool) -> Callable[..., int] | None:
+    """``name`` from the C library, or None where it is missing. ``PyDLL`` functions
+    keep the GIL (for the controller's thread, inside a callback: releasing it could let
+    another thread take it and keep the controller waiting up to the switch interval);
+    ``CDLL`` functions release it (for a call that may migrate the caller)."""
+    try:
+        library = ctypes.PyDLL(None, use_errno=True) if keep_gil else ctypes.CDLL(None, use_errno=True)
+        function = getattr(library, name)
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = () if name == "sched_getcpu" else (ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p)
+    return function  # type: ignore[no-any-return]
+
+
+def cpu_mask(cpus: set[int] | frozenset[int]) -> _CpuSet:
+    words = _CpuSet()
+    for cpu in cpus:
+        if 0 <= cpu < _CPU_SET_WORDS * _WORD_BITS:
+            words[cpu // _WORD_BITS] |= 1 << (cpu % _WORD_BITS)
+    return words
+
+
+def allowed_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (its unit's ``CPUAffinity=``, its cpuset)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset()
+
+
+class ControllerPin:
+    """Pins the thread the controller calls back on, and the hand-off thread after it,
+    to the one CPU that thread first called back on. ``pin_caller`` runs on the
+    controller's thread inside its first callback; ``follow`` on the hand-off thread
+    after every batch; ``release`` on any thread."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.allowed = allowed_cpus()
+        self.getcpu = _libc_function("sched_getcpu", keep_gil=True)
+        self.pin_here: SetAffinity | None = _libc_function("sched_setaffinity", keep_gil=True)
+        self.pin_moving: SetAffinity | None = _libc_function("sched_setaffinity", keep_gil=False)
+        self.masks = {cpu: cpu_mask({cpu}) for cpu in self.allowed}
+        self._everywhere = cpu_mask(self.allowed)
+        #: Off where there is nothing to choose between or no way to pin.
+        self.enabled = (enabled and len(self.allowed) > 1 and None not in
+                        (self.getcpu, self.pin_here, self.pin_moving))
+        self.cpu = -1  # where the controller's thread is pinned; -1: not (yet)
+        self.handoff_cpu = -1  # where the hand-off thread is pinned
+        self.thread: int | None = None  # threading.get_ident() of the pinned controller thread
+        self._pinned: set[int] = set()  # native ids of every thread pinned here (release puts them back)
+        self._refusal = ""  # what refused the controller's pin: said by the hand-off thread, not the callback
+        self._lock = threading.Lock()  # follow and release, never the callback
+
+    # ------------------------------------------------------------------ the controller's thread
+    def pin_caller(self) -> None:
+        """Pin the calling thread where it runs. The callback calls it only when
+        ``enabled`` and its thread is not ``thread`` (``controller.make_callback`` makes
+        that check inline: no Python frame on the controller's thread once pinned)."""
+        if not self.enabled:
+            return
+        assert self.getcpu is not None and self.pin_here is not None
+        cpu = self.getcpu()
+        mask = self.masks.get(cpu)
+        if mask is None:  # running outside the set it was allowed at start (a cpuset changed)
+            self._refuse(f"the controller's thread runs on CPU {cpu}, outside the bridge's CPUs")
+            return
+        if self.pin_here(0, ctypes.sizeof(mask), ctypes.addressof(mask)) != 0:
+            self._refuse(f"sched_setaffinity: {os.strerror(ctypes.get_errno())}")
+            return
+        self._pinned.add(threading.get_native_id())
+        self.thread = threading.get_ident()
+        self.cpu = cpu
+
+    def _refuse(self, why: str) -> None:
+        self.enabled = False
+        self._refusal = why
+
+    # ------------------------------------------------------------------ the hand-off thread
+    def follow(self) -> None:
+        """After a batch: onto the controller's CPU when that changed; says once (here,
+        off the controller's thread) when pinning was refused, and then unpins. Never
+        raises: the hand-off thread must outlive any trouble with its CPU."""
+        try:
+            self._follow()
+        except Exception as error:  # noqa: BLE001 - pinning is an optimisation; delivery is not
+            self._give_up(f"{type(error).__name__}: {error}")
+
+    def _follow(self) -> None:
+        if self._refusal:
+            self._give_up(self._refusal)
+            return
+        cpu = self.cpu
+        if cpu < 0 or cpu == self.handoff_cpu or not self.enabled:
+            return
+        assert self.pin_moving is not None
+        mask = self.masks[cpu]
+        with self._lock:
+            if self.pin_moving(0, ctypes.sizeof(mask), ctypes.addressof(mask)) != 0:
+                why = f"sched_setaffinity: {os.strerror(ctypes.get_errno())}"
+            else:
+                self._pinned.add(threading.get_native_id())
+                self.handoff_cpu = cpu
+                return
+        self._give_up(why)
+
+    def _give_up(self, why: str) -> None:
+        self._refusal = ""
+        self.enabled = False
+        log.warning("the controller's thread and the hand-off thread stay unpinned (%s; the unit's "
+                    "SystemCallFilter= must allow sched_setaffinity): callbacks then reach the event loop "
+                    "later when the node's cores are busy", why)
+        self.release()
+
+    # ------------------------------------------------------------------ any thread
+    def release(self) -> None:
+        """Every thread pinned here back on the bridge's CPUs, and no pin after it
+        (idempotent; a thread that has ended is skipped)."""
+        with self._lock:
+            self.enabled = False  # no pin after a release: the hand-off is closing or gave up
+            pinned, self._pinned = self._pinned, set()
+            self.cpu = self.handoff_cpu = -1
+            self.thread = None
+            if self.pin_moving is None:
+                return
+            for thread in pinned:
+                self.pin_moving(thread, ctypes.sizeof(self._everywhere), ctypes.addressof(self._everywhere))
