@@ -8,7 +8,7 @@ when recoveries happen).
 
 For each load level (0, 1, 2 and 2x cores busy processes, each a Python ``while True``
 loop the benchmark starts and always stops) and each fault-map size it alternates, round
-by round, three ways of carrying one ``report_fault_ranks`` callback to the simulated
+by round, several ways of carrying one ``report_fault_ranks`` callback to the simulated
 ClusterD (a child process, ``remote_sim.py``):
 
   * ``bridge (thread)``: the daemon's callback as registered with the controller, the
@@ -18,6 +18,11 @@ ClusterD (a child process, ``remote_sim.py``):
   * ``bridge/wake``: the same bridge, the same loop, outbox and channel, reached through
     a second hand-off in the other mode (WAKE: the callback wakes the loop itself): the
     A/B of the two hand-offs under identical conditions;
+  * ``bridge/no-pin``: the same bridge reached through a second THREAD hand-off that
+    pins nothing, called from a controller thread of its own that stays free to move
+    (the design before ``bridge/affinity.py``, which pins the daemon's hand-off thread
+    and the controller's thread to one CPU): the A/B of the pin. The synchronous
+    client's callbacks run on an unpinned controller thread of their own as well;
   * ``bridge/no-rt``: the same bridge with its loop and report thread put back under
     the normal policy for the call (the design before ``bridge/realtime.py``);
   * ``sync``: the existing client's shape (``baseline.SyncRelay``): the request built
@@ -36,9 +41,10 @@ Then issue 16's end-to-end critical path (``e2e_path.py``): from the controller'
 ``ReportRecoverStrategy`` that follows it, over real retry cycles, for the bridge as built
 and for the synchronous client (blocking Report* calls in all four callbacks, notifies
 inline on a reader thread), each with its own simulated ClusterD; the bridge's path split
-per hop; and the bridge once more with its threads under the normal policy
-(``bridge/no-rt``, ``controller.realtime_priority = 0``: the design before), the A/B of
-the realtime threads. Printed, not a target (the issue asks for the figure).
+per hop; and the bridge twice more, with nothing pinned (``bridge/no-pin``,
+``controller.pin_cpu = false``) and with its threads under the normal policy
+(``bridge/no-rt``, ``controller.realtime_priority = 0``): the A/Bs of the designs
+before. Printed, not a target (the issue asks for the figure).
 
 Targets (issue 16): callback block p99 <= 50 us (the bridge); callback -> server and
 signal -> notify p99 <= the synchronous client's p99 + 1 ms at every load; max <= 20 ms
@@ -194,8 +200,14 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
     await sim.start()
     await job.start()
     thread_handoff: Handoff | None = None
+    unpinned_handoff: Handoff | None = None
     sync: SyncRelay | None = None
     controller = ControllerThread()
+    # The synchronous client's callbacks run on a controller thread of their own: the
+    # bridge's first callback pins its thread to one CPU (bridge/affinity.py), and the
+    # synchronous client's controller thread stays free to move, as it is in MindCluster.
+    sync_controller = ControllerThread()
+    unpinned_controller = ControllerThread()  # for bridge/no-pin
     sync_again: SyncRelay | None = None
     try:
         await job.subscribed()
@@ -220,6 +232,11 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
             "bridge/aio": wake,  # the same, the report RPC made with grpc.aio on the loop
             f"bridge/{other}": make_callback("report_fault_ranks", thread_handoff.put, lambda: None),
         }
+        # The A/B of bridge/affinity.py: a second THREAD hand-off that pins nothing, called
+        # from a controller thread of its own that stays free to move (the design before).
+        unpinned_handoff = Handoff(asyncio.get_running_loop(), stamped, THREAD, pin_cpu=False)
+        if link.handoff.mode == THREAD and link.controller_pin is not None:
+            ways["bridge/no-pin"] = make_callback("report_fault_ranks", unpinned_handoff.put, lambda: None)
         # The A/B of bridge/realtime.py in the same run: the same bridge with its loop and
         # report thread put back under the normal policy for the call, restored after it.
         report_thread = link.client.rpc_thread._thread.native_id
@@ -249,7 +266,9 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
                             sent = len(link.relay.sent)
                             saved = normal_policy(realtime_threads) if name == "bridge/no-rt" else []
                             try:
-                                called, block, decoded = await one_report(sim, controller, callback,
+                                caller = (sync_controller if name.startswith("sync") else
+                                          unpinned_controller if name == "bridge/no-pin" else controller)
+                                called, block, decoded = await one_report(sim, caller, callback,
                                                                         fault_map(size, len(ways) * i + k))
                             finally:
                                 restore_policy(saved)
@@ -280,6 +299,10 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
                                       f"{pct(blocks[bridge], 0.99) * 1e6:.1f} us > 50 us")
     finally:
         await asyncio.to_thread(controller.close)
+        await asyncio.to_thread(sync_controller.close)
+        await asyncio.to_thread(unpinned_controller.close)
+        if unpinned_handoff is not None:
+            await asyncio.to_thread(unpinned_handoff.close)
         if thread_handoff is not None:
             await asyncio.to_thread(thread_handoff.close)
         for relay in (sync, sync_again):
@@ -380,7 +403,9 @@ async def e2e_phase(loads: list[int], cycles: int) -> None:
     for load in loads:
         print(f"  {load} busy process(es)")
         with BusyProcesses(load):
-            results = {"bridge": await e2e_bridge(cycles), "bridge/no-rt": await e2e_bridge(cycles, 0),
+            results = {"bridge": await e2e_bridge(cycles),
+                       "bridge/no-pin": await e2e_bridge(cycles, pin_cpu=False),
+                       "bridge/no-rt": await e2e_bridge(cycles, realtime_priority=0),
                        "sync": await e2e_sync(cycles)}
         for name, (times, failures) in results.items():
             totals = [t.total for t in times]
@@ -394,7 +419,7 @@ async def e2e_phase(loads: list[int], cycles: int) -> None:
             if failures:
                 print(f"      {len(failures)} cycle(s) FAILED, the first: {failures[0]}")
         sync = [t.total for t in results["sync"][0]]
-        for name in ("bridge", "bridge/no-rt"):
+        for name in ("bridge", "bridge/no-pin", "bridge/no-rt"):
             bridge = [t.total for t in results[name][0]]
             if bridge and sync:
                 print(f"    {name + ' - sync':<16} p50 {(pct(bridge, 0.5) - pct(sync, 0.5)) * 1e3:+8.2f}  "
@@ -452,23 +477,26 @@ async def run_cycles(sim: RemoteSim, training: Any, cycles: int, ready: Callable
     return times, failures
 
 
-def e2e_job(realtime_priority: int) -> tuple[SimulatedJob, RemoteSim]:
+def e2e_job(**controller: Any) -> tuple[SimulatedJob, RemoteSim]:
     """The bridge's job and its ClusterD, with ``retry`` configured: a UCE report alone
-    then starts the short pure retry cycle (e2e_path's docstring)."""
+    then starts the short pure retry cycle (e2e_path's docstring); ``controller``:
+    overrides of the bridge's ``[controller]`` settings."""
     job = SimulatedJob(SimJob(JOB, world_size=WORLD_SIZE, devices_per_pod=DEVICES_PER_POD),
                        keepalive_interval=KEEPALIVE, global_fault_delay=PHASE_DELAY, start_clusterd=False,
                        controller_timings=FAST_TIMINGS,
-                       config_overrides={"controller": {"realtime_priority": realtime_priority}})
+                       config_overrides={"controller": controller})
     sim = RemoteSim(job._clusterd_address, JOB, WORLD_SIZE, DEVICES_PER_POD, keepalive=KEEPALIVE,
                     phase_delay=PHASE_DELAY, strategies=STRATEGIES)
     return job, sim
 
 
-async def e2e_bridge(cycles: int, realtime_priority: int = 1) -> tuple[list[CycleTimes], list[str]]:
-    """The bridge as built: SimulatedJob with the stub controller, FAST timings; with
-    ``realtime_priority`` 0 its report-path threads stay under the normal policy (the
-    design before, bridge/realtime.py)."""
-    job, sim = e2e_job(realtime_priority)
+async def e2e_bridge(cycles: int, **controller: Any) -> tuple[list[CycleTimes], list[str]]:
+    """The bridge as built: SimulatedJob with the stub controller, FAST timings. With
+    ``realtime_priority=0`` its report-path threads stay under the normal policy (the
+    design before bridge/realtime.py), with ``pin_cpu=False`` the controller's thread
+    and the hand-off thread stay free to move (the design before bridge/affinity.py)."""
+    job, sim = e2e_job(**controller)
+    realtime_priority = controller.get("realtime_priority", 1)
     await sim.start()
     await job.start()
     try:

@@ -16,7 +16,11 @@ with SCHED_RESET_ON_FORK),
 Linux >= 6.12, x86_64 only here). ``fifo`` and ``nice-10`` need privilege
 (root, CAP_SYS_NICE or RLIMIT_RTPRIO). ``+pin`` after the hand-off's policy (e.g.
 ``batch+pin/fifo/fifo``): before each put the controller pins the hand-off thread to
-the CPU it runs on, when that changed (session 6, not adopted: bench/README.md). This
+the CPU it runs on, when that changed (session 6, not adopted: bench/README.md).
+``+co`` (e.g. ``batch+co/fifo/fifo``): at its first put the controller pins itself to
+the CPU it runs on and the hand-off thread there too, once (session 7: what
+``bridge/affinity.py`` does, except that there the hand-off thread pins itself after
+its batch). This
 is what chose ``bridge/realtime.py``'s threads; ``bench_loaded.py`` measures the bridge
 itself.
 """
@@ -79,6 +83,7 @@ def pct(values: list[float], q: float) -> float:
 def run(setting: str, rounds: int, work: int) -> dict[str, list[float]]:
     handoff_policy, loop_policy, report_policy = setting.split("/")
     handoff_policy, pin = handoff_policy.removesuffix("+pin"), handoff_policy.endswith("+pin")
+    handoff_policy, copin = handoff_policy.removesuffix("+co"), handoff_policy.endswith("+co")
     getcpu = ctypes.CDLL(None).sched_getcpu  # the benchmark's own, not the bridge's (GIL released)
     handoff_tid: list[int] = []
     loop = asyncio.new_event_loop()
@@ -107,6 +112,10 @@ def run(setting: str, rounds: int, work: int) -> dict[str, list[float]]:
         for _ in range(rounds):
             time.sleep(random.uniform(0.002, 0.006))
             put_at = time.perf_counter()
+            if copin and handoff_tid and pinned < 0:
+                pinned = getcpu()
+                os.sched_setaffinity(0, (pinned,))
+                os.sched_setaffinity(handoff_tid[0], (pinned,))
             if pin and handoff_tid and (cpu := getcpu()) != pinned:
                 os.sched_setaffinity(handoff_tid[0], (cpu,))
                 pinned = cpu
