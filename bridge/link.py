@@ -71,8 +71,8 @@ class Link:
         self.relay.on_outcome_unknown = self.reports.resume.outcome_unknown
         self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle, config.controller.handoff,
                                pin_cpu=config.controller.pin_cpu)
-        if self.handoff.pin is not None:
-            metrics.bind_controller_cpu(lambda: self.handoff.pin.handoff_cpu if self.handoff.pin else -1)
+        if (pin := self.handoff.pin) is not None:
+            metrics.bind_controller_cpu(lambda: pin.handoff_cpu)
         self.loop_priority = LoopPriority(config.controller.realtime_priority)  # held from start to stop
         if config.controller.realtime_priority > 0:  # off: not exported (no alert for a choice)
             metrics.bind_realtime_threads({
