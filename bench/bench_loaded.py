@@ -234,8 +234,8 @@ async def report_phase(loads: list[int], sizes: list[int], rounds: dict[int, int
         }
         # The A/B of bridge/affinity.py: a second THREAD hand-off that pins nothing, called
         # from a controller thread of its own that stays free to move (the design before).
-        unpinned_handoff = Handoff(asyncio.get_running_loop(), stamped, THREAD, pin_cpu=False)
         if link.handoff.mode == THREAD and link.controller_pin is not None:
+            unpinned_handoff = Handoff(asyncio.get_running_loop(), stamped, THREAD, pin_cpu=False)
             ways["bridge/no-pin"] = make_callback("report_fault_ranks", unpinned_handoff.put, lambda: None)
         # The A/B of bridge/realtime.py in the same run: the same bridge with its loop and
         # report thread put back under the normal policy for the call, restored after it.
@@ -496,13 +496,12 @@ async def e2e_bridge(cycles: int, **controller: Any) -> tuple[list[CycleTimes], 
     design before bridge/realtime.py), with ``pin_cpu=False`` the controller's thread
     and the hand-off thread stay free to move (the design before bridge/affinity.py)."""
     job, sim = e2e_job(**controller)
-    realtime_priority = controller.get("realtime_priority", 1)
     await sim.start()
     await job.start()
     try:
         await job.subscribed()
         assert job.bridge is not None
-        if realtime_priority and not job.bridge.link.loop_priority.realtime:
+        if job.config.controller.realtime_priority and not job.bridge.link.loop_priority.realtime:
             print("      (realtime refused: this bridge runs under the normal policy)")
         link = job.bridge.link
         arrived: list[tuple[str, float]] = []  # ("loop <callback>", when a report reached the loop)
