@@ -21,7 +21,7 @@ from . import faults as codec
 from .config import BridgeConfig, ConfigError, load_config
 from .interrupts import capture_signals
 from .logs import setup_logging
-from .history import add_history_parser
+from .recorder.history import add_history_parser
 from .platform import add_platform_parser
 from .sim import cli as sim_cli
 
@@ -59,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return await bridge.run()
 
     # Never returns: the process ends with os._exit once the bounded stop is over, so the
-    # controller's atexit destroy cannot hang it (issue 14 item 9; daemon.exit_now).
+    # controller's atexit destroy cannot hang it (daemon.exit_now).
     code = EXIT_FAILED
     try:
         code = asyncio.run(main())

@@ -45,9 +45,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .recorder_config import RANGES as RECORDER_RANGES
-from .recorder_config import OtelConfig, RecorderConfig
-from .recorder_config import problems as recorder_problems
+from .recorder.config import RANGES as RECORDER_RANGES
+from .recorder.config import OtelConfig, RecorderConfig
+from .recorder.config import problems as recorder_problems
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -157,8 +157,8 @@ class BridgeConfig:
     hooks: HooksConfig = field(default_factory=HooksConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     ranktable: RankTableConfig = field(default_factory=RankTableConfig)
-    recorder: RecorderConfig = field(default_factory=RecorderConfig)  # the flight recorder (bridge/recorder.py)
-    otel: OtelConfig = field(default_factory=OtelConfig)  # optional OTLP trace export (bridge/otel.py)
+    recorder: RecorderConfig = field(default_factory=RecorderConfig)  # the flight recorder (bridge/recorder/)
+    otel: OtelConfig = field(default_factory=OtelConfig)  # optional OTLP trace export (bridge/recorder/otel.py)
     outbox_limit: int = 10_000
     log_level: str = "INFO"
 
@@ -197,7 +197,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "controller.realtime_priority": (0, 99, "SCHED_FIFO priority, 0 = off; above 1 needs a higher LimitRTPRIO="),
     "hooks.timeout": (0.1, 3600, "seconds"),
     "metrics.port": (0, 65535, "0 picks a free port"),
-    **RECORDER_RANGES,  # recorder.*, otel.*: defined beside their code (bridge/recorder_config.py)
+    **RECORDER_RANGES,  # recorder.*, otel.*: defined beside their code (bridge/recorder/config.py)
 }
 
 #: Environment variable -> the key it sets (the README's table).
