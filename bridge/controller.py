@@ -106,8 +106,8 @@ def export_wait_time(seconds: int) -> None:
     else (docs/mindio-controller.md section 6). Without it the controller kept its default
     30 s while the flow gate (``ControllerFlow(wait_timeout=...)``, the same configured
     value) assumed another: with 10 configured, ClusterD's globalFault at about 21 s was
-    refused as unexpected_step and the controller, still waiting, later went to EXIT
-    (issue 14 item 7). The configured value already holds the environment's when the TOML
+    refused as unexpected_step and the controller, still waiting, later went to EXIT.
+    The configured value already holds the environment's when the TOML
     does not set it (config.py's precedence), so exporting it never loses the operator's
     word; written as plain ASCII digits, the only form the controller accepts."""
     value = str(int(seconds))

@@ -3,7 +3,7 @@
 A report crosses three of the bridge's threads after the controller's callback returns
 (the hand-off thread, the event loop, the report thread: ``reports.Handoff``,
 ``rpcthread.RpcThread``); a signal crosses the loop. The synchronous MindCluster client
-crosses none: its callback makes the RPC. Issue 16 measured what each crossing costs
+crosses none: its callback makes the RPC. Measured: what each crossing costs
 when the node's cores are busy (recoveries happen then: ranks restarting, checkpoints
 loading): with two to four busy processes on a 2-core node, a thread woken under the
 normal policy, SCHED_BATCH, a short EEVDF slice or nice -10 waits for a core 1.6-8 ms

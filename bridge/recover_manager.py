@@ -206,7 +206,7 @@ class DLRecoverManager:
     async def _start_link(self, controller: ControllerHost) -> Link:
         link = Link(self.config, self.metrics, controller,
                     # The caller's controller read its wait from this process's environment
-                    # at its own init; the gate assumes that wait, not a default (issue 14 item 7).
+                    # at its own init; the gate assumes that wait, not a default.
                     ControllerFlow(wait_timeout=wait_time_from_environment(),
                                    on_desync=self.metrics.count_desync),
                     on_kill_master=lambda: None)  # the caller's process: its launcher decides (logged)

@@ -4,14 +4,14 @@ Signals arrive on the session's stream and are queued here, so reading the strea
 feeding the keep-alive watchdog) never waits for the controller. One task then handles
 them in arrival order and makes each notify call on the event loop itself: a notify
 only checks its arguments and signals the controller's state machine (the stub takes
-about 30 us; the real one releases the GIL in C++). Issue 16 measured the hand-off to a
+about 30 us; the real one releases the GIL in C++). Measured under CPU load, the hand-off to a
 dedicated notify thread, the design before, as the signal path's avoidable cost: on the
 loaded 2-core machine that wake-up took p99 3.6-6.9 ms, up to 49 ms, and the whole
 signal -> notify p99 was 83 ms against 9 ms inline (``bench/bench_loaded.py``). Should
 one notify ever take longer than ``INLINE_NOTIFY_LIMIT``, every later one runs on the
 dedicated thread again (logged once), so a slow controller costs the loop at most once.
 
-What each rule guards against (issue 14, items 4 and 6, and issue 13 item 6):
+What each rule guards against (bad arguments, floods of actions, the orphaned globalFault):
 
 * **Arguments are checked and clamped before the flow moves** (``notify_arguments``).
   The controller's notify functions are SWIG wrappers: a pause ``timeout`` that is
@@ -135,7 +135,7 @@ def is_orphaned_global_fault(signal: pb.ProcessManageSignal) -> bool:
 def screen_signal(signal: pb.ProcessManageSignal, raw: bytes) -> tuple[str, str] | None:
     """``signal_problem`` plus what the dispatcher finds later: fault ranks that do not
     decode, no known action. The session asks it before a signal with a new uuid may
-    become the running cycle (issue 14 item 5: a garbage globalFault adopted as the cycle
+    become the running cycle (seen: a garbage globalFault adopted as the cycle
     got the real result dropped as no_live_cycle); the dispatcher refuses the same signal
     and counts it, so a refused signal changes neither the controller nor the cycle."""
     problem = signal_problem(signal)
@@ -269,7 +269,7 @@ class SignalDispatcher:
         self.on_exit_decided: Callable[[], None] = lambda: None  # ClusterD chose exit (no result follows)
         # ClusterD sent an orphaned globalFault: it now waits in a cycle nobody answers (Link: re-subscribe)
         self.on_orphaned_global_fault: Callable[[], None] = lambda: None
-        self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder.py): O(1) hooks
+        self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder/): O(1) hooks
         self.resume: CycleResume | None = None  # answers a restarted ClusterD's new cycle (resume.py)
 
     # ------------------------------------------------------------------ intake (session's reader)
