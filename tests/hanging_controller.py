@@ -10,7 +10,7 @@ job: once the controller runs, the ranks connect, one raises a UCE, and the retr
 ClusterD then chooses lasts ten minutes; ``<file>`` is created when the controller is in
 REPAIR -- a SIGTERM from then on arrives during a process-level repair, as in the issue.
 
-Issue 14 item 9: a bridge that gave up on such a destroy then hung in that exit handler,
+Seen: a bridge that gave up on such a destroy then hung in that exit handler,
 far past the unit's stop timeout."""
 
 from __future__ import annotations

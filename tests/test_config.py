@@ -1,6 +1,6 @@
 """Configuration: TOML + MindCluster environment, one clear error per bad key.
 
-Issue 14 item 8: every value that is not a number of a sane size, or not a valid
+Every value that is not a number of a sane size, or not a valid
 value, is refused with exit 2 and named by its key, or by the environment variable it
 came from; the tests below run each case through ``build_config`` and the CLI ones
 through ``tft-bridge check-config`` and ``tft-bridge run`` as real processes.
@@ -54,7 +54,8 @@ def test_defaults_are_safe() -> None:
 
 
 def test_default_back_off_cannot_use_up_the_controllers_wait() -> None:
-    # Issue 14: reconnect_max was 30 s, the controller's default wait is 30 s.
+    # One back-off sleep must leave room in the controller's wait for ClusterD's decision
+    # (a 30 s reconnect_max against the default 30 s wait did not).
     assert ClusterDConfig().reconnect_max <= ControllerConfig().wait_mindx_time / 2
 
 

@@ -123,7 +123,7 @@ async def test_recover_fails_then_dump(running: list[SimulatedJob]) -> None:
     await annotation(job, "dump-success")
     # After the dump ClusterD sends exit/dump_exit (and repeats it later). The controller
     # hears exactly one exit notice; it is then FINAL, so the bridge leaves for systemd to
-    # restart it (issue 14 item 2) and the repeat is never forwarded.
+    # restart it and the repeat is never forwarded.
     assert await job.wait_exit(15) == EXIT_CONTROLLER_ENDED
     assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")][:3] == ["recover", "dump", "exit"]
     assert [r.detail["status"]["code"] for r in rpcs(job, "ReportRecoverStatus")] == [406, 0]

@@ -1,4 +1,4 @@
-"""Issue 16's report path: the callback waking the event loop itself (``Handoff`` WAKE
+"""The report path under load: the callback waking the event loop itself (``Handoff`` WAKE
 mode, opt-in through ``controller.handoff``), and the Report* RPCs go over a synchronous channel on a thread of their own
 (``bridge/rpcthread.py``). What must hold whatever the timing: callback order, no loss,
 never raise into the controller, never write to a file descriptor that is no longer

@@ -1,4 +1,4 @@
-"""A stop is bounded whatever the controller does (issue 14 item 9).
+"""A stop is bounded whatever the controller does.
 
 The real controller package registers ``tft_destroy_controller`` with ``atexit``, and its
 destroy can block for minutes mid-flow. Seen: SIGTERM during a repair; the bridge gave

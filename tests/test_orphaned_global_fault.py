@@ -1,4 +1,4 @@
-"""The orphaned globalFault (issue 13 item 6, the real ClusterD's behaviour the simulation
+"""The orphaned globalFault (the real ClusterD's behaviour the simulation
 reproduces, docs/clusterd.md section 7).
 
 The bridge's stream drops while a type-1 cycle sleeps before its globalFault; the bridge

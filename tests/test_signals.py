@@ -1,8 +1,7 @@
 """ClusterD signal -> controller notify: argument checks, flow restore, the cost of one
 signal, the orphaned globalFault, and the controller's wait reaching the controller.
 
-Issue 14 items 4, 6 and 7, and issue 13 item 6 (the orphaned globalFault). The unit
-tests drive a real ``SignalDispatcher`` and ``ControllerFlow`` against a recording fake
+The unit tests drive a real ``SignalDispatcher`` and ``ControllerFlow`` against a recording fake
 controller module (it can raise or refuse on demand); the end-to-end tests run the
 bridge between the simulated ClusterD and the stub controller, which reads
 MINDIO_WAIT_MINDX_TIME from its environment at init exactly like the real one and
@@ -353,7 +352,7 @@ def refused(job: SimulatedJob, reason: str) -> float:
 @pytest.mark.parametrize("timeout", [2 ** 32, -1])
 async def test_a_bad_pause_timeout_leaves_the_next_fault_recoverable(jobs: list[SimulatedJob],
                                                                       timeout: int) -> None:
-    """Issue 14 item 4, end to end: the stub controller raises OverflowError for these
+    """Out-of-range pause timeouts, end to end: the stub controller raises OverflowError for these
     timeouts like the real SWIG wrapper. Before: flow stuck at PAUSE_SENT, the real
     stopTrain refused, the controller went to EXIT."""
     job = await started(jobs, wait_time=3.0)
@@ -374,7 +373,7 @@ async def test_a_bad_pause_timeout_leaves_the_next_fault_recoverable(jobs: list[
 
 async def test_a_10000_action_signal_does_not_delay_the_next_cycle(jobs: list[SimulatedJob],
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 14 item 6, end to end: the flood goes over the wire right before a fault;
+    """A flood of unknown actions, end to end: the flood goes over the wire right before a fault;
     the cycle still completes inside the controller's 3 s waits and the log stays small."""
     caplog.set_level(logging.INFO)
     job = await started(jobs, wait_time=3.0)
@@ -389,7 +388,7 @@ async def test_a_10000_action_signal_does_not_delay_the_next_cycle(jobs: list[Si
 
 async def test_the_toml_wait_reaches_the_controller_and_the_flow_gate(jobs: list[SimulatedJob],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 14 item 7: only the TOML sets wait_mindx_time (1 s); nothing in the
+    """A wait set only in the TOML: only the TOML sets wait_mindx_time (1 s); nothing in the
     environment. The stub reads its wait from the environment at init like the real
     controller, so it waits 1 s only if the bridge exported it. Before: it waited its
     default 30 s while the bridge's gate assumed 1 s."""

@@ -222,7 +222,7 @@ def test_the_wait_is_read_once_at_init_and_from_nowhere_else(m: Any, monkeypatch
 
 
 async def test_a_bridge_configured_with_a_wait_gives_the_controller_that_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the stub's environment-only read is for (issue 14 item 7): a bridge whose
+    """What the stub's environment-only read is for: a bridge whose
     TOML says 12 s but that never exports it leaves the real controller at 30 s while its
     own flow gate expects 12 s (seen with 10: a globalFault at ~21 s refused, the job
     killed). Failed until the bridge exported the value before tft_init_controller."""
