@@ -200,7 +200,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     **RECORDER_RANGES,  # recorder.*, otel.*: defined beside their code (bridge/recorder/config.py)
 }
 
-#: Environment variable -> the key it sets (the README's table).
+#: Environment variable -> the key it sets (docs/configuration.md lists them).
 ENVIRONMENT: dict[str, str] = {
     "MINDX_TASK_ID": "job_id",
     "MINDX_SERVER_IP": "clusterd.address",
