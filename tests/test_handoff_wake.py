@@ -37,7 +37,7 @@ class Collected:
 
 
 async def test_thread_is_the_default_mode_and_wake_is_chosen_by_the_config() -> None:
-    """THREAD keeps the callback shortest on a quiet node (bench/README.md); WAKE is an
+    """THREAD keeps the callback shortest on a quiet node (docs/performance.md); WAKE is an
     operator's choice for nodes whose cores are busy."""
     assert ControllerConfig().handoff == THREAD
     default = Handoff(asyncio.get_running_loop(), Collected().handle)
