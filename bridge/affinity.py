@@ -12,7 +12,7 @@ under load: at two busy processes on a 2-core node the controller's second
 whenever the hand-off thread was queued on the other CPU.
 
 Making the hand-off thread *follow* the controller's thread loses either way
-(measured, ``bench/bench_wakeup.py``): pinned after each batch, it is on the wrong CPU
+(measured on a loaded 2-core node): pinned after each batch, it is on the wrong CPU
 whenever the controller's thread has moved since its last callback (the benchmark's
 thread usually has: cb -> loop p99 3.5-5 ms); pinned from inside the callback, each pin
 costs the callback 30-200 us. So the controller's thread is pinned too, once: the first
