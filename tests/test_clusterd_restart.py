@@ -493,7 +493,7 @@ async def test_a_report_lost_in_a_short_freeze_restarts_the_cycle(
 # --------------------------------------------------------------------------- a real SIGSTOP
 
 async def test_a_clusterd_process_stopped_with_sigstop_after_stop_complete(running: list[SimulatedJob]) -> None:
-    """The issue's own case, with a real process: ClusterD (the simulation in a child
+    """A frozen ClusterD as operators meet it, a real process: ClusterD (the simulation in a child
     process, bench/remote_sim.py) gets SIGSTOP right after it consumed the StopComplete,
     SIGCONT 2.6 s later. The kernel keeps its sockets open and queues whatever arrives;
     its timers are overdue when it wakes."""
