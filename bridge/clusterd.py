@@ -42,12 +42,26 @@ class RpcFailure(Exception):
         self.method, self.status, self.detail, self.delivery = method, status, detail, delivery
 
 
-def channel_options(config: ClusterDConfig) -> list[tuple[str, Any]]:
-    """Keepalive no faster than ClusterD tolerates (it sends GOAWAY below 3 s)."""
+def channel_options(config: ClusterDConfig, *, pings: bool = True) -> list[tuple[str, Any]]:
+    """The options of a channel to ClusterD; ``pings`` False for the report channel.
+
+    Keep-alive pings must pass every ClusterD release's enforcement (docs/releases.md).
+    Master allows pings 3 s apart with or without a call; v7.3.2 and v7.0.RC1 set no
+    policy, so gRPC's default applies there: a ping without an open call, or less than
+    5 minutes after the last one while the server wrote nothing, is a strike, and the
+    third strike closes the connection with GOAWAY ENHANCE_YOUR_CALM "too_many_pings".
+    So no channel pings without an open call (``permit_without_calls`` 0). The signal
+    channel pings only while its stream is open, and ClusterD writes a keep-alive on it
+    every 5 s, which clears the strikes before the next ping (``grpc_keepalive`` >= 10 s).
+    The report channel does not ping at all: its calls are short and a call that waits
+    in ClusterD (a full one-slot buffer) would collect strikes, since nothing is written
+    on it meanwhile; a dead ClusterD is found by the signal stream's keep-alive watchdog,
+    and a report call by its deadline."""
+    keepalive: list[tuple[str, Any]] = [("grpc.keepalive_time_ms", int(config.grpc_keepalive * 1000)),
+                                        ("grpc.keepalive_timeout_ms", 10_000)] if pings else []
     return [
-        ("grpc.keepalive_time_ms", int(config.grpc_keepalive * 1000)),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.keepalive_permit_without_calls", 1),
+        *keepalive,
+        ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.max_receive_message_length", 8 * 1024 * 1024),
         ("grpc.max_send_message_length", 4 * 1024 * 1024),
@@ -58,6 +72,18 @@ def channel_options(config: ClusterDConfig) -> list[tuple[str, Any]]:
         ("grpc.min_reconnect_backoff_ms", max(1, int(config.reconnect_initial * 1000))),
         ("grpc.max_reconnect_backoff_ms", max(1, int(config.reconnect_max * 1000))),
     ]
+
+
+def connection_lost(metrics: BridgeMetrics, channel: str, detail: str) -> None:
+    """ClusterD closed a channel's connection under the bridge: logged and counted.
+
+    A GOAWAY (``too_many_pings`` from a release enforcing gRPC's default ping policy, or
+    a ClusterD shutting down) and a broken connection look alike to the client: the
+    channel leaves READY. gRPC reconnects at the next call; a report in flight at that
+    moment fails with an unknown outcome (``Delivery.UNKNOWN``, counted by the relay)."""
+    metrics.clusterd_connection_lost.labels(channel).inc()
+    log.warning("ClusterD closed the %s channel's connection (%s): a GOAWAY (e.g. too_many_pings: gRPC's own log "
+                "line says which) or a lost connection; gRPC reconnects at the next call", channel, detail)
 
 
 def channel_credentials(config: ClusterDConfig) -> grpc.ChannelCredentials:
@@ -115,10 +141,11 @@ class ClusterDClient:
         connected before the first report, and a client that never subscribes (the rank
         table's) holds no second connection or thread."""
         if self.rpc_thread is None and self.report_thread:
-            options = channel_options(self.config)
+            options = channel_options(self.config, pings=False)
             sync_channel = (grpc.secure_channel(self.config.address, channel_credentials(self.config), options)
                             if self.config.tls else grpc.insecure_channel(self.config.address, options))
-            self.rpc_thread = RpcThread(sync_channel, pb.Status.FromString, self.realtime_priority)
+            self.rpc_thread = RpcThread(sync_channel, pb.Status.FromString, self.realtime_priority,
+                                        on_lost=lambda: connection_lost(self.metrics, "report", "it left READY"))
 
     async def close(self) -> None:
         if self.rpc_thread is not None:
@@ -409,6 +436,8 @@ class Session:
         except grpc.aio.AioRpcError as error:
             reason = f"stream_{error.code().name.lower()}"
             log.warning("ClusterD signal stream ended: %s %s", error.code().name, error.details())
+            if "GOAWAY" in (error.details() or ""):
+                connection_lost(self.metrics, "signal", error.details() or "")
         finally:
             call.cancel()
             self._call = None

@@ -29,6 +29,14 @@ Why every value is checked this strictly (each rule is a failure seen, not a tas
   the cycle; one back-off sleep after a ClusterD restart must leave room for the
   re-subscription, the re-report and ClusterD's own reaction (about 1 s for type-0/2
   faults).
+* ``clusterd.grpc_keepalive`` (HTTP/2 pings on the signal stream's channel, only while
+  the stream is open) must be at least 10 s and at least twice
+  ``clusterd.keepalive_interval``: ClusterD's master rejects pings closer than 3 s, and
+  v7.3.2 and earlier enforce gRPC's default policy (a ping less than 5 minutes after the
+  last one is a strike unless ClusterD wrote something in between; the third strike
+  closes the connection with GOAWAY ``too_many_pings``). ClusterD writes a keep-alive
+  every ``keepalive_interval``, so pings further apart than that always follow a write
+  (docs/releases.md).
 * A file that is not UTF-8 is a configuration error naming the byte, not a traceback.
 """
 
@@ -76,7 +84,7 @@ class ClusterDConfig:
     rpc_timeout: float = 5.0  # deadline of every unary call
     keepalive_interval: float = 5.0  # ClusterD's keep-alive cadence on the signal stream
     watchdog_intervals: float = 3.0  # silence of this many intervals = dead stream
-    grpc_keepalive: float = 30.0  # HTTP/2 pings; ClusterD sends GOAWAY below 3 s, so >= 10
+    grpc_keepalive: float = 30.0  # HTTP/2 pings while the stream is open; see the module docstring
     reconnect_initial: float = 0.2
     reconnect_max: float = 10.0  # at most half the controller's wait: see the module docstring
     recheck_disabled: float = 60.0  # how often a 403 (process recovery off) is re-checked
@@ -184,7 +192,8 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "clusterd.rpc_timeout": (0.1, 300, "seconds; a unary RPC on a LAN"),
     "clusterd.keepalive_interval": (0.01, 600, "seconds; ClusterD's own cadence is 5 s"),
     "clusterd.watchdog_intervals": (1, 100, "keep-alive intervals of silence"),
-    "clusterd.grpc_keepalive": (10, 3600, "seconds; ClusterD answers faster pings with GOAWAY"),
+    "clusterd.grpc_keepalive": (10, 3600, "seconds, and at least twice clusterd.keepalive_interval: pings "
+                                          "that do not follow a ClusterD write get GOAWAY too_many_pings"),
     "clusterd.reconnect_initial": (0.001, 60, "seconds, and at most clusterd.reconnect_max"),
     "clusterd.reconnect_max": (0.01, 1800, "seconds, and at most half of controller.wait_mindx_time"),
     "clusterd.recheck_disabled": (0.1, 86_400, "seconds"),
@@ -405,6 +414,13 @@ def _validate(config: BridgeConfig, problems: _Problems) -> None:
     if k.reconnect_initial > k.reconnect_max:
         problems.add("clusterd.reconnect_initial", f"must be <= clusterd.reconnect_max ({k.reconnect_max:g}), "
                      f"got {k.reconnect_initial:g}")
+    if RANGES["clusterd.grpc_keepalive"][0] <= k.grpc_keepalive < 2 * k.keepalive_interval:  # once per key
+        problems.plain(
+            f"{problems.name('clusterd.grpc_keepalive')} = {k.grpc_keepalive:g} and "
+            f"{problems.name('clusterd.keepalive_interval')} = {k.keepalive_interval:g}: clusterd.grpc_keepalive "
+            f"must be at least twice clusterd.keepalive_interval, or a ping can come before ClusterD wrote "
+            f"anything, which ClusterD releases enforcing gRPC's default ping policy count as abuse "
+            f"(GOAWAY too_many_pings)")
     if k.reconnect_max > c.wait_mindx_time / 2:
         problems.plain(
             f"{problems.name('clusterd.reconnect_max')} = {k.reconnect_max:g} and "

@@ -70,7 +70,8 @@ RESUME_RESULTS = ("re_reported", "rebound", "answered_stop_complete", "answered_
 #: observation makes that recovery invisible to rate() and histogram_quantile() -- and the
 #: first recovery of a bridge's life is often its only one.
 RECOVERY_OUTCOMES = (("retry", "success"), ("retry", "failed"), ("recover", "success"), ("recover", "failed"),
-                     ("dump", "success"), ("dump", "failed"), ("exit", "exit"))
+                     ("dump", "success"), ("dump", "failed"), ("exit", "exit"),
+                     ("retry", "repeat_after_success"))
 
 
 def signal_type_label(signal_type: str) -> str:
@@ -108,6 +109,10 @@ class BridgeMetrics:
         self.recovery_cycles = Counter(
             "tft_bridge_recovery_cycles", "Recovery cycles that ended, by final strategy and outcome",
             ["strategy", "outcome"], registry=r)
+        self.recovery_repeats = Counter(
+            "tft_bridge_recovery_repeated_cycles",
+            "Cycles ClusterD started again for ranks whose retry had just succeeded, with no new fault (ClusterD "
+            "v7.3.2's fault centre); their result is counted with the outcome repeat_after_success", registry=r)
         self.recovery_phase_seconds = Histogram(
             "tft_bridge_recovery_phase_duration_seconds",
             "Duration of each recovery phase (fault_to_stop, stop_to_strategy, strategy_to_result)",
@@ -148,6 +153,10 @@ class BridgeMetrics:
         self.reconnects = Counter(
             "tft_bridge_subscription_reconnects", "Signal stream (re)subscriptions, by reason the previous ended",
             ["reason"], registry=r)
+        self.clusterd_connection_lost = Counter(
+            "tft_bridge_clusterd_connection_lost",
+            "Connections to ClusterD closed under the bridge, by channel (signal, report): a GOAWAY such as "
+            "too_many_pings, or a lost connection; gRPC reconnects at the next call", ["channel"], registry=r)
         self.process_recover_enabled = Gauge(
             "tft_bridge_process_recover_enabled",
             "1 recovery on, 0 ClusterD answered Init with 403 (process-level recovery off), -1 no Init answer yet",
@@ -197,6 +206,8 @@ class BridgeMetrics:
         """Create every child whose labels are known, at 0 (see the module docstring)."""
         for name in FAULT_TYPE_NAMES.values():
             self.faults_reported.labels(name)
+        for channel in ("signal", "report"):
+            self.clusterd_connection_lost.labels(channel)
         for signal_type in (*SIGNAL_TYPES, OTHER):
             self.signals_received.labels(signal_type)
         for reason in REFUSAL_REASONS:

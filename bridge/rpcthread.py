@@ -23,7 +23,11 @@ cancels a call in flight.
 
 Whether a failed call provably never reached ClusterD is decided from *this* channel's
 connectivity when the call started (``ready``), as ``clusterd.ClusterDClient`` does for
-its own channel: never-resend depends on it.
+its own channel: never-resend depends on it. The same connectivity shows ClusterD closing
+the connection (a GOAWAY, e.g. ``too_many_pings`` from a release that enforces gRPC's
+default ping policy, or a lost connection): the channel leaves READY while nobody closed
+it, and ``on_lost`` is told (logged and counted by the client), since gRPC itself only
+reconnects silently at the next call.
 
 **Chained calls.** On the recovery's critical path the controller reports twice in a row
 (the cycle's second ``report_fault_ranks``, then ``report_strategies``). ClusterD must get
@@ -44,6 +48,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -97,8 +102,11 @@ class RpcThread:
 
     _STOP = object()
 
-    def __init__(self, channel: grpc.Channel, response_deserializer: Any, realtime_priority: int = 0) -> None:
+    def __init__(self, channel: grpc.Channel, response_deserializer: Any, realtime_priority: int = 0,
+                 on_lost: Callable[[], None] | None = None) -> None:
         self.channel = channel
+        self._on_lost = on_lost
+        self._closing = False
         self._realtime_priority = realtime_priority
         self.realtime = False  # True once the thread runs under SCHED_FIFO (bridge/realtime.py)
         self._deserialize = response_deserializer
@@ -111,7 +119,13 @@ class RpcThread:
         self._thread.start()
 
     def _on_state(self, state: grpc.ChannelConnectivity) -> None:
-        self.state = state
+        """On gRPC's connectivity thread; never raises into it."""
+        was_ready, self.state = self.state is grpc.ChannelConnectivity.READY, state
+        if was_ready and state is not grpc.ChannelConnectivity.READY and not self._closing and self._on_lost:
+            try:
+                self._on_lost()
+            except Exception:  # noqa: BLE001 - a logging/metrics failure must not break gRPC's thread
+                log.exception("reporting the report channel's lost connection failed")
 
     @property
     def ready(self) -> bool:
@@ -172,6 +186,7 @@ class RpcThread:
 
     def close(self, timeout: float = 2.0) -> None:
         """End the thread; closing the channel cancels a call in flight. Any thread."""
+        self._closing = True
         self._queue.put(self._STOP)
         try:
             self.channel.unsubscribe(self._on_state)
