@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
                       help="keep running this long after the scenario so the metrics can be scraped")
     demo.add_argument("--metrics-port", type=int, default=0, help="metrics port (default: any free port)")
+    demo.add_argument("--release", default="master", choices=["master", "7.3", "7.0"],
+                      help="the ClusterD release the simulated ClusterD plays (docs/releases.md)")
     demo.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     demo.set_defaults(func=_lazy("demo", "cmd_demo"))
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from .logs import setup_logging
 from .sim import mindio_ttp
 from .sim.clusterd import SimJob
+from .sim.clusterd_release import release
 from .sim.journal import JournalEntry
 from .sim.scenario import SimulatedJob
 
@@ -102,10 +103,11 @@ async def _wait(condition: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-async def run_demo(name: str, hold: float, metrics_port: int) -> int:
+async def run_demo(name: str, hold: float, metrics_port: int, release_name: str = "master") -> int:
     scenario = SCENARIOS[name]
+    clusterd_release = release(release_name)
     timeline = Timeline()
-    print(f"tft-bridge demo: {name} -- {scenario.description}")
+    print(f"tft-bridge demo: {name} -- {scenario.description} (ClusterD {clusterd_release.version})")
     print(f"  job strategies {list(scenario.strategies)}; 16 ranks, 4 per pod; ClusterD's ~11 s wait before "
           f"globalFault shortened to {GLOBAL_FAULT_DELAY:.0f} s; the controller's own delays (2 s to report "
           f"a fault, ~2.3 s to repair, ~5 s to shut down) shortened to milliseconds\n")
@@ -113,7 +115,7 @@ async def run_demo(name: str, hold: float, metrics_port: int) -> int:
                        keepalive_interval=1.0, global_fault_delay=GLOBAL_FAULT_DELAY, flush_delay=0.2,
                        dump_exit_repeat=1.0, wait_time=10, metrics_port=metrics_port,
                        observer=lambda line: timeline.say("bridge", line),
-                       controller_timings=mindio_ttp.FAST_TIMINGS,
+                       controller_timings=mindio_ttp.FAST_TIMINGS, release=clusterd_release,
                        config_overrides={"recorder": {"enabled": True, "directory": str(demo_state_dir())}})
     job.sim.journal.add_listener(timeline.clusterd)
     await job.start()
@@ -205,7 +207,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     logging.getLogger("bridge.hooks").setLevel(logging.ERROR)  # the demo has no node hook, on purpose
     try:
-        return asyncio.run(run_demo(args.scenario, args.hold, args.metrics_port))
+        return asyncio.run(run_demo(args.scenario, args.hold, args.metrics_port, args.release))
     except KeyboardInterrupt:
         return 130
 

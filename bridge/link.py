@@ -67,6 +67,7 @@ class Link:
         self.reports = ReportPath(config.job_id, flow, self.relay, metrics, observer)
         self.dispatcher.on_exit_decided = self.reports.exit_decided
         self.dispatcher.resume = self.reports.resume
+        self.dispatcher.repeats = self.reports.repeats
         self.dispatcher.on_orphaned_global_fault = lambda: self.session.request_resubscribe("orphaned_global_fault")
         self.relay.on_outcome_unknown = self.reports.resume.outcome_unknown
         self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle, config.controller.handoff,
@@ -83,6 +84,7 @@ class Link:
             self.client.on_rpc = self.recorder.rpc
             self.relay.on_drop = self.recorder.dropped
             self.dispatcher.recorder = self.reports.recorder = self.recorder
+            self.reports.repeats.on_repeat = self.recorder.repeated
         self.tasks: dict[str, asyncio.Task[Any]] = {}
 
     @property

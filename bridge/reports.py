@@ -53,6 +53,7 @@ from .flow import STRATEGIES, ControllerFlow, Step
 from .metrics import BridgeMetrics
 from .recorder import NullRecorder
 from .relay import Relay
+from .repeats import RepeatedCycles
 from .resume import CycleResume
 
 log = logging.getLogger(__name__)
@@ -334,9 +335,10 @@ class RecoveryClock:
             self.metrics.recovery_seconds.labels("exit").observe(at - self.started)
         self.started = self.stopped = self.offered = None
 
-    def result(self, at: float, strategy: str, code: int) -> None:
+    def result(self, at: float, strategy: str, code: int, outcome: str | None = None) -> None:
+        """``outcome``: a label that overrides the code's (a repeated cycle, repeats.py)."""
         label = strategy if strategy in STRATEGIES else "other"
-        outcome = "success" if code == 0 else "isolated" if code == 201 else "failed"
+        outcome = outcome or ("success" if code == 0 else "isolated" if code == 201 else "failed")
         self.metrics.recovery_cycles.labels(label, outcome).inc()
         if self.offered is not None:
             self.metrics.recovery_phase_seconds.labels("strategy_to_result").observe(at - self.offered)
@@ -359,6 +361,7 @@ class ReportPath:
         self.relay = relay
         self.metrics = metrics
         self.clock = RecoveryClock(metrics)
+        self.repeats = RepeatedCycles(metrics)  # a retry cycle ClusterD repeats after its success
         self.observer: Callable[[str], None] = observer or (lambda line: None)
         self._observed = observer is not None  # formatting a 100 000-rank timeline line costs ms
         self.flow_faults: dict[int, int] = {}  # the controller's faults in the running flow
@@ -400,6 +403,8 @@ class ReportPath:
     def fault_ranks(self, report: ControllerReport) -> None:
         faults = self._clean(report.args[0] if report.args else {}, "report_fault_ranks")
         first_of_flow = self.flow.step in (Step.IDLE, Step.PAUSED, Step.STOP_SENT)
+        if self.flow.step is Step.IDLE:  # the controller saw a fault first: a new one
+            self.repeats.controller_fault()
         self.flow.on_callback("report_fault_ranks")
         by_type = self.metrics.count_faults(faults)
         if first_of_flow:
@@ -447,9 +452,11 @@ class ReportPath:
         strategy = str(report.args[3]) if len(report.args) > 3 else ""
         cycle = self.flow.answering
         self.flow.on_callback("report_result", code=code, strategy=strategy)
-        self.clock.result(report.at, strategy, code)
+        self.clock.result(report.at, strategy, code, self.repeats.outcome(code))
         if code == 0:
             self.metrics.faulty_ranks.set(0)
+            if strategy == "retry":
+                self.repeats.retry_succeeded(self.flow_faults)
         isolate = [str(rank) for rank in sorted(faults)] if code == 201 else []
         self.observer(f"controller report_result code={code} strategy={strategy or '(none)'}")
         self.recorder.callback("report_result", report.at, code=code, strategy=strategy)
@@ -460,6 +467,7 @@ class ReportPath:
     def exit_decided(self) -> None:
         """ClusterD chose exit and the controller accepted it: no result will follow."""
         self.clock.exited(time.monotonic())
+        self.repeats.cycle_ended()
 
     def on_session_state(self, state: SessionState) -> None:
         """A new stream: every subscription reset ClusterD's job, fault cache included.

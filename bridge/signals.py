@@ -73,11 +73,12 @@ from typing import Any
 from . import faults as codec
 from ._proto import recover_pb2 as pb
 from .controller import ControllerHost
-from .flow import ControllerFlow
+from .flow import ControllerFlow, Step
 from .hooks import NodeHooks
 from .logbudget import LogBudget, suppressed_note
 from .metrics import SIGNAL_TYPES, BridgeMetrics, signal_type_label
 from .recorder import NullRecorder
+from .repeats import RepeatedCycles
 from .resume import RESUMED, CycleResume
 
 log = logging.getLogger(__name__)
@@ -271,6 +272,7 @@ class SignalDispatcher:
         self.on_orphaned_global_fault: Callable[[], None] = lambda: None
         self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder/): O(1) hooks
         self.resume: CycleResume | None = None  # answers a restarted ClusterD's new cycle (resume.py)
+        self.repeats: RepeatedCycles | None = None  # tells a repeat of a succeeded retry cycle (repeats.py)
 
     # ------------------------------------------------------------------ intake (session's reader)
     def submit(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
@@ -423,6 +425,8 @@ class SignalDispatcher:
             if suppressed is not None:
                 log.warning("%s of %s (uuid %s) forwarded with corrected arguments: %s%s", action, signal.signalType,
                             signal.uuid, "; ".join(args.notes), suppressed_note(suppressed))
+        if action == "stop_train" and self.repeats is not None and self.flow.step is Step.IDLE:
+            self.repeats.clusterd_stop(args.faults)  # ClusterD starts the cycle: a repeat of a success?
         before = self.flow.snapshot()
         self.flow.notified(action, token, strategy, seconds=args.timeout)
         started = time.monotonic()

@@ -154,6 +154,7 @@ class NullRecorder:
     def dropped(self, report: str, cycle: str | None, reason: str) -> None: ...
     def session(self, state: str) -> None: ...
     def hook(self, action: str, result: str) -> None: ...
+    def repeated(self) -> None: ...
     def tick(self) -> None: ...
     def close(self) -> None: ...
 
@@ -413,6 +414,17 @@ class Recorder(NullRecorder):
                 self._emit(cycle, self._clock(), "session", {"state": state})
         except Exception as error:  # noqa: BLE001
             self._guard("session", error)
+
+    def repeated(self) -> None:
+        """The running cycle repeats a retry cycle that succeeded (repeats.py): it closes
+        with the outcome ``repeat_after_success``, whatever its result says."""
+        try:
+            cycle = self._cycle
+            if cycle is not None:
+                cycle.outcome = "repeat_after_success"
+                self._emit(cycle, self._clock(), "repeat", {"of": self._last_uuid or ""})
+        except Exception as error:  # noqa: BLE001 - recording must never break the signal path
+            self._guard("repeated", error)
 
     def hook(self, action: str, result: str) -> None:
         """A node hook ClusterD asked for, and its result."""

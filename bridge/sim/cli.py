@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keepalive", type=float, metavar="SECONDS",
                         help="keep-alive interval (default: the real 5 s, times --time-scale)")
     parser.add_argument("--process-recover", choices=["on", "off"], default="on")
+    parser.add_argument("--release", choices=["master", "7.3", "7.0"], default="master",
+                        help="the ClusterD release to play: its keep-alive ping policy, fault centre and protocol "
+                             "(docs/releases.md; default master)")
     faster = parser.add_argument_group("faster than the real server (for tests; default: real delays)")
     faster.add_argument("--time-scale", type=float, default=1.0, metavar="FACTOR",
                         help="multiply every delay of the real server by FACTOR (e.g. 0.01); "
@@ -79,11 +82,12 @@ def timings_from(args: argparse.Namespace) -> Timings:
 def build(args: argparse.Namespace) -> SimClusterD:
     """The simulator the options describe (not started)."""
     from .clusterd import SimClusterD, SimJob
+    from .clusterd_release import release
 
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     job = SimJob(args.job, world_size=args.world_size, devices_per_pod=args.devices_per_pod,
                  strategies=strategies, process_recover=args.process_recover == "on")
-    return SimClusterD([job], timings=timings_from(args))
+    return SimClusterD([job], timings=timings_from(args), release=release(args.release))
 
 
 async def run_command(sim: SimClusterD, job_id: str, line: str) -> str:
@@ -153,8 +157,8 @@ async def serve(args: argparse.Namespace) -> int:
     sim.journal.add_listener(show)
     address = await sim.start(args.listen)
     strategies = ",".join(sim.jobs[args.job].strategies)
-    log.info("simulated ClusterD for job %s listening on %s (strategies %s, process recovery %s, "
-             "time scale %g); type help for commands", args.job, address, strategies,
+    log.info("simulated ClusterD %s for job %s listening on %s (strategies %s, process recovery %s, "
+             "time scale %g); type help for commands", sim.release.version, args.job, address, strategies,
              args.process_recover, args.time_scale)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -49,9 +49,12 @@ Where it knowingly differs from the real server:
   a dead server; non-canonical fault ranks and a RecoverStatus whose strategy is not the
   one being waited for are also recorded as violations (the real server accepts them).
 * A subscribe stream end caused by :meth:`SimClusterD.drop_subscriber` is an UNAVAILABLE
-  status, not a TCP reset. Keepalive-ping enforcement is gRPC core's (the options below).
+  status, not a TCP reset. Keepalive-ping enforcement is gRPC core's, with the release's policy.
 * A signal is written once: no 3-try send with 1 s and 2 s pauses; a failed write is a
   broken stream (reset).
+* It plays master unless told another release (``release``, clusterd_release.py: the
+  ping policy, v7.3.2's repeated retry cycle, v7.0.RC1's slow fault centre and older
+  protocol); v7.0.RC1's second retry cycle after a success is not modelled.
 """
 
 from __future__ import annotations
@@ -75,27 +78,32 @@ from . import clusterd_rules as rules
 from .clusterd_config import ConfigService, Publisher
 from .clusterd_job import JobConfig, JobController
 from .clusterd_recover import RecoverService
+from .clusterd_release import MASTER, RELEASES, Release
 from .clusterd_timings import REAL, Timings
 from .clusterd_wire import fault_ranks
 from .journal import Journal, JournalEntry
 
-__all__ = ["REAL", "SERVER_OPTIONS", "Journal", "JournalEntry", "SimClusterD", "SimJob", "Timings"]
+__all__ = ["MASTER", "RELEASES", "REAL", "SERVER_OPTIONS", "Release", "Journal", "JournalEntry", "SimClusterD", "SimJob", "Timings"]
 
 log = logging.getLogger("bridge.sim.clusterd")
 
-#: ClusterD's transport limits (docs/clusterd.md, "Transport"): client pings >= 3 s apart,
-#: allowed without calls; 4 MiB in, 8 MiB out; 64 streams per connection; the server
-#: pings an idle client after 1 min with a 5 s timeout.
-SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 3000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_ping_strikes", 2),
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+#: ClusterD's message and stream limits (docs/clusterd.md, "Transport"): 4 MiB in, 8 MiB
+#: out, 64 streams per connection. The ping policy comes from the release (clusterd_release.py).
+LIMIT_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
     ("grpc.max_send_message_length", 8 * 1024 * 1024),
     ("grpc.max_concurrent_streams", 64),
 )
+
+
+def server_options(release: Release = MASTER) -> tuple[tuple[str, int], ...]:
+    """The server options of ``release``: its ping policy and ClusterD's limits."""
+    return release.ping_policy + LIMIT_OPTIONS
+
+
+#: Master's server options: client pings >= 3 s apart, allowed without calls; the server
+#: pings an idle client after 1 min with a 5 s timeout; the limits above.
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = server_options(MASTER)
 
 
 @dataclass
@@ -158,9 +166,11 @@ class SimClusterD:
                  flush_delay: float | None = None, report_timeout: float | None = None,
                  dump_exit_repeat: float | None = None, max_jobs: int = 10_000,
                  qps_limit: int | None = None, seed: int | None = None,
-                 rank_table_delay: float = 0.05) -> None:
+                 rank_table_delay: float = 0.05, release: Release = MASTER) -> None:
         """``timings`` defaults to the real server's (:data:`~.clusterd_timings.REAL`);
-        the keyword delays, when given, override single fields of it."""
+        the keyword delays, when given, override single fields of it. ``release``: the
+        ClusterD release played (its ping policy, fault centre and protocol)."""
+        self.release = release
         self.jobs: dict[str, SimJob] = {job.job_id: job for job in jobs}
         overrides = {"keepalive_interval": keepalive_interval, "global_fault_delay": global_fault_delay,
                      "flush_delay": flush_delay, "report_timeout": report_timeout,
@@ -202,7 +212,7 @@ class SimClusterD:
     async def start(self, listen: str = "127.0.0.1:0") -> str:
         if self._server is not None:
             raise RuntimeError("SimClusterD already started")
-        server = grpc.aio.server(options=list(SERVER_OPTIONS))
+        server = grpc.aio.server(options=list(server_options(self.release)))
         pb_grpc.add_RecoverServicer_to_server(RecoverService(self), server)  # type: ignore[no-untyped-call]
         config_pb2_grpc.add_ConfigServicer_to_server(ConfigService(self), server)  # type: ignore[no-untyped-call]
         if self.server_credentials is not None:

@@ -34,6 +34,7 @@ from bridge._proto import recover_pb2 as pb
 from . import clusterd_rules as rules
 from .clusterd_channels import Outgoing, ReportSlot, Subscriber
 from .clusterd_rules import FaultCache, FaultPair
+from .clusterd_release import Release
 from .clusterd_timings import Timings
 from .clusterd_wire import faults_detail, make_signal
 
@@ -76,6 +77,7 @@ class Host(Protocol):
 
     timings: Timings
     rng: random.Random
+    release: Release
 
     def record(self, kind: str, name: str, job_id: str, code: int | None = None,
                **detail: Any) -> None: ...
@@ -254,6 +256,8 @@ class JobController:
             if not has_normal:
                 return self._retry_report(any(t in rules.RETRY_TYPES for _, t in pairs))
         if self._idle():
+            if self.host.release.slow_fault_centre:
+                return self._start_later(self.host.timings.fault_centre_delay, "fault report")
             self._start(self._fault_cycle(), "fault-cycle")
             return "started"
         if self.state == "ScaleRunningState" and has_normal:
@@ -272,6 +276,8 @@ class JobController:
         if not self._retry_start_pending:
             self._retry_start_pending = True
             low, high = self.host.timings.retry_report_delay
+            if self.host.release.slow_fault_centre:
+                low = high = self.host.timings.fault_centre_delay
             delay = self.host.rng.uniform(low, high)
             self.host.record("fault-centre", "retry-fault", self.job_id, delay=round(delay, 3),
                              reason="UCE/HCCL report turned into a retry fault")
@@ -283,6 +289,47 @@ class JobController:
         self._retry_start_pending = False
         if self._idle() and self.gen.faults.retry and self.live:
             self._start(self._fault_cycle(), "fault-cycle")
+
+    def _start_later(self, delay: float, what: str) -> str:
+        """v7.0.RC1's fault centre: the cycle starts ``delay`` after the fault arrived."""
+        if not self._retry_start_pending:
+            self._retry_start_pending = True
+            self.host.record("fault-centre", "cycle-delayed", self.job_id, delay=round(delay, 3),
+                             reason=f"{self.host.release.version}: the fault centre starts a cycle "
+                                    f"this long after the {what}")
+            self.spawn(self._start_cycle_later(delay), "fault-centre-delay")
+        return "scheduled"
+
+    async def _start_cycle_later(self, delay: float) -> None:
+        await self._sleep(delay)
+        self._retry_start_pending = False
+        if self._idle() and self.gen.faults and self.live:
+            self._start(self._fault_cycle(), "fault-cycle")
+
+    def _repeat_retry_later(self) -> None:
+        """v7.3.2's fault centre after a retry cycle that succeeded: it still holds the
+        retried fault and starts a second cycle for it, 0.7 s (UCE) / 4 s (HCCL) after
+        the first ended, once the job has a subscriber again (clusterd_release.py)."""
+        pairs = list(self.gen.faults.retry)
+        if not self.host.release.repeats_retry_cycle or not pairs:
+            return
+        timings = self.host.timings
+        hccl = any(fault_type == "2" for _, fault_type in pairs)
+        delay = timings.retry_repeat_delay_hccl if hccl else timings.retry_repeat_delay_uce
+        self.host.record("fault-centre", "retry-repeat", self.job_id, delay=round(delay, 3),
+                         **faults_detail(pairs),
+                         reason=f"{self.host.release.version}: the fault centre still holds the retried fault")
+        self.spawn_detached(self._repeat_retry_cycle(pairs, delay), "retry-repeat")
+
+    async def _repeat_retry_cycle(self, pairs: list[FaultPair], delay: float) -> None:
+        await asyncio.sleep(delay)
+        deadline = asyncio.get_running_loop().time() + max(1.0, 10 * self.host.timings.keepalive_interval)
+        while not (self.live and self._idle()) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        if self.stopped or not (self.live and self._idle()):
+            return
+        self.gen.faults.save(pairs)
+        self._start(self._fault_cycle(), "fault-cycle")
 
     def _idle(self) -> bool:
         """INIT with no flow started yet: a flow enters its first state only once its
@@ -544,6 +591,7 @@ class JobController:
         if reported == rules.RETRY:
             if code == 0:
                 self._annotate("retry-success")
+                self._repeat_retry_later()
                 self._finish_now("recoverSuccess")
             self._annotate("retry-failed")
             if code == RECOVERABLE_RETRY_ERROR:
@@ -582,7 +630,8 @@ class JobController:
             return "reportTimeout"
         self._record_result(request, rules.DOWNGRADE)
         self._enter("CheckReportScaleInIsolateRanksState", "receiveReport")
-        isolate = list(request.isolateRankIds)
+        # v7.0.RC1 has no isolateRankIds: the client's value is a field it never reads
+        isolate = list(request.isolateRankIds) if self.host.release.isolate_rank_ids else []
         if request.status.code != EXIT_ISOLATE_RANKS or not isolate:
             return "notifyFail"
         nodes = rules.pod_indices(isolate, self.config.devices_per_pod, self.host.rng)

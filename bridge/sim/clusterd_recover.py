@@ -99,6 +99,9 @@ class RecoverService(pb_grpc.RecoverServicer):
         return self._reply("Register", request, 0, "register success")
 
     async def HealthCheck(self, request: pb.ClientInfo, context: grpc.aio.ServicerContext) -> pb.Status:
+        if not self.sim.release.health_check:  # v7.0.RC1 has no such RPC
+            self.sim.journal.record("rpc", "HealthCheck", request.jobId, None, grpc_status="UNIMPLEMENTED")
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         return self._reply("HealthCheck", request, 0, f"jobId={request.jobId}, receive HeathCheck")
 
     # ------------------------------------------------------------------ the stream
@@ -143,6 +146,11 @@ class RecoverService(pb_grpc.RecoverServicer):
     async def _write(self, context: grpc.aio.ServicerContext, ctl: JobController,
                      sub: Subscriber[Outgoing], item: Outgoing) -> None:
         signal = item.signal
+        if not self.sim.release.signal_fields_7_to_9:  # v7.0.RC1's ProcessManageSignal ends at field 6
+            signal = pb.ProcessManageSignal()
+            signal.CopyFrom(item.signal)
+            for name in ("timeout", "nodeRankIds", "extraParams"):
+                signal.ClearField(name)
         delay, duplicate = (0.0, False) if signal.signalType == "keep-alive" else self.sim.take_tweaks()
         if delay:
             await asyncio.sleep(delay)

@@ -23,6 +23,15 @@ class Timings:
     #: the report into a retry fault and stopTrain follows this long after it (observed
     #: 0.70-1.00 s; drawn uniformly from the range with the simulator's seeded RNG).
     retry_report_delay: tuple[float, float] = (0.7, 1.0)
+    #: v7.3.2 only (clusterd_release.py): after a retry cycle that succeeded, the fault
+    #: centre starts a second cycle for the same fault this long after the first ended:
+    #: a UCE ("0") ...
+    retry_repeat_delay_uce: float = 0.7
+    #: ... and an HCCL ("2") fault.
+    retry_repeat_delay_hccl: float = 4.0
+    #: v7.0.RC1 only: a cycle starts this long after the fault report (master: at once
+    #: for a type-1 fault, ``retry_report_delay`` for UCE/HCCL).
+    fault_centre_delay: float = 4.0
     #: WaitFaultFlushFinished, only once a type-"1" fault is involved.
     flush_delay: float = 1.0
     #: NotifyGlobalFault's sleep after the flush, only once a type-"1" fault is involved

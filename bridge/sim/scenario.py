@@ -18,6 +18,7 @@ from ..metrics import BridgeMetrics
 from ..systemd import Notifier
 from . import mindio_ttp
 from .clusterd import SimClusterD, SimJob
+from .clusterd_release import MASTER, Release
 from .clusterd_timings import FAST, Timings
 
 
@@ -41,14 +42,15 @@ class SimulatedJob:
                  observer: Callable[[str], None] | None = None, connected_ranks: int | None = None,
                  config_overrides: dict[str, Any] | None = None, start_clusterd: bool = True,
                  controller_timings: Mapping[str, float] = mindio_ttp.REAL_TIMINGS,
-                 clusterd_timings: Timings | None = None) -> None:
+                 clusterd_timings: Timings | None = None, release: Release = MASTER) -> None:
         self.job = job or SimJob("job-sim", world_size=16, devices_per_pod=4)
         # ClusterD's delays: clusterd_timings.FAST (the real ones / 100, ratios kept) unless
         # the caller passes a table; the keyword delays override single fields of it.
         self.sim = SimClusterD([self.job], timings=clusterd_timings or FAST,
                                keepalive_interval=keepalive_interval,
                                global_fault_delay=global_fault_delay, flush_delay=flush_delay,
-                               dump_exit_repeat=dump_exit_repeat, report_timeout=report_timeout)
+                               dump_exit_repeat=dump_exit_repeat, report_timeout=report_timeout,
+                               release=release)
         self.training = mindio_ttp.training
         self.wait_time = wait_time
         # The stub controller's pace: the real one unless the caller shortens it on purpose

@@ -78,6 +78,10 @@ class MindXEngine:
         # Controller fields written by notifies
         self.event = Event.NONE
         self.errors: dict[int, int] = {}  # errorRankMsg_
+        # Ranks whose device a retry stopped, cleaned and repaired, with no fault since: a
+        # second device stop on them fails (499 "notify device stop failed"), as observed
+        # when ClusterD v7.3.2 repeats a retry cycle that already succeeded.
+        self.retried: set[int] = set()
         self.codes: dict[int, str] = {}  # errorRankCode_
         self.registered: set[int] = set()  # statusMap_ keys: ranks that registered
         self.wait_pause_time = 0

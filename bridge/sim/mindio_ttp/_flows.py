@@ -163,10 +163,21 @@ class Flows(MindXEngine):
                 strategies += ["downgrade", "upgrade"]
         return strategies
 
+    def already_retried(self) -> bool:
+        """Every error rank is one a retry already repaired and none has faulted since."""
+        with self.cond:
+            ranks = self.training.ranks
+            return bool(self.errors) and all(
+                rank in self.retried and rank in ranks and ranks[rank].fault is None for rank in self.errors)
+
     def heal_repaired_ranks(self) -> None:
         """After a successful repair the error ranks train again, from the locked step."""
         training = self.training
         with self.cond:
+            if self.repair_type is RepairType.RETRY:
+                self.retried |= set(self.errors)
+            else:
+                self.retried.clear()
             for rank in list(self.errors) + list(self.isolated):
                 info = training.ranks.get(rank)
                 if info is not None:
@@ -346,6 +357,8 @@ class Flows(MindXEngine):
         """EnvClearCallback: device stop + clean on the ranks; a failure reports 499, or
         405 when a clean failed and ARF is on (the rank becomes a process fault)."""
         failure = self.training.take_failure(("device_stop", "device_clean"))
+        if failure is None and self.repair_type is RepairType.RETRY and self.already_retried():
+            failure = "device_stop"
         if failure is not None:
             result = REPAIR_COMMON_ERROR
             if failure == "device_stop":
