@@ -206,7 +206,7 @@ async def run_to_strategy_wait(sim: SimClusterD, client: Client, stream: Stream,
 
 def test_server_options_follow_clusterd_limits() -> None:
     options = dict(SERVER_OPTIONS)
-    assert options["grpc.http2.min_recv_ping_interval_without_data_ms"] == 3000
+    assert options["grpc.http2.min_ping_interval_without_data_ms"] == 3000
     assert options["grpc.keepalive_permit_without_calls"] == 1
     assert options["grpc.max_receive_message_length"] == 4 * 1024 * 1024
     assert options["grpc.max_send_message_length"] == 8 * 1024 * 1024

@@ -33,8 +33,11 @@ from dataclasses import dataclass
 
 #: ClusterD master's transport limits (docs/clusterd.md, "Transport"): client pings >= 3 s
 #: apart, allowed without calls; the server pings an idle client after 1 min (5 s timeout).
+#: The option's name is gRPC core's GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+#: "grpc.http2.min_ping_interval_without_data_ms"; an unknown name (such as the macro's
+#: own spelling) is ignored silently and leaves gRPC's 5-minute default in force.
 MASTER_PING_POLICY: tuple[tuple[str, int], ...] = (
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 3000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 3000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_ping_strikes", 2),
     ("grpc.keepalive_time_ms", 60_000),
@@ -45,7 +48,7 @@ MASTER_PING_POLICY: tuple[tuple[str, int], ...] = (
 #: pings at most every 5 minutes while the server writes nothing, none without a call,
 #: GOAWAY too_many_pings at the third strike; the server itself pings after 2 hours.
 DEFAULT_PING_POLICY: tuple[tuple[str, int], ...] = (
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 300_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 300_000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_ping_strikes", 2),
     ("grpc.keepalive_time_ms", 7_200_000),

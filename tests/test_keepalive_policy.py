@@ -1,0 +1,212 @@
+"""Keep-alive pings every ClusterD release accepts, and a lost connection made visible.
+
+ClusterD v7.3.2 and v7.0.RC1 set no ping enforcement policy, so gRPC's default applies:
+a ping less than 5 minutes after the last one while the server wrote nothing, or with no
+call open, is a strike; the third closes the connection with GOAWAY ENHANCE_YOUR_CALM
+"too_many_pings". The bridge's report channel used to ping every ``grpc_keepalive``
+without a call and got that GOAWAY about 2 minutes after it opened, silently.
+
+These tests run the pings on a scaled clock (``grpc_keepalive`` 1 s instead of 30 s;
+gRPC's default policy itself is not scaled, so it is as strict as on the real server)
+and hold the bridge idle for several ping intervals: the idle time is the behaviour
+under test, not a wait for something. The simulated release must close the connection
+of a client pinging the old way (else these tests could not fail), and the bridge must
+log and count that when it happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+import grpc
+import pytest
+
+from bridge import clusterd as clusterd_module
+from bridge._proto import recover_pb2 as pb
+from bridge.clusterd import ClusterDClient, Delivery, RpcFailure, channel_options
+from bridge.config import ClusterDConfig
+from bridge.metrics import BridgeMetrics
+from bridge.sim.clusterd import SimClusterD, SimJob
+from bridge.sim.clusterd_release import DEFAULT_PING_POLICY, MASTER, RELEASES, V7_3
+from bridge.sim.scenario import SimulatedJob
+from bridge.sim import mindio_ttp
+
+from .conftest import eventually
+
+pytestmark = pytest.mark.timeout(90)
+
+#: The scaled ping interval; the policy's strikes then come 1 s apart.
+PING = 1.0
+#: Long enough for three strikes and the GOAWAY with pings PING apart, twice over.
+IDLE = 6 * PING
+
+
+def old_options(config: ClusterDConfig, *, pings: bool = True) -> list[tuple[str, Any]]:
+    """What the bridge did before: pings every grpc_keepalive on both channels, with or
+    without a call."""
+    return [("grpc.keepalive_time_ms", int(config.grpc_keepalive * 1000)), ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.enable_retries", 0)]
+
+
+def lost(metrics: BridgeMetrics, channel: str) -> float:
+    return metrics.sample("tft_bridge_clusterd_connection_lost_total", {"channel": channel})
+
+
+# --------------------------------------------------------------------------- the simulated release
+
+#: Just above master's 3 s floor: master accepts these pings without a call, gRPC's
+#: default policy does not.
+MASTER_SAFE_PING = 3.5
+
+
+@pytest.mark.parametrize("name, closes", [("master", False), ("7.3", True)])
+async def test_a_release_with_the_default_policy_closes_an_idle_pinging_client(name: str, closes: bool) -> None:
+    """The simulation fails where the release fails: an idle channel pinging every 3.5 s
+    without a call is closed by 7.3 (gRPC's default policy; 7.0 has the same) and kept
+    by master, which allows pings 3 s apart with or without a call."""
+    sim = SimClusterD([SimJob("job-ping")], release=RELEASES[name])
+    address = await sim.start()
+    channel = grpc.insecure_channel(address, old_options(ClusterDConfig(grpc_keepalive=MASTER_SAFE_PING)))
+    states: list[grpc.ChannelConnectivity] = []
+    channel.subscribe(states.append, try_to_connect=True)
+    try:
+        await eventually(lambda: grpc.ChannelConnectivity.READY in states, what="the channel connected")
+        await asyncio.sleep(4 * MASTER_SAFE_PING)  # idle on purpose: the pings are what is tested
+        left_ready = states[-1] is not grpc.ChannelConnectivity.READY
+        assert left_ready is closes, f"{name}: connectivity {[s.name for s in states]}"
+    finally:
+        channel.close()
+        await sim.stop()
+
+
+def test_the_release_profiles_spell_out_grpcs_default_policy() -> None:
+    policy = dict(DEFAULT_PING_POLICY)
+    assert policy["grpc.http2.min_ping_interval_without_data_ms"] == 300_000
+    assert policy["grpc.keepalive_permit_without_calls"] == 0
+    assert policy["grpc.http2.max_ping_strikes"] == 2
+    assert dict(MASTER.ping_policy)["grpc.http2.min_ping_interval_without_data_ms"] == 3000
+    assert RELEASES["7.0"].ping_policy == RELEASES["7.3"].ping_policy == DEFAULT_PING_POLICY
+
+
+# --------------------------------------------------------------------------- the bridge, idle
+
+def scaled_job(release_name: str) -> SimulatedJob:
+    job = SimulatedJob(SimJob("job-idle", world_size=8, devices_per_pod=4), release=RELEASES[release_name],
+                       controller_timings=mindio_ttp.FAST_TIMINGS)
+    # Validation keeps grpc_keepalive >= 10 s for real deployments; the scaled clock
+    # needs 1 s (ClusterD's keep-alive on the stream is 0.5 s here, still twice as often).
+    job.config = replace(job.config, clusterd=replace(job.config.clusterd, grpc_keepalive=PING))
+    return job
+
+
+@pytest.mark.parametrize("release_name", ["master", "7.3", "7.0"])
+async def test_the_bridge_idle_past_the_policy_keeps_its_connections_and_delivers(release_name: str) -> None:
+    job = scaled_job(release_name)
+    await job.start()
+    try:
+        await job.subscribed()
+        assert job.bridge is not None
+        rpc_thread = job.bridge.link.client.rpc_thread
+        assert rpc_thread is not None
+        await eventually(lambda: rpc_thread.ready, what="the report channel connected")
+        await asyncio.sleep(IDLE)  # idle on purpose: the pings are what is tested
+        assert rpc_thread.ready
+        assert lost(job.metrics, "report") == 0 and lost(job.metrics, "signal") == 0
+        job.training.inject_fault({5: 0})
+        await eventually(lambda: job.sim.podgroup("job-idle").get("ProcessRecoverStatus") == "retry-success",
+                         timeout=30, what="the retry cycle after the idle time")
+        reports = [e.name for e in job.sim.journal.select(kind="rpc", job_id="job-idle") if e.name.startswith("Report")]
+        assert reports.count("ReportRecoverStatus") == 1
+        assert lost(job.metrics, "report") == 0
+    finally:
+        await job.stop()
+    assert not job.sim.violations
+
+
+async def test_a_goaway_on_the_report_channel_is_logged_and_counted(monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """With the old options, 7.3 closes the idle report channel; the bridge says so (it
+    used to be silent) and the next report still goes through on a new connection."""
+    monkeypatch.setattr(clusterd_module, "channel_options", old_options)
+    job = scaled_job("7.3")
+    await job.start()
+    try:
+        await job.subscribed()
+        with caplog.at_level(logging.WARNING, logger="bridge.clusterd"):
+            await eventually(lambda: lost(job.metrics, "report") >= 1, timeout=IDLE + 10,
+                             what="the report channel's GOAWAY counted")
+        assert any("closed the report channel's connection" in r.getMessage() for r in caplog.records)
+        job.training.inject_fault({5: 0})
+        await eventually(lambda: job.sim.podgroup("job-idle").get("ProcessRecoverStatus") == "retry-success",
+                         timeout=30, what="the retry cycle over a reconnected channel")
+    finally:
+        await job.stop()
+
+
+# --------------------------------------------------------------------------- a report in flight
+
+class _SlowReports:
+    """A ClusterD stand-in with gRPC's default ping policy whose ReportProcessFault
+    answers only after ``hold`` seconds, writing nothing meanwhile (as a report that
+    waits for ClusterD's one-slot buffer does)."""
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+        self.received = 0
+        self.server: grpc.aio.Server | None = None
+
+    async def report(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self.received += 1
+        await asyncio.sleep(self.hold)
+        return pb.Status(code=0, info="ok").SerializeToString()
+
+    async def start(self) -> str:
+        self.server = grpc.aio.server(options=list(DEFAULT_PING_POLICY))
+        handler = grpc.unary_unary_rpc_method_handler(self.report)
+        self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "Recover", {"ReportProcessFault": handler})])
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        return f"127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(0)
+
+
+async def slow_report(options: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[_SlowReports, BridgeMetrics,
+                                                                             int | RpcFailure, float]:
+    """One report that waits in ClusterD for five ping intervals, sent with ``options``:
+    (server, metrics, the Status code or the failure, seconds it took)."""
+    monkeypatch.setattr(clusterd_module, "channel_options", options)
+    server = _SlowReports(hold=5 * PING)
+    address = await server.start()
+    metrics = BridgeMetrics()
+    client = ClusterDClient(ClusterDConfig(address=address, grpc_keepalive=PING, rpc_timeout=30.0), metrics)
+    await client.open()
+    client._start_rpc_thread()
+    try:
+        await eventually(lambda: client.rpc_thread is not None and client.rpc_thread.ready,
+                         what="the report channel connected")
+        started = time.monotonic()
+        outcome: int | RpcFailure
+        try:
+            outcome = await client.call("/Recover/ReportProcessFault", b"")
+        except RpcFailure as failure:
+            outcome = failure
+        return server, metrics, outcome, time.monotonic() - started
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_a_report_waiting_in_clusterd_is_delivered_once_without_report_channel_pings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    server, metrics, outcome, _ = await slow_report(channel_options, monkeypatch)
+    assert outcome == 0 and server.received == 1
+    assert lost(metrics, "report") == 0
