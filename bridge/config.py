@@ -116,6 +116,11 @@ class ControllerConfig:
     # Where the orphaned-job marker lives (bridge/orphan.py): "" = $STATE_DIRECTORY (the
     # unit's StateDirectory=), else /var/lib/tft-bridge/<job_id>.
     state_directory: str = ""
+    # At a stop while training ranks are still counted connected: how long to wait for the
+    # controller to notice they are gone (its heartbeat loss, ~8-10 s), so that the usual
+    # teardown -- ranks killed, then the bridge stopped -- leaves no orphan marker. A stop
+    # while the job really trains on takes this much longer. 0: do not wait.
+    rank_loss_wait: float = 12.0
     # How callbacks reach the event loop (bridge/reports.py Handoff): "thread" keeps the
     # controller's thread shortest (block p99 <= 50 us at every map size on a quiet node);
     # "wake" reaches the loop sooner on a node whose cores are busy but costs the callback
@@ -203,6 +208,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "controller.wait_mindx_time": (1, 3600, "seconds; the controller's own limit"),
     "controller.pause_timeout": (1, 3600, "seconds"),
     "controller.destroy_timeout": (0.1, 600, "seconds; keep TimeoutStopSec above it"),
+    "controller.rank_loss_wait": (0, 120, "seconds; at least the controller's ~10 s heartbeat loss, 0 = off"),
     "controller.realtime_priority": (0, 99, "SCHED_FIFO priority, 0 = off; above 1 needs a higher LimitRTPRIO="),
     "hooks.timeout": (0.1, 3600, "seconds"),
     "metrics.port": (0, 65535, "0 picks a free port"),

@@ -65,7 +65,7 @@ from .controller import ControllerHost, StartupError, load_controller_module
 from .flow import ControllerFlow, Step
 from .link import Link, finish, spawn
 from .metrics import BridgeMetrics, MetricsServer
-from .orphan import ControllerMarker, OrphanWatch
+from .orphan import ControllerMarker, OrphanWatch, sweep_stale_markers
 from .ranktable import RankTableSubscriber
 from .recorder import NullRecorder, Recording
 from .relay import Relay
@@ -92,6 +92,9 @@ ENDED_GRACE = 5.0
 #: Seconds a stop may take beyond the drain and the bounded destroy: the tasks' grace,
 #: closing the channel, the recorder and the metrics endpoint.
 STOP_SLACK = 10.0
+
+#: How often the HA switch is asked again while a stop waits for the ranks' loss.
+RANK_LOSS_POLL = 0.1
 
 #: How often a supervised thread is looked at (a thread cannot be awaited).
 THREAD_POLL_INTERVAL = 0.5
@@ -189,6 +192,8 @@ class Bridge:
             self._tasks["ranktable"] = spawn("ranktable", self.ranktable.run())
         module = load_controller_module(c.controller.module)
         self.orphan.check_leftover()  # before this controller overwrites the marker
+        if not c.controller.state_directory:  # the default layout: one directory per job under a root
+            sweep_stale_markers(self.orphan.marker.path.parent, self.metrics)
         # Never fails the start: a store that cannot be written is counted and logged.
         self.recording = Recording.start(c, self.flow, self.metrics)
         self._link = link = Link(c, self.metrics, ControllerHost(module, c.controller), self.flow,
@@ -350,6 +355,9 @@ class Bridge:
         if self._link is not None:
             link = self._link
             ranks_connected = self._ranks_connected()
+            if ranks_connected and self._marked and self.exit_code not in JOB_ENDING_CODES \
+                    and not self.orphan.suspected:
+                ranks_connected = await self._await_rank_loss()
             if self.exit_code == EXIT_CONTROLLER_ENDED:
                 await self._await_stream_for_last_reports()
             await link.stop(before_destroy=self._stop_ranktable)
@@ -367,6 +375,30 @@ class Bridge:
         await asyncio.to_thread(self.recording.close)  # bounded: the writer flushes, the exporter sends
         if self.metrics_server is not None:
             self.metrics_server.close()
+
+    async def _await_rank_loss(self) -> bool:
+        """The HA switch at a stop that would keep the orphan marker, after giving the
+        controller ``controller.rank_loss_wait`` seconds to notice its ranks are gone.
+
+        The usual teardown kills the job's ranks and then stops the bridge; the controller
+        counts a killed rank as connected until its heartbeats have been missing for the
+        heartbeat-loss time (~8-10 s, docs/mindio-controller.md section 6), so a stop within
+        that time would keep the marker of a job that ended, and the next bridge would
+        report it as orphaned. Only the controller knows whether a rank is still there, so
+        the bridge asks it again until it says no or the wait is over; a job that really
+        trains on keeps the switch on and its marker (orphan.py)."""
+        wait = self.config.controller.rank_loss_wait
+        if wait <= 0:
+            return True
+        log.info("training ranks are still counted connected: waiting up to %.0f s for the controller to notice "
+                 "whether they are gone (the ranks of a job being torn down have just been killed)", wait)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            await asyncio.sleep(RANK_LOSS_POLL)
+            if not self._ranks_connected():
+                log.info("the controller lost every training rank: the job's ranks are gone")
+                return False
+        return True
 
     def _ranks_connected(self) -> bool:
         try:
@@ -404,7 +436,7 @@ def stop_budget(config: BridgeConfig) -> float:
     bounded destroy and ``STOP_SLACK``. Also the wait for ClusterD's stream when the
     controller ended. The unit's TimeoutStopSec must stay above it."""
     drain = min(5.0, config.clusterd.rpc_timeout)
-    return 2 * drain + config.controller.destroy_timeout + STOP_SLACK
+    return 2 * drain + config.controller.destroy_timeout + config.controller.rank_loss_wait + STOP_SLACK
 
 
 #: How long ``exit_now`` waits for the logs to flush (a stuck journald pipe must not keep

@@ -15,7 +15,12 @@ a dead controller:
 
 * the job is going away anyway: killMaster (ClusterD reschedules it) or the controller
   ended on its own (it told its ranks to exit, or ClusterD acknowledged the exit);
-* no training rank was connected when the stop began (the HA switch was off).
+* no training rank is connected at the stop (the HA switch is off). The controller counts
+  a killed rank as connected until its heartbeats have been missing for ~8-10 s, and the
+  usual teardown kills the ranks and then stops the bridge at once; so a stop that finds
+  the switch on first asks again for up to ``controller.rank_loss_wait`` seconds
+  (``Bridge._await_rank_loss``): ranks that are gone turn it off, ranks that train on
+  keep it on.
 
 A stop while ranks are connected (SIGTERM mid-training, the "upgrade" case) keeps the
 marker: the ranks outlive the controller and the next one will not accept them. A
@@ -32,6 +37,15 @@ Not done on purpose: asking ClusterD to restart the job on its own (a fault repo
 every rank). Whether that ends in a clean job restart depends on the job's strategies
 and ClusterD's version, and it was not shown in the simulation; a wrong guess kills a
 healthy, training job. The operator decides (runbook).
+
+Markers of jobs that will not come back do not pile up: at start-up a bridge whose state
+directory is the default one (``$STATE_DIRECTORY`` or /var/lib/tft-bridge/<job>, one per
+job under a common root) removes the markers of *other* jobs under that root that are
+older than ``STALE_MARKER_AGE`` (7 days) and whose bridge process is not running on this
+node (``sweep_stale_markers``). A job whose bridge comes back within that time is still
+reported; after it, the job has been without fault tolerance for a week, which its own
+next fault will have shown long before. A configured ``controller.state_directory`` is
+never swept around: its siblings may be anything.
 
 A marker that cannot be written or read is logged and counted
 (``tft_bridge_bad_inputs_total{kind="orphan_marker"}``); it never stops the bridge.
@@ -55,6 +69,8 @@ from .metrics import BridgeMetrics
 log = logging.getLogger(__name__)
 
 MARKER_NAME = "controller.json"
+#: Other jobs' markers older than this, whose bridge process is gone, are removed.
+STALE_MARKER_AGE = 7 * 86_400.0
 GAUGE_NAME = "tft_bridge_orphaned_job"
 BAD_INPUT_KIND = "orphan_marker"
 
@@ -197,3 +213,53 @@ class OrphanWatch:
                         "as possibly orphaned", self.marker.path, why, self.job_id)
             return
         self.marker.remove()
+
+
+def _process_alive(pid: object) -> bool:
+    """Whether ``pid`` names a running process on this node (unknown: assume it does)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process: it exists
+        return True
+    return True
+
+
+def sweep_stale_markers(own: Path, metrics: BridgeMetrics, *, now: float | None = None,
+                        max_age: float = STALE_MARKER_AGE) -> list[Path]:
+    """Remove the markers of other jobs under ``own``'s parent (the state root) that are
+    older than ``max_age`` and whose bridge process is not running; an emptied job
+    directory goes too. Returns what was removed. Never raises OSError."""
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    try:
+        siblings = [path for path in own.parent.iterdir() if path.is_dir() and path != own]
+    except OSError:
+        return removed
+    for directory in siblings:
+        path = directory / MARKER_NAME
+        try:
+            age = now - path.stat().st_mtime
+        except OSError:
+            continue  # no marker (or unreadable: left alone)
+        if age <= max_age:
+            continue
+        content = ControllerMarker(directory, metrics).read()
+        if content and _process_alive(content.get("pid")):
+            continue
+        try:
+            path.unlink()
+        except OSError as error:
+            log.warning("cannot remove the stale controller marker %s: %s", path, error)
+            continue
+        removed.append(path)
+        log.info("removed the controller marker of job %s (%s), %.0f days old, whose bridge is gone: that job "
+                 "will not come back to this node", (content or {}).get("job_id", directory.name), path, age / 86_400)
+        try:
+            directory.rmdir()  # only when nothing else (a flight record) is kept there
+        except OSError:
+            pass
+    return removed

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bridge.metrics import BridgeMetrics
-from bridge.orphan import MARKER_NAME, ControllerMarker, OrphanWatch
+from bridge.orphan import MARKER_NAME, STALE_MARKER_AGE, ControllerMarker, OrphanWatch, sweep_stale_markers
 from bridge.state import state_directory
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob, free_port
@@ -186,3 +190,115 @@ async def test_a_second_restart_does_not_forget_the_orphaned_job(tmp_path: Path,
     assert (state / MARKER_NAME).exists()
     second = await started(jobs, state, connected_ranks=0)
     assert orphaned(second) == 1
+
+
+# --------------------------------------------------------------------------- the usual teardown
+
+#: The stub controller's heartbeat loss (real ~8 s) and the bridge's wait for it (real
+#: 12 s), both shortened by the same factor.
+HEARTBEAT_LOSS = 0.3
+RANK_LOSS_WAIT = 1.5
+
+
+async def teardown_job(jobs: list[SimulatedJob], state: Path, rank_loss_wait: float) -> SimulatedJob:
+    job = await start_job(jobs, SimJob(JOB, world_size=8, devices_per_pod=4), heartbeat_loss=HEARTBEAT_LOSS,
+                          config_overrides={"controller": {"state_directory": str(state),
+                                                           "rank_loss_wait": rank_loss_wait}})
+    await eventually(lambda: job.bridge is not None and job.bridge.controller.connected(), what="ranks connected")
+    return job
+
+
+async def test_the_usual_teardown_leaves_no_marker(tmp_path: Path, jobs: list[SimulatedJob],
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The ranks are killed, then the bridge is stopped at once: the controller still
+    counts them connected (its heartbeat loss has not run out), so the stop asks again
+    until it no longer does, and removes the marker. The next bridge is not alarmed."""
+    caplog.set_level(logging.INFO)
+    state = tmp_path / "state"
+    first = await teardown_job(jobs, state, RANK_LOSS_WAIT)
+    first.training.disconnect_ranks(range(8))
+    assert first.bridge is not None and first.bridge.controller.connected()  # the controller has not noticed yet
+    assert await stop(jobs, first) == 0
+    assert not (state / MARKER_NAME).exists()
+    assert any("lost every training rank" in r.getMessage() for r in caplog.records)
+    assert not any("keeping the controller marker" in r.getMessage() for r in caplog.records)
+    second = await started(jobs, state, connected_ranks=0)
+    assert orphaned(second) == 0
+    assert not any(r.levelno == logging.CRITICAL for r in caplog.records)
+
+
+async def test_without_the_wait_the_teardown_keeps_the_marker(tmp_path: Path, jobs: list[SimulatedJob]) -> None:
+    """What the wait is for: stopped right after the kill, the controller still counts
+    the ranks connected, and the marker of a job that ended stays behind."""
+    state = tmp_path / "state"
+    first = await teardown_job(jobs, state, 0.0)
+    first.training.disconnect_ranks(range(8))
+    assert await stop(jobs, first) == 0
+    assert (state / MARKER_NAME).exists()
+
+
+async def test_a_stop_while_the_ranks_train_on_waits_and_keeps_the_marker(
+        tmp_path: Path, jobs: list[SimulatedJob]) -> None:
+    state = tmp_path / "state"
+    first = await teardown_job(jobs, state, RANK_LOSS_WAIT)
+    started_at = time.monotonic()
+    assert await stop(jobs, first) == 0
+    assert time.monotonic() - started_at >= RANK_LOSS_WAIT  # the whole wait: the ranks stayed
+    assert (state / MARKER_NAME).exists()
+
+
+# --------------------------------------------------------------------------- stale markers
+
+def place_marker(root: Path, job: str, pid: int, age_days: float, now: float, extra: str | None = None) -> Path:
+    directory = root / job
+    directory.mkdir(parents=True)
+    path = directory / MARKER_NAME
+    path.write_text(json.dumps({"job_id": job, "pid": pid, "address": "127.0.0.1:8000", "started_at": now}))
+    stamp = now - age_days * 86_400
+    os.utime(path, (stamp, stamp))
+    if extra:
+        (directory / extra).write_text("kept")
+    return path
+
+
+def a_dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid  # ended and reaped: no process has it (until the kernel reuses it)
+
+
+def test_stale_markers_of_other_jobs_are_swept(tmp_path: Path) -> None:
+    root, now, dead = tmp_path / "root", time.time(), a_dead_pid()
+    own = place_marker(root, "own", dead, 30, now)
+    gone = place_marker(root, "gone", dead, 8, now)
+    gone_with_record = place_marker(root, "gone-recorded", dead, 8, now, extra="recorder.sqlite3")
+    recent = place_marker(root, "recent", dead, 6, now)
+    running = place_marker(root, "running", os.getpid(), 30, now)
+    metrics = BridgeMetrics()
+    removed = sweep_stale_markers(own.parent, metrics, now=now)
+    assert sorted(removed) == sorted([gone, gone_with_record])
+    assert not gone.parent.exists()  # emptied: its directory went too
+    assert (gone_with_record.parent / "recorder.sqlite3").exists()  # a flight record stays
+    assert own.exists() and recent.exists() and running.exists()
+    assert STALE_MARKER_AGE == 7 * 86_400
+
+
+async def test_a_bridge_with_the_default_state_layout_sweeps_at_start(
+        tmp_path: Path, jobs: list[SimulatedJob], monkeypatch: pytest.MonkeyPatch) -> None:
+    root, now = tmp_path / "root", time.time()
+    gone = place_marker(root, "gone", a_dead_pid(), 8, now)
+    monkeypatch.setenv("STATE_DIRECTORY", str(root / JOB))  # the unit's StateDirectory=tft-bridge/%i
+    job = await start_job(jobs, SimJob(JOB, world_size=8, devices_per_pod=4), connected_ranks=0,
+                          config_overrides={"controller": {"state_directory": ""}})
+    assert not gone.exists()
+    assert (root / JOB / MARKER_NAME).exists()
+    await stop(jobs, job)
+
+
+async def test_a_configured_state_directory_is_never_swept_around(
+        tmp_path: Path, jobs: list[SimulatedJob]) -> None:
+    root, now = tmp_path / "root", time.time()
+    other = place_marker(root, "other", a_dead_pid(), 8, now)
+    job = await started(jobs, root / JOB, connected_ranks=0)
+    assert other.exists()
+    await stop(jobs, job)

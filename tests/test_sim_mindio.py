@@ -25,6 +25,7 @@ import pytest
 
 from bridge.sim import mindio_ttp
 from bridge.sim.mindio_ttp import FAST_TIMINGS, REAL_TIMINGS, Training, training
+from .conftest import eventually_sync
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -364,8 +365,10 @@ def test_controller_listens_and_ha_switch_follows_connected_ranks(m: Any) -> Non
     assert m.tft_query_high_availability_switch() is False
     training.connect_ranks([2])
     assert m.tft_query_high_availability_switch() is True
+    training.heartbeat_loss_time = 0.3
     training.disconnect_ranks([2])
-    assert m.tft_query_high_availability_switch() is False
+    assert m.tft_query_high_availability_switch() is True  # until its heartbeats are missed long enough
+    eventually_sync(lambda: m.tft_query_high_availability_switch() is False, what="the rank's heartbeat loss")
     training.connect_ranks([9])  # outside world_size: the controller rejects it
     assert m.tft_query_high_availability_switch() is False
 

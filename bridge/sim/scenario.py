@@ -42,7 +42,8 @@ class SimulatedJob:
                  observer: Callable[[str], None] | None = None, connected_ranks: int | None = None,
                  config_overrides: dict[str, Any] | None = None, start_clusterd: bool = True,
                  controller_timings: Mapping[str, float] = mindio_ttp.REAL_TIMINGS,
-                 clusterd_timings: Timings | None = None, release: Release = MASTER) -> None:
+                 clusterd_timings: Timings | None = None, release: Release = MASTER,
+                 heartbeat_loss: float | None = None) -> None:
         self.job = job or SimJob("job-sim", world_size=16, devices_per_pod=4)
         # ClusterD's delays: clusterd_timings.FAST (the real ones / 100, ratios kept) unless
         # the caller passes a table; the keyword delays override single fields of it.
@@ -53,6 +54,8 @@ class SimulatedJob:
                                release=release)
         self.training = mindio_ttp.training
         self.wait_time = wait_time
+        # The stub's heartbeat-loss time (real ~8 s) when a test or the demo shortens it.
+        self.heartbeat_loss = heartbeat_loss
         # The stub controller's pace: the real one unless the caller shortens it on purpose
         # (tests and benches pass mindio_ttp.FAST_TIMINGS; docs/mindio-controller.md).
         self.controller_timings = dict(controller_timings)
@@ -79,7 +82,11 @@ class SimulatedJob:
                            # The orphaned-job marker (bridge/orphan.py) in a directory of
                            # this job's own, never /var/lib/tft-bridge: a test that stops
                            # mid-job must not make the next one report an orphaned job.
-                           "state_directory": self._state_dir.name},
+                           "state_directory": self._state_dir.name,
+                           # Off: every test stopping mid-training would wait for it;
+                           # the orphan tests and the demo set it with a shortened
+                           # heartbeat loss (training.heartbeat_loss_time).
+                           "rank_loss_wait": 0.0},
             "metrics": {"enabled": metrics_port is not None, "port": metrics_port or 0},
             # Off unless asked for (the demo, tests/test_recorder_e2e.py): its default
             # store is /var/lib/tft-bridge/<job>, no place for a simulation.
@@ -105,6 +112,8 @@ class SimulatedJob:
         mindio_ttp.install()
         self.training.reset()
         self.training.use_timings(self.controller_timings)
+        if self.heartbeat_loss is not None:
+            self.training.heartbeat_loss_time = self.heartbeat_loss
         self.training.auto_step = self.auto_step
         # The controller reads MINDIO_WAIT_MINDX_TIME from the environment at init (so does
         # the stub); the bridge exports its configured wait before init.

@@ -174,9 +174,15 @@ class Controller(Flows):
         self.signal_checker()
 
     def high_availability(self) -> bool:
-        """True iff at least one registered rank's link is up on a running server."""
+        """True iff at least one registered rank counts as connected on a running server.
+        A rank whose process died still counts until its heartbeats have been missing for
+        ``heartbeat_loss_time`` (observed: a bridge stopped within ~10 s of the ranks'
+        kill still saw the switch on)."""
         with self.cond:
             if not self.started or not self.inited or self.listener is None or self.listener.closed:
                 return False
-            ranks = self.training.ranks
-            return any(r in ranks and ranks[r].connected for r in self.registered)
+            ranks, now = self.training.ranks, time.monotonic()
+            loss = self.training.heartbeat_loss_time
+            return any(r in ranks and (ranks[r].connected or (
+                ranks[r].disconnected_at is not None and now - ranks[r].disconnected_at <= loss))
+                for r in self.registered)
