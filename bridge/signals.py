@@ -272,6 +272,7 @@ class SignalDispatcher:
         self.on_orphaned_global_fault: Callable[[], None] = lambda: None
         self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder/): O(1) hooks
         self.resume: CycleResume | None = None  # answers a restarted ClusterD's new cycle (resume.py)
+        self._exit_decided_in = ""  # the cycle token whose exit decision was counted
         self.repeats: RepeatedCycles | None = None  # tells a repeat of a succeeded retry cycle (repeats.py)
 
     # ------------------------------------------------------------------ intake (session's reader)
@@ -401,7 +402,10 @@ class SignalDispatcher:
             if resumed is not None:
                 return resumed
         strategy, params = signal.changeStrategy, signal.extraParams
-        exit_decision = action == "change_strategy" and strategy == "exit" and params != "dump_exit"
+        # The exit notice after a dump/exit is marked with extraParams "dump_exit"; ClusterD
+        # v7.0.RC1 has no extraParams, so there a second exit of the same cycle is the notice.
+        exit_decision = action == "change_strategy" and strategy == "exit" and params != "dump_exit" \
+            and token != self._exit_decided_in
         if action == "change_strategy" and strategy == "exit":
             params = ""  # "dump_exit" marks an exit notice; the controller takes no params for exit
         reason = self.flow.refusal(action, strategy, params)
@@ -447,6 +451,7 @@ class SignalDispatcher:
         self.metrics.notifies.labels(action, "ok" if rc == 0 else "refused").inc()
         if rc == 0:
             if exit_decision:
+                self._exit_decided_in = token
                 self.on_exit_decided()
             detail = f" {strategy}" if action == "change_strategy" else \
                 f" ({len(args.faults)} ranks)" if args.faults else ""

@@ -16,6 +16,7 @@ import pytest
 
 from bridge.daemon import EXIT_CONTROLLER_ENDED
 from bridge.sim.clusterd import SimJob
+from bridge.sim.clusterd_release import RELEASES, Release
 from bridge.sim.scenario import SimulatedJob
 
 from .conftest import eventually
@@ -43,6 +44,13 @@ async def running() -> AsyncIterator[list[SimulatedJob]]:
         assert violations == ([], []), violations
 
 
+@pytest.fixture(params=list(RELEASES))
+def release(request: pytest.FixtureRequest) -> Release:
+    """The ClusterD release the simulated ClusterD plays (bridge/sim/clusterd_release.py):
+    the recovery scenarios run against every one in use."""
+    return RELEASES[request.param]
+
+
 async def started(running: list[SimulatedJob], **kwargs: Any) -> SimulatedJob:
     # start_job runs the controller at FAST_TIMINGS: its real pace is not under test here
     return await start_job(running, kwargs.pop("job", None) or job_spec(), **kwargs)
@@ -60,8 +68,8 @@ async def stream_ended(job: SimulatedJob, count: int = 1, timeout: float = 15) -
     await job.sim.wait_for(lambda e: e.kind == "stream-end" and e.detail.get("stream") == count, timeout=timeout)
 
 
-async def test_recover_success(running: list[SimulatedJob]) -> None:
-    job = await started(running)
+async def test_recover_success(running: list[SimulatedJob], release: Release) -> None:
+    job = await started(running, release=release)
     job.training.inject_fault({5: 1})
     await annotation(job, "recover-success")
     assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")] == ["recover"]
@@ -90,21 +98,52 @@ async def uce_fault(job: SimulatedJob, rank: int = 5) -> None:
                            and e.detail.get("outcome") == "scheduled", timeout=10)
 
 
-async def test_retry_success(running: list[SimulatedJob]) -> None:
-    job = await started(running)
+async def test_retry_success(running: list[SimulatedJob], release: Release) -> None:
+    job = await started(running, release=release)
     await uce_fault(job)
     await annotation(job, "retry-success")
     global_fault = signals(job, "globalFault")[0]
     assert global_fault.detail["actions"] == ["on_global_rank"]
     assert global_fault.detail["faults"] == {5: 0}
-    assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")] == ["retry"]
-    assert [r.detail["strategies"] for r in rpcs(job, "ReportRecoverStrategy")] == [["exit", "dump", "retry", "recover"]]
+    assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")][:1] == ["retry"]
+    assert [r.detail["strategies"] for r in rpcs(job, "ReportRecoverStrategy")][:1] == [["exit", "dump", "retry", "recover"]]
     assert job.training.notifies("change_strategy")[0].args[0] == "retry"
     assert job.metrics.sample("tft_bridge_recovery_cycles_total", {"strategy": "retry", "outcome": "success"}) == 1
+    if not release.repeats_retry_cycle:
+        assert job.metrics.sample("tft_bridge_recovery_repeated_cycles_total") == 0
+        return
+    # v7.3.2: the fault centre still holds the repaired UCE and runs the cycle again; the
+    # controller's device stop fails (499) and ClusterD marks the job retry-failed.
+    await annotation(job, "retry-failed")
+    codes = [r.detail["status"]["code"] for r in rpcs(job, "ReportRecoverStatus")]
+    assert codes == [0, 499]
+    assert len({s.detail["uuid"] for s in signals(job, "stopTrain")}) == 2
+    assert [n.args[0] for n in job.training.notifies("stop_train")] == [{5: 0}, {5: 0}]
+    # ... and the bridge shows it for what it is: a repeat, not a failed repair.
+    m = job.metrics
+    assert m.sample("tft_bridge_recovery_repeated_cycles_total") == 1
+    assert m.sample("tft_bridge_recovery_cycles_total", {"strategy": "retry", "outcome": "repeat_after_success"}) == 1
+    assert m.sample("tft_bridge_recovery_cycles_total", {"strategy": "retry", "outcome": "failed"}) == 0
 
 
-async def test_retry_fails_with_405_then_recover(running: list[SimulatedJob]) -> None:
-    job = await started(running)
+async def test_a_new_fault_after_a_retry_is_no_repeat(running: list[SimulatedJob]) -> None:
+    """A second UCE on the same rank, reported by the controller, is a new failure: only
+    a cycle ClusterD starts by itself, on the ranks that just succeeded, repeats it."""
+    job = await started(running, release=RELEASES["master"])
+    await uce_fault(job)
+    await annotation(job, "retry-success")
+    await stream_ended(job)
+    await job.subscribed()
+    job.training.fail_next_repair("repair")
+    await uce_fault(job)
+    await annotation(job, "retry-failed")
+    m = job.metrics
+    assert m.sample("tft_bridge_recovery_repeated_cycles_total") == 0
+    assert m.sample("tft_bridge_recovery_cycles_total", {"strategy": "retry", "outcome": "failed"}) == 1
+
+
+async def test_retry_fails_with_405_then_recover(running: list[SimulatedJob], release: Release) -> None:
+    job = await started(running, release=release)
     job.training.fail_next_repair(405)
     await uce_fault(job)
     await annotation(job, "recover-success")
@@ -116,8 +155,8 @@ async def test_retry_fails_with_405_then_recover(running: list[SimulatedJob]) ->
     assert job.metrics.sample("tft_bridge_recovery_cycles_total", {"strategy": "retry", "outcome": "failed"}) == 1
 
 
-async def test_recover_fails_then_dump(running: list[SimulatedJob]) -> None:
-    job = await started(running)
+async def test_recover_fails_then_dump(running: list[SimulatedJob], release: Release) -> None:
+    job = await started(running, release=release)
     job.training.fail_next_repair(406)
     job.training.inject_fault({5: 1})
     await annotation(job, "dump-success")
@@ -131,8 +170,8 @@ async def test_recover_fails_then_dump(running: list[SimulatedJob]) -> None:
     assert job.metrics.sample("tft_bridge_recovery_cycles_total", {"strategy": "dump", "outcome": "success"}) == 1
 
 
-async def test_exit_expects_no_result(running: list[SimulatedJob]) -> None:
-    job = await started(running, job=job_spec(strategies=("exit",)))
+async def test_exit_expects_no_result(running: list[SimulatedJob], release: Release) -> None:
+    job = await started(running, release=release, job=job_spec(strategies=("exit",)))
     job.training.inject_fault({5: 1})
     await stream_ended(job)
     assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")][:2] == ["exit", "exit"]
@@ -142,8 +181,8 @@ async def test_exit_expects_no_result(running: list[SimulatedJob]) -> None:
     assert job.metrics.sample("tft_bridge_recovery_cycles_total", {"strategy": "exit", "outcome": "exit"}) == 1
 
 
-async def test_pause_then_continue(running: list[SimulatedJob]) -> None:
-    job = await started(running)
+async def test_pause_then_continue(running: list[SimulatedJob], release: Release) -> None:
+    job = await started(running, release=release)
     await job.sim.pause(JOB, timeout=0)
     await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportRecoverStatus", timeout=10)
     stop = job.training.notifies("stop_train")
@@ -153,8 +192,8 @@ async def test_pause_then_continue(running: list[SimulatedJob]) -> None:
     assert (status["status"]["code"], status["strategy"]) == (0, "continue")
 
 
-async def test_save_and_exit(running: list[SimulatedJob]) -> None:
-    job = await started(running)
+async def test_save_and_exit(running: list[SimulatedJob], release: Release) -> None:
+    job = await started(running, release=release)
     await job.sim.save_and_exit(JOB)
     await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportRecoverStatus", timeout=10)
     assert len(job.training.notifies("dump")) == 1
@@ -163,8 +202,8 @@ async def test_save_and_exit(running: list[SimulatedJob]) -> None:
     assert not job.training.callbacks("report_fault_ranks")
 
 
-async def test_clusterd_first_stop_is_forwarded_once(running: list[SimulatedJob]) -> None:
-    job = await started(running)
+async def test_clusterd_first_stop_is_forwarded_once(running: list[SimulatedJob], release: Release) -> None:
+    job = await started(running, release=release)
     await job.sim.start_clusterd_fault(JOB, {9: 1})  # a hardware fault ClusterD saw first
     await annotation(job, "recover-success")
     assert len(job.training.notifies("stop_train")) == 1
