@@ -24,6 +24,7 @@ from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc as pb_grpc
 from bridge.sim import clusterd_rules as rules
 from bridge.sim.clusterd import SERVER_OPTIONS, SimClusterD, SimJob
+from bridge.sim.clusterd_release import RELEASES
 from bridge.sim.clusterd_timings import REAL, Timings
 from bridge.sim.journal import Journal, JournalEntry
 
@@ -1247,3 +1248,92 @@ async def test_sim_clusterd_stdin_commands(sim: SimClusterD, client: Client) -> 
     assert await run_command(sim, JOB, "kill-master") == "killMaster started"
     assert (await stream.next()).signalType == "killMaster"
     assert await stream.ended() == grpc.StatusCode.OK
+
+
+# --------------------------------------------------------------------------- release profiles
+
+async def test_v7_0_signals_have_no_fields_7_to_9_and_isolate_ranks_are_not_read() -> None:
+    """v7.0.RC1's ProcessManageSignal ends at changeStrategy: no timeout (an HCCL
+    globalFault's 33), no nodeRankIds (changeStrategy's pods), no extraParams."""
+    async with own_sim(timings=replace(T, hccl_retry_pause=0.01), release=RELEASES["7.0"]) as (sim, client):
+        stream = await client.session(sim)
+        assert await client.fault({3: 2}) == 0
+        await stream.next(5)
+        await client.stop_complete()
+        global_fault = await stream.next(5)
+        assert global_fault.timeout == 0  # master: 33
+        await client.strategies(["retry", "recover", "dump"])
+        change = await stream.next(5)
+        assert change.changeStrategy == "retry" and list(change.nodeRankIds) == []  # master: ["0"]
+        assert sim.journal.signals("changeStrategy")[-1].detail["nodeRankIds"] == []
+
+
+async def test_v7_0_has_no_health_check() -> None:
+    async with own_sim(release=RELEASES["7.0"]) as (sim, client):
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await client.stub.HealthCheck(pb.ClientInfo(jobId=JOB), timeout=2)
+        assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+@pytest.mark.parametrize("fault_type, release_name", [(0, "7.0"), (1, "7.0"), (1, "master")])
+async def test_the_fault_centre_of_v7_0_starts_a_cycle_4_s_after_the_report(fault_type: int,
+                                                                          release_name: str) -> None:
+    timings = replace(T, fault_centre_delay=0.3, retry_report_delay=(0.01, 0.02))
+    async with own_sim(timings=timings, release=RELEASES[release_name]) as (sim, client):
+        stream = await client.session(sim)
+        assert await client.fault({3: fault_type}) == 0
+        reported = sim.journal.rpcs("ReportProcessFault")[-1]
+        stop = await stream.next(5)
+        assert stop.signalType == "stopTrain"
+        waited = sim.journal.signals("stopTrain")[-1].at - reported.at
+        if release_name == "7.0":
+            assert waited >= 0.3  # the real 4 s, scaled
+        else:
+            assert waited < 0.3  # master: at once for a process fault
+
+
+@pytest.mark.parametrize("fault_type, repeat_delay", [(0, 0.07), (2, 0.4)])
+async def test_v7_3_repeats_a_retry_cycle_that_succeeded(fault_type: int, repeat_delay: float) -> None:
+    """The fault centre still holds the retried fault: a second cycle 0.7 s (UCE) / 4 s
+    (HCCL) after the first ended, scaled here; a new subscriber gets its stopTrain."""
+    timings = replace(T, retry_repeat_delay_uce=0.07, retry_repeat_delay_hccl=0.4, hccl_retry_pause=0.01,
+                      retry_report_delay=(0.01, 0.02))
+    async with own_sim(timings=timings, release=RELEASES["7.3"]) as (sim, client):
+        stream = await client.session(sim)
+        assert await client.fault({3: fault_type}) == 0
+        first = await stream.next(5)
+        await client.stop_complete()
+        await stream.next(5)
+        await client.strategies(["retry", "recover", "dump"])
+        await stream.next(5)
+        await client.status(0, "retry")
+        assert await stream.ended() == grpc.StatusCode.OK
+        ended = sim.journal.select("stream-end", "SubscribeProcessManageSignal", JOB)[-1]
+        stream = await client.subscribe(sim)
+        again = await stream.next(5)
+        assert again.signalType == "stopTrain" and faults_of(again) == {3: fault_type} and again.uuid != first.uuid
+        repeat = sim.journal.select("fault-centre", "retry-repeat", JOB)[-1]
+        assert repeat.detail["delay"] == repeat_delay
+        assert sim.journal.signals("stopTrain")[-1].at - ended.at >= repeat_delay
+        # The controller's answer to the repeat (its device stop fails): retry-failed.
+        await client.stop_complete()
+        await stream.next(5)
+        await client.strategies(["retry", "recover", "dump"])
+        await stream.next(5)
+        await client.status(499, "retry")
+        await sim.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "retry-failed")
+
+
+async def test_master_does_not_repeat_a_retry_cycle_that_succeeded() -> None:
+    timings = replace(T, retry_report_delay=(0.01, 0.02))
+    async with own_sim(timings=timings) as (sim, client):
+        stream = await client.session(sim)
+        assert await client.fault({3: 0}) == 0
+        await stream.next(5)
+        await client.stop_complete()
+        await stream.next(5)
+        await client.strategies(["retry", "recover", "dump"])
+        await stream.next(5)
+        await client.status(0, "retry")
+        assert await stream.ended() == grpc.StatusCode.OK
+        assert sim.journal.select("fault-centre", "retry-repeat", JOB) == []
