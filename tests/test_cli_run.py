@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bridge.cli import main
+from bridge.sim.clusterd_release import RELEASES
 from bridge.sim.scenario import free_port
 
 from .processes import spawn_bridge
@@ -36,10 +37,11 @@ def wait_for_line(process: subprocess.Popen[str], text: str, timeout: float = 20
     raise AssertionError(f"{text!r} not seen; output:\n{''.join(seen)}")
 
 
-def test_run_against_sim_clusterd_as_systemd_would(tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", ["master", "7.3", "7.0"])
+def test_run_against_sim_clusterd_as_systemd_would(tmp_path: Path, release: str) -> None:
     port = free_port()
     sim = spawn_bridge("sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", "job-cli", "--world-size", "8",
-                       "--devices-per-pod", "4", "--keepalive", "0.5", "--phase-delay", "0.1")
+                       "--devices-per-pod", "4", "--keepalive", "0.5", "--phase-delay", "0.1", "--release", release)
     notify_path = str(tmp_path / "notify")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(notify_path)
@@ -59,7 +61,7 @@ port = 0
 """)
     bridge = None
     try:
-        wait_for_line(sim, "listening on")
+        wait_for_line(sim, f"simulated ClusterD {RELEASES[release].version}")
         bridge = spawn_bridge("run", "--config", str(config), env={
             "NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": "1000000", "JOURNAL_STREAM": "1:1"})
         messages = []
@@ -115,16 +117,23 @@ enabled = false
     assert "tft_start_controller(127.0.0.1:" in output and "SystemExit" in output
 
 
+@pytest.mark.parametrize("release", ["master", "7.3", "7.0"])
 @pytest.mark.parametrize("scenario", ["retry", "exit"])
-def test_demo(scenario: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--scenario", scenario]) == 0
-    out = capsys.readouterr().out
+def test_demo(scenario: str, release: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--scenario", scenario, "--release", release]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
     assert "outcome:   as expected" in out
     assert "protocol violations 0" in out
     assert "ClusterD  sends stopTrain" in out
+    # The demo ends as a job does (ranks killed, then the bridge stopped): no orphan marker.
+    assert "keeping the controller marker" not in captured.err
     if scenario == "retry":
         assert "writes ProcessRecoverStatus=retry-success" in out
         assert "metrics were served at http://127.0.0.1:" in out
+        if release == "7.3":  # the repeated cycle, shown for what it is
+            assert "writes ProcessRecoverStatus=retry-failed" in out
+            assert "repeated cycles: 1" in out
 
 
 def test_demo_hold_serves_non_zero_recovery_metrics() -> None:
