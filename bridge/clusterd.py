@@ -42,8 +42,14 @@ class RpcFailure(Exception):
         self.method, self.status, self.detail, self.delivery = method, status, detail, delivery
 
 
-def channel_options(config: ClusterDConfig, *, pings: bool = True) -> list[tuple[str, Any]]:
-    """The options of a channel to ClusterD; ``pings`` False for the report channel.
+#: Pings on a stream ClusterD does not write to regularly (the rank table's): gRPC's
+#: default policy counts no strike for a ping at least 5 minutes after the previous one.
+QUIET_STREAM_PING = 330.0
+
+
+def channel_options(config: ClusterDConfig, *, pings: float | None = None) -> list[tuple[str, Any]]:
+    """The options of a channel to ClusterD. ``pings``: seconds between keep-alive pings
+    while a call is open (default ``grpc_keepalive``); 0 for none (the report channel).
 
     Keep-alive pings must pass every ClusterD release's enforcement (docs/releases.md).
     Master allows pings 3 s apart with or without a call; v7.3.2 and v7.0.RC1 set no
@@ -56,9 +62,12 @@ def channel_options(config: ClusterDConfig, *, pings: bool = True) -> list[tuple
     The report channel does not ping at all: its calls are short and a call that waits
     in ClusterD (a full one-slot buffer) would collect strikes, since nothing is written
     on it meanwhile; a dead ClusterD is found by the signal stream's keep-alive watchdog,
-    and a report call by its deadline."""
-    keepalive: list[tuple[str, Any]] = [("grpc.keepalive_time_ms", int(config.grpc_keepalive * 1000)),
-                                        ("grpc.keepalive_timeout_ms", 10_000)] if pings else []
+    and a report call by its deadline. The rank table's stream gets no keep-alive from
+    ClusterD, so its pings come ``QUIET_STREAM_PING`` apart, beyond the default policy's
+    5 minutes: a dead connection is still found, and no release counts a strike."""
+    interval = config.grpc_keepalive if pings is None else pings
+    keepalive: list[tuple[str, Any]] = [("grpc.keepalive_time_ms", int(interval * 1000)),
+                                        ("grpc.keepalive_timeout_ms", 10_000)] if interval > 0 else []
     return [
         *keepalive,
         ("grpc.keepalive_permit_without_calls", 0),
@@ -112,8 +121,12 @@ def client_info(job_id: str, role: str) -> bytes:
 class ClusterDClient:
     """The channel and the calls. Create and use it inside the running event loop."""
 
-    def __init__(self, config: ClusterDConfig, metrics: BridgeMetrics, realtime_priority: int = 0) -> None:
+    def __init__(self, config: ClusterDConfig, metrics: BridgeMetrics, realtime_priority: int = 0,
+                 *, quiet_stream: bool = False) -> None:
+        """``quiet_stream``: the client's stream gets no regular writes from ClusterD (the
+        rank table's), so its channel pings only every ``QUIET_STREAM_PING``."""
         self.config = config
+        self._pings = max(config.grpc_keepalive, QUIET_STREAM_PING) if quiet_stream else None
         self.metrics = metrics
         self.realtime_priority = realtime_priority  # of the report thread (bridge/realtime.py)
         self.channel: grpc.aio.Channel | None = None
@@ -128,7 +141,7 @@ class ClusterDClient:
         self.on_rpc: Callable[[str, int | str, float, float], None] | None = None
 
     async def open(self) -> None:
-        options = channel_options(self.config)
+        options = channel_options(self.config, pings=self._pings)
         if self.config.tls:
             self.channel = grpc.aio.secure_channel(self.config.address, channel_credentials(self.config), options)
         else:
@@ -141,7 +154,7 @@ class ClusterDClient:
         connected before the first report, and a client that never subscribes (the rank
         table's) holds no second connection or thread."""
         if self.rpc_thread is None and self.report_thread:
-            options = channel_options(self.config, pings=False)
+            options = channel_options(self.config, pings=0)
             sync_channel = (grpc.secure_channel(self.config.address, channel_credentials(self.config), options)
                             if self.config.tls else grpc.insecure_channel(self.config.address, options))
             self.rpc_thread = RpcThread(sync_channel, pb.Status.FromString, self.realtime_priority,

@@ -145,7 +145,9 @@ class RankTableSubscriber:
                  on_written: Callable[[Path], None] = lambda path: None, *, hook_timeout: float = 60.0) -> None:
         self.config = config
         self.path = Path(config.path)
-        self.client = ClusterDClient(clusterd, metrics)  # its own channel: never competes with the Recover stream
+        # Its own channel: never competes with the Recover stream. ClusterD writes on this
+        # stream only when the table changes, so its pings come 5.5 minutes apart.
+        self.client = ClusterDClient(clusterd, metrics, quiet_stream=True)
         self.metrics = metrics
         self.hooks = NodeHooks(config.hook_command, hook_timeout, metrics)  # hooks.timeout of the job config
         self.on_written = on_written

@@ -45,7 +45,7 @@ PING = 1.0
 IDLE = 6 * PING
 
 
-def old_options(config: ClusterDConfig, *, pings: bool = True) -> list[tuple[str, Any]]:
+def old_options(config: ClusterDConfig, *, pings: float | None = None) -> list[tuple[str, Any]]:
     """What the bridge did before: pings every grpc_keepalive on both channels, with or
     without a call."""
     return [("grpc.keepalive_time_ms", int(config.grpc_keepalive * 1000)), ("grpc.keepalive_timeout_ms", 10_000),
@@ -91,6 +91,32 @@ def test_the_release_profiles_spell_out_grpcs_default_policy() -> None:
     assert policy["grpc.http2.max_ping_strikes"] == 2
     assert dict(MASTER.ping_policy)["grpc.http2.min_ping_interval_without_data_ms"] == 3000
     assert RELEASES["7.0"].ping_policy == RELEASES["7.3"].ping_policy == DEFAULT_PING_POLICY
+
+
+# --------------------------------------------------------------------------- the channels' options
+
+def test_no_channel_pings_without_a_call_and_each_pings_as_every_release_accepts() -> None:
+    config = ClusterDConfig()
+    signal = dict(channel_options(config))
+    report = dict(channel_options(config, pings=0))
+    rank_table = dict(channel_options(config, pings=ClusterDClient(config, BridgeMetrics(), quiet_stream=True)._pings))
+    default_floor = dict(DEFAULT_PING_POLICY)["grpc.http2.min_ping_interval_without_data_ms"]
+    for options in (signal, report, rank_table):
+        assert options["grpc.keepalive_permit_without_calls"] == 0
+    assert "grpc.keepalive_time_ms" not in report  # gRPC's default: never
+    # ClusterD writes on the signal stream every keepalive_interval: each ping follows a write.
+    assert signal["grpc.keepalive_time_ms"] == config.grpc_keepalive * 1000 >= 2 * config.keepalive_interval * 1000
+    # ClusterD writes on the rank table's stream only on a change: pings beyond the floor.
+    assert rank_table["grpc.keepalive_time_ms"] > default_floor
+
+
+def test_the_rank_table_subscriber_uses_the_quiet_stream_pings() -> None:
+    from bridge.config import RankTableConfig
+    from bridge.ranktable import RankTableSubscriber
+
+    subscriber = RankTableSubscriber(RankTableConfig(), ClusterDConfig(), BridgeMetrics())
+    assert subscriber.client._pings is not None and subscriber.client._pings * 1000 > \
+        dict(DEFAULT_PING_POLICY)["grpc.http2.min_ping_interval_without_data_ms"]
 
 
 # --------------------------------------------------------------------------- the bridge, idle
