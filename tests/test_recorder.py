@@ -53,13 +53,17 @@ def stored(path: Path) -> list:
 
 
 def run_retry_cycle(recorder: Recorder, flow: ControllerFlow, clock: Clock, uuid: str = "u-1",
-                    result: int = 0) -> None:
-    """One retry recovery as the daemon would report it: each hook after the flow moved."""
-    flow.on_callback("report_fault_ranks")
-    recorder.callback("report_fault_ranks", clock(), faults={5: 0, 6: 1})
-    recorder.rpc("ReportProcessFault", 0, clock(), 0.002)
+                    result: int = 0, repeat: bool = False) -> None:
+    """One retry recovery as the daemon would report it: each hook after the flow moved.
+    ``repeat``: ClusterD starts it by itself, repeating a retry that succeeded."""
+    if not repeat:
+        flow.on_callback("report_fault_ranks")
+        recorder.callback("report_fault_ranks", clock(), faults={5: 0, 6: 1})
+        recorder.rpc("ReportProcessFault", 0, clock(), 0.002)
     clock.advance(1.0)  # ClusterD decides: 1 s
     recorder.signal("stop_train", uuid, ["stop_train"], ranks=2)
+    if repeat:
+        recorder.repeated()  # the dispatcher's RepeatedCycles told it, before the notify
     flow.notified("stop_train", uuid)
     recorder.notify("stop_train", 0, clock(), 0.001)
     clock.advance(2.0)  # ranks stop: 2 s
@@ -353,3 +357,28 @@ def test_a_signal_that_asks_the_controller_for_nothing_does_not_absorb_the_next_
     first, second = stored(writer.path)
     assert (first.uuid, first.outcome) == ("u-log", "not_forwarded")
     assert (second.uuid, second.outcome, second.opened_by) == ("u-2", "success", "fault")
+
+
+def test_a_repeated_retry_cycle_closes_as_a_repeat_not_a_failure(tmp_path: Path) -> None:
+    """ClusterD v7.3.2 runs a retry cycle that succeeded again; the controller fails it
+    with 499. The record says repeat_after_success, and the success stays a success."""
+    recorder, writer, flow, clock, _ = make(tmp_path)
+    run_retry_cycle(recorder, flow, clock, uuid="u-1")
+    clock.advance(0.7)
+    run_retry_cycle(recorder, flow, clock, uuid="u-2", result=499, repeat=True)
+    recorder.close()
+    writer.close()
+    first, second = stored(writer.path)
+    assert (first.uuid, first.outcome) == ("u-1", "success")
+    assert (second.uuid, second.outcome) == ("u-2", "repeat_after_success")
+    db = open_reader(writer.path)
+    (full,) = find_cycle(db, "u-2")
+    repeat = [e for e in full.events if e["kind"] == "repeat"]
+    assert repeat and repeat[0]["of"] == "u-1"
+
+
+def test_the_history_names_a_repeat() -> None:
+    from bridge.recorder.model import describe
+
+    line = describe({"kind": "repeat", "t": 0.0, "of": "u-1"})
+    assert line.startswith("REPEAT of the retry cycle u-1 that succeeded")

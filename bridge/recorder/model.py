@@ -247,4 +247,7 @@ def describe(event: dict[str, Any]) -> str:
         return f"outcome {event.get('outcome')} (strategy {event.get('strategy') or '-'})"
     if kind == "hook":
         return f"node hook {event.get('action')} -> {event.get('result')}"
+    if kind == "repeat":
+        return (f"REPEAT of the retry cycle {event.get('of') or '-'} that succeeded: ClusterD runs it again "
+                f"(its fault centre kept the repaired fault), no new fault")
     return f"{kind} {({k: v for k, v in event.items() if k not in ('t', 'kind')})}"
