@@ -42,6 +42,8 @@ class RpcFailure(Exception):
         self.method, self.status, self.detail, self.delivery = method, status, detail, delivery
 
 
+#: gRPC's largest timeout (INT_MAX ms, about 25 days): a channel that never goes idle.
+NEVER_IDLE_MS = 2**31 - 1
 #: Pings on a stream ClusterD does not write to regularly (the rank table's): gRPC's
 #: default policy counts no strike for a ping at least 5 minutes after the previous one.
 QUIET_STREAM_PING = 330.0
@@ -75,6 +77,10 @@ def channel_options(config: ClusterDConfig, *, pings: float | None = None) -> li
         ("grpc.max_receive_message_length", 8 * 1024 * 1024),
         ("grpc.max_send_message_length", 4 * 1024 * 1024),
         ("grpc.enable_retries", 0),  # retries are decided here, per report kind
+        # gRPC drops a connection unused for 30 minutes (its client idle timeout): the
+        # next report would pay the reconnect (3.9 ms against 1.6 ms measured against
+        # ClusterD), and the drop would look like ClusterD closing the connection.
+        ("grpc.client_idle_timeout_ms", NEVER_IDLE_MS),
         # Reconnecting follows the session's own backoff, not gRPC's default (1 s growing
         # to 120 s), which could keep the bridge away longer than the controller waits.
         ("grpc.initial_reconnect_backoff_ms", max(1, int(config.reconnect_initial * 1000))),

@@ -103,6 +103,7 @@ def test_no_channel_pings_without_a_call_and_each_pings_as_every_release_accepts
     default_floor = dict(DEFAULT_PING_POLICY)["grpc.http2.min_ping_interval_without_data_ms"]
     for options in (signal, report, rank_table):
         assert options["grpc.keepalive_permit_without_calls"] == 0
+        assert options["grpc.client_idle_timeout_ms"] == 2**31 - 1  # never dropped for being unused
     assert "grpc.keepalive_time_ms" not in report  # gRPC's default: never
     # ClusterD writes on the signal stream every keepalive_interval: each ping follows a write.
     assert signal["grpc.keepalive_time_ms"] == config.grpc_keepalive * 1000 >= 2 * config.keepalive_interval * 1000
@@ -117,6 +118,27 @@ def test_the_rank_table_subscriber_uses_the_quiet_stream_pings() -> None:
     subscriber = RankTableSubscriber(RankTableConfig(), ClusterDConfig(), BridgeMetrics())
     assert subscriber.client._pings is not None and subscriber.client._pings * 1000 > \
         dict(DEFAULT_PING_POLICY)["grpc.http2.min_ping_interval_without_data_ms"]
+
+
+async def test_the_idle_timeout_the_bridge_turns_off_is_grpcs_own_option() -> None:
+    """gRPC drops a connection unused for its client idle timeout (30 minutes by
+    default), which the report channel would count as lost; the bridge sets that
+    timeout to the maximum (test above). A misspelt option is ignored silently, so this
+    shows the name takes effect: shortened to 0.5 s, the unused channel leaves READY."""
+    sim = SimClusterD([SimJob("job-idle-timeout")])
+    address = await sim.start()
+    channel = grpc.insecure_channel(address, [("grpc.client_idle_timeout_ms", 500)])
+    states: list[grpc.ChannelConnectivity] = []
+    channel.subscribe(states.append, try_to_connect=True)
+    try:
+        health = channel.unary_unary("/Recover/HealthCheck")  # the idle timer counts from a call's end
+        answer = await asyncio.to_thread(health, pb.ClientInfo(jobId="x").SerializeToString(), timeout=5)
+        assert pb.Status.FromString(answer).code == 0
+        await eventually(lambda: states[-1] is not grpc.ChannelConnectivity.READY, timeout=5,
+                         what="the unused channel dropped")
+    finally:
+        channel.close()
+        await sim.stop()
 
 
 # --------------------------------------------------------------------------- the bridge, idle
