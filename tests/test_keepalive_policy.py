@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -31,7 +30,7 @@ from bridge.clusterd import ClusterDClient, Delivery, RpcFailure, channel_option
 from bridge.config import ClusterDConfig
 from bridge.metrics import BridgeMetrics
 from bridge.sim.clusterd import SimClusterD, SimJob
-from bridge.sim.clusterd_release import DEFAULT_PING_POLICY, MASTER, RELEASES, V7_3
+from bridge.sim.clusterd_release import DEFAULT_PING_POLICY, MASTER, RELEASES
 from bridge.sim.scenario import SimulatedJob
 from bridge.sim import mindio_ttp
 
@@ -199,9 +198,9 @@ async def test_a_goaway_on_the_report_channel_is_logged_and_counted(monkeypatch:
 # --------------------------------------------------------------------------- a report in flight
 
 class _SlowReports:
-    """A ClusterD stand-in with gRPC's default ping policy whose ReportProcessFault
-    answers only after ``hold`` seconds, writing nothing meanwhile (as a report that
-    waits for ClusterD's one-slot buffer does)."""
+    """A ClusterD stand-in whose ReportProcessFault answers only after ``hold`` seconds,
+    writing nothing meanwhile (as a report that waits for ClusterD's one-slot buffer
+    does)."""
 
     def __init__(self, hold: float) -> None:
         self.hold = hold
@@ -227,34 +226,31 @@ class _SlowReports:
             await self.server.stop(0)
 
 
-async def slow_report(options: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[_SlowReports, BridgeMetrics,
-                                                                             int | RpcFailure, float]:
-    """One report that waits in ClusterD for five ping intervals, sent with ``options``:
-    (server, metrics, the Status code or the failure, seconds it took)."""
-    monkeypatch.setattr(clusterd_module, "channel_options", options)
-    server = _SlowReports(hold=5 * PING)
+async def test_a_report_in_flight_across_a_goaway_is_counted_unknown_never_lost_silently() -> None:
+    """ClusterD sends GOAWAY and closes the connection while a report waits in it (here
+    a server stopping without grace; ClusterD's Go server does the same after a
+    too_many_pings GOAWAY). The call fails with an unknown outcome -- it reached ClusterD
+    -- which the outbox never resends blindly; the failure and the lost connection are
+    counted."""
+    server = _SlowReports(hold=30.0)
     address = await server.start()
     metrics = BridgeMetrics()
-    client = ClusterDClient(ClusterDConfig(address=address, grpc_keepalive=PING, rpc_timeout=30.0), metrics)
+    client = ClusterDClient(ClusterDConfig(address=address, rpc_timeout=30.0), metrics)
     await client.open()
     client._start_rpc_thread()
     try:
         await eventually(lambda: client.rpc_thread is not None and client.rpc_thread.ready,
                          what="the report channel connected")
-        started = time.monotonic()
-        outcome: int | RpcFailure
-        try:
-            outcome = await client.call("/Recover/ReportProcessFault", b"")
-        except RpcFailure as failure:
-            outcome = failure
-        return server, metrics, outcome, time.monotonic() - started
+        call = asyncio.ensure_future(client.call("/Recover/ReportProcessFault", b""))
+        await eventually(lambda: server.received == 1, what="the report arrived at ClusterD")
+        await server.stop()
+        with pytest.raises(RpcFailure) as failure:
+            await asyncio.wait_for(call, 10)
+        assert failure.value.delivery is Delivery.UNKNOWN
+        assert metrics.sample("tft_bridge_clusterd_rpcs_total",
+                              {"method": "ReportProcessFault", "code": failure.value.status}) == 1
+        await eventually(lambda: lost(metrics, "report") == 1, what="the lost connection counted")
+        assert server.received == 1
     finally:
         await client.close()
         await server.stop()
-
-
-async def test_a_report_waiting_in_clusterd_is_delivered_once_without_report_channel_pings(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    server, metrics, outcome, _ = await slow_report(channel_options, monkeypatch)
-    assert outcome == 0 and server.received == 1
-    assert lost(metrics, "report") == 0
