@@ -89,6 +89,13 @@ def channel_options(config: ClusterDConfig, *, pings: float | None = None) -> li
     ]
 
 
+def goaway(detail: str) -> bool:
+    """Whether a call's error says ClusterD closed the connection with GOAWAY (gRPC core
+    words a too_many_pings GOAWAY under an open stream as "Too many pings")."""
+    text = detail.lower()
+    return "goaway" in text or "too many pings" in text or "too_many_pings" in text
+
+
 def connection_lost(metrics: BridgeMetrics, channel: str, detail: str) -> None:
     """ClusterD closed a channel's connection under the bridge: logged and counted.
 
@@ -455,7 +462,7 @@ class Session:
         except grpc.aio.AioRpcError as error:
             reason = f"stream_{error.code().name.lower()}"
             log.warning("ClusterD signal stream ended: %s %s", error.code().name, error.details())
-            if "GOAWAY" in (error.details() or ""):
+            if goaway(error.details() or ""):
                 connection_lost(self.metrics, "signal", error.details() or "")
         finally:
             call.cancel()

@@ -254,3 +254,24 @@ async def test_a_report_in_flight_across_a_goaway_is_counted_unknown_never_lost_
     finally:
         await client.close()
         await server.stop()
+
+
+async def test_a_goaway_on_the_signal_stream_is_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """Pings faster than ClusterD writes on the stream collect strikes: here ClusterD's
+    keep-alive is set to 30 s and the pings to 1 s (the configuration check refuses such
+    a pair; the test builds it on purpose). 7.3 closes the connection; the stream's end
+    is logged and counted as a lost connection, and the bridge subscribes again."""
+    job = SimulatedJob(SimJob("job-idle", world_size=8, devices_per_pod=4), release=RELEASES["7.3"],
+                       keepalive_interval=30.0, controller_timings=mindio_ttp.FAST_TIMINGS,
+                       config_overrides={"clusterd": {"grpc_keepalive": 60.0}})
+    job.config = replace(job.config, clusterd=replace(job.config.clusterd, grpc_keepalive=PING))
+    await job.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="bridge.clusterd"):
+            await eventually(lambda: lost(job.metrics, "signal") >= 1, timeout=IDLE + 10,
+                             what="the signal stream's GOAWAY counted")
+        assert any("closed the signal channel's connection" in r.getMessage() for r in caplog.records)
+        await eventually(lambda: len(job.sim.journal.select("stream-open", job_id="job-idle")) >= 2,
+                         timeout=10, what="a new subscription")
+    finally:
+        await job.stop()
