@@ -41,7 +41,7 @@ What each rule guards against (issue 14, items 4 and 6, and issue 13 item 6):
   node hook is not run either. The server builds the orphan from the job's state when
   it fires: uuid "" and no ranks exactly when no cycle runs on the new stream, so the
   shape alone says "a stream with no cycle". Once the bridge's resume (resume.py) has
-  started a new cycle, the orphan carries that cycle's uuid and unexpanded ranks and
+  started a new cycle, the orphan carries that cycle's uuid and its whole-pod ranks and
   cannot be told from the cycle's own globalFault: it is forwarded as that cycle's,
   the real one after it is refused (unexpected_step) and the cycle still completes
   (tests/test_orphaned_global_fault.py). uuid-less signals that are legitimate
