@@ -148,6 +148,16 @@ class ControllerHost:
         )
 
     @property
+    def world_size(self) -> int | None:
+        """The world size the controller was initialised with, or None when unknown: a
+        controller the caller started (``external=True``) was initialised by the caller,
+        and the real module exposes no way to ask it (docs/mindio-controller.md section
+        2), while this host's ``config.world_size`` is only the default 1. A guard that
+        needs it must then skip its check, never assume the default: the seed API's
+        notify guard dropped every fault rank but 0 of ClusterD's globalFault."""
+        return self.config.world_size if self.owned else None
+
+    @property
     def has_prepare_action(self) -> bool:
         """Some older builds lack ``tft_notify_controller_prepare_action``."""
         return self._prepare_action is not None
