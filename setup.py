@@ -67,7 +67,9 @@ class SdistWithCodecC(sdist):
     def run(self) -> None:
         from Cython.Build import cythonize
 
-        cythonize([CODEC_PYX], force=True, quiet=True)
+        # As an Extension of its full name: the C then names its module bridge._faults_c,
+        # as setuptools' own cythonizing does (a bare .pyx path would make it _faults_c).
+        cythonize([Extension("bridge._faults_c", [CODEC_PYX])], force=True, quiet=True)
         super().run()
 
 

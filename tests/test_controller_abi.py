@@ -23,16 +23,25 @@ from .processes import ROOT, reap, spawn_bridge
 RUNNING = f"{platform.python_implementation()} {platform.python_version()}"
 
 
+def _take_mindio_modules() -> dict[str, object]:
+    taken = {n: m for n, m in sys.modules.items() if n == "mindio_ttp" or n.startswith("mindio_ttp.")}
+    for name in taken:
+        del sys.modules[name]
+    return taken
+
+
 @pytest.fixture
 def on_path(tmp_path: Path) -> Iterator[Path]:
-    """``tmp_path`` on sys.path for the test, and no ``mindio_ttp`` left imported after it."""
+    """``tmp_path`` on sys.path for the test, with no ``mindio_ttp`` imported before (an
+    earlier test's installed stub would answer the import) and none left after."""
+    earlier = _take_mindio_modules()
     sys.path.insert(0, str(tmp_path))
     try:
         yield tmp_path
     finally:
         sys.path.remove(str(tmp_path))
-        for name in [n for n in sys.modules if n == "mindio_ttp" or n.startswith("mindio_ttp.")]:
-            del sys.modules[name]
+        _take_mindio_modules()
+        sys.modules.update(earlier)  # type: ignore[arg-type]
 
 
 def test_start_up_error_names_running_python_and_the_module_found(on_path: Path) -> None:
