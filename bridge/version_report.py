@@ -70,11 +70,18 @@ def controller_line(module: str = CONTROLLER_MODULE, timeout: float = PROBE_TIME
     try:
         probe = subprocess.run([sys.executable, "-c", _PROBE, module, json.dumps(sys.path)],
                                capture_output=True, text=True, timeout=timeout)
-        result = json.loads(probe.stdout.strip().splitlines()[-1])
     except subprocess.TimeoutExpired:
         return f"{package}: found at {directory}, but importing {module} did not finish within {timeout:.0f} s"
-    except (OSError, ValueError, IndexError) as error:
-        return f"{package}: found at {directory}; the import probe failed ({type(error).__name__}: {error})"
+    except OSError as error:
+        return f"{package}: found at {directory}; the import probe could not run ({error})"
+    try:
+        # The last line: the controller's own import may print before it.
+        result = json.loads(probe.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        # No report at all: the interpreter died in the import (a crash in the SWIG module).
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return (f"{package}: found at {directory}, but importing {module} killed the interpreter "
+                f"(exit {probe.returncode}: {last})")
     if result["ok"]:
         return f"{package}: {module} imports, from {result['file']}"
     line = f"{package}: found at {directory}, but {module} does not import: {result['error']}"

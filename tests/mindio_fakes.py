@@ -56,3 +56,13 @@ def working_package(base: Path) -> Path:
     init = package / "controller_ttp" / "__init__.py"
     init.write_text(WORKING_CONTROLLER_INIT)
     return init
+
+
+def crashing_package(base: Path) -> None:
+    """``base/mindio_ttp`` whose controller kills the interpreter while importing (as a
+    SWIG module built against another libstdc++ can)."""
+    package = base / "mindio_ttp"
+    (package / "controller_ttp").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "controller_ttp" / "__init__.py").write_text(
+        "import os, sys\nsys.stderr.write('Fatal: simulated crash in the SWIG module\\n')\nos._exit(134)\n")

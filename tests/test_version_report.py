@@ -13,7 +13,7 @@ import pytest
 import bridge
 import bridge.faults
 
-from .mindio_fakes import other_python_tag, working_package, wrong_python_package
+from .mindio_fakes import crashing_package, other_python_tag, working_package, wrong_python_package
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -105,3 +105,11 @@ def test_controller_built_for_another_python_names_both(tmp_path: Path) -> None:
                            "ModuleNotFoundError: No module named 'mindio_ttp._ttp_cxx'")
     assert f"{compiled.name} (built for {built_for} {platform.machine()})" in line
     assert f"this is {platform.python_implementation()} {platform.python_version()}" in line
+
+
+def test_controller_whose_import_kills_the_interpreter_is_reported(tmp_path: Path) -> None:
+    """The report survives it (the import ran in a child) and says how the child ended."""
+    crashing_package(tmp_path)
+    line = version(pythonpath=tmp_path)["mindio_ttp"]
+    assert line == (f"found at {tmp_path / 'mindio_ttp'}, but importing mindio_ttp.controller_ttp killed the "
+                    "interpreter (exit 134: Fatal: simulated crash in the SWIG module)")
