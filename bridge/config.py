@@ -38,6 +38,16 @@ Why every value is checked this strictly (each rule is a failure seen, not a tas
   every ``keepalive_interval``, so pings further apart than that always follow a write
   (docs/releases.md).
 * A file that is not UTF-8 is a configuration error naming the byte, not a traceback.
+
+Some values are legal but cannot work with the real peers; those are warnings
+(``config_warnings``), printed by ``check-config`` and logged when the bridge starts,
+and the configuration still loads:
+
+* ``controller.wait_mindx_time`` of 11 s or less: ClusterD sends a type-1 (process)
+  fault's globalFault 11 s after it received the StopComplete (a 1 s flush and a 10 s
+  sleep, fixed in its code; docs/clusterd.md section 6), and the controller's wait for
+  it started before that, when its stop-complete callback returned. Measured: with a
+  wait of 10 s every type-1 cycle of the job ended in EXIT.
 """
 
 from __future__ import annotations
@@ -465,6 +475,26 @@ def _validate(config: BridgeConfig, problems: _Problems) -> None:
         problems.plain(line)
     if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         problems.add("log_level", f"expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got {config.log_level!r}")
+
+
+#: ClusterD's delay from ReportStopComplete to globalFault once a type-1 fault is in the
+#: cycle: 1 s flush + 10 s, fixed in its code (docs/clusterd.md section 6). Seconds.
+CLUSTERD_TYPE1_GLOBAL_FAULT_DELAY = 11
+
+
+def config_warnings(config: BridgeConfig) -> list[str]:
+    """Legal values that the real peers make fail (module docstring): one line each,
+    naming the key, its value and why. A warning, not an error: the job still starts."""
+    lines: list[str] = []
+    wait = config.controller.wait_mindx_time
+    if wait <= CLUSTERD_TYPE1_GLOBAL_FAULT_DELAY:
+        lines.append(
+            f"controller.wait_mindx_time (MINDIO_WAIT_MINDX_TIME) = {wait} s is not longer than the "
+            f"{CLUSTERD_TYPE1_GLOBAL_FAULT_DELAY} s ClusterD always takes from a stop-complete to its globalFault "
+            f"for a process (type-1) fault (1 s flush + 10 s, not configurable): the controller's wait for that "
+            f"globalFault runs out first, so every process-fault recovery of this job ends in EXIT. Give it more "
+            f"than {CLUSTERD_TYPE1_GLOBAL_FAULT_DELAY} s plus the time ClusterD may be away (default 30)")
+    return lines
 
 
 def build_config(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> BridgeConfig:

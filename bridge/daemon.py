@@ -60,7 +60,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .clusterd import Session
-from .config import BridgeConfig
+from .config import BridgeConfig, config_warnings
 from .controller import ControllerHost, StartupError, load_controller_module
 from .flow import ControllerFlow, Step
 from .link import Link, finish, spawn
@@ -177,6 +177,8 @@ class Bridge:
     # ------------------------------------------------------------------ start-up
     async def _start(self) -> None:
         c = self.config
+        for line in config_warnings(c):  # the same lines check-config prints
+            log.warning("configuration: %s", line)
         if c.metrics.enabled:
             try:
                 server = MetricsServer(self.metrics, c.metrics.address, c.metrics.port, certfile=c.metrics.certfile,

@@ -41,7 +41,7 @@ What each rule guards against (bad arguments, floods of actions, the orphaned gl
   node hook is not run either. The server builds the orphan from the job's state when
   it fires: uuid "" and no ranks exactly when no cycle runs on the new stream, so the
   shape alone says "a stream with no cycle". Once the bridge's resume (resume.py) has
-  started a new cycle, the orphan carries that cycle's uuid and unexpanded ranks and
+  started a new cycle, the orphan carries that cycle's uuid and its whole-pod ranks and
   cannot be told from the cycle's own globalFault: it is forwarded as that cycle's,
   the real one after it is refused (unexpected_step) and the cycle still completes
   (tests/test_orphaned_global_fault.py). uuid-less signals that are legitimate
@@ -202,12 +202,18 @@ class NotifyArguments:
 
 
 def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy: str, params: str, *,
-                     world_size: int, pause_default: int) -> NotifyArguments:
+                     world_size: int | None, pause_default: int) -> NotifyArguments:
     """The arguments of ``action``'s notify call, inside the ranges the controller takes
     (docs/mindio-controller.md section 2), or ``BadArgument``. Runs before the flow moves.
 
     * fault ranks outside ``[0, world_size)`` are dropped (the controller would return 1
-      after merging the entries before them); the others still go through;
+      after merging the entries before them); the others still go through. With
+      ``world_size`` None (unknown: a controller the caller started, whose world size
+      the real API does not expose) nothing is dropped: a guess drops ranks ClusterD
+      named, and a controller told too few ranks repairs a rank from a peer the node
+      agent restarted under it and hangs (docs/mindio-controller.md section 4). A rank
+      the controller then refuses makes its notify return 1, which is logged and
+      counted like any refused notify;
     * pause: negative is refused (no pause length means it), 0 is the configured default
       (the controller has no default: ``None`` raises), above ``PAUSE_TIMEOUT_MAX`` clamped;
     * on_global_rank: 0 means "no minimum" (1); otherwise clamped to 1..3600;
@@ -215,7 +221,7 @@ def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy
       would hand the controller a different instruction).
     """
     notes: list[str] = []
-    if action in RANK_ACTIONS:
+    if action in RANK_ACTIONS and world_size is not None:
         # One max() in C (~3 ms for 100 000 ranks on a loaded core): the common all-valid
         # map costs no Python-level loop on the event loop; only a map with bad ranks is
         # walked. The codec yields no negative rank (ASCII digits only); the walk checks both.
@@ -225,7 +231,7 @@ def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy
             faults = {rank: kind for rank, kind in faults.items() if 0 <= rank < world_size}
             notes.append(f"dropped {len(bad)} fault rank(s) outside 0..{world_size - 1} "
                          f"(e.g. {sorted(bad)[:3]})")
-    else:
+    elif action not in RANK_ACTIONS:
         faults = {}
     if action == "pause_train":
         if timeout < 0:
@@ -415,7 +421,7 @@ class SignalDispatcher:
             return reason
         try:
             args = notify_arguments(action, faults, int(signal.timeout), strategy, params,
-                                    world_size=self.controller.config.world_size, pause_default=self.pause_timeout)
+                                    world_size=self.controller.world_size, pause_default=self.pause_timeout)
         except BadArgument as error:
             self.metrics.bad_inputs.labels("signal_argument").inc()
             suppressed = self._log_budget.allow("bad_argument: detail")

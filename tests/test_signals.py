@@ -80,6 +80,16 @@ def test_fault_ranks_outside_the_world_are_dropped_and_the_rest_kept(action: str
     assert "outside 0..15" in checked.notes[0]
 
 
+@pytest.mark.parametrize("action", ["stop_train", "on_global_rank", "hot switch"])
+def test_an_unknown_world_size_drops_no_rank(action: str) -> None:
+    checked = notify_arguments(action, {4: 1, 5: 1, 6: 1, 7: 1, 10 ** 9: 1}, 0, "", "", world_size=None,
+                               pause_default=600)
+    assert checked.faults == {4: 1, 5: 1, 6: 1, 7: 1, 10 ** 9: 1}
+    assert checked.notes == ()
+    assert notify_arguments("change_strategy", {4: 1}, 0, "retry", "", world_size=None,
+                            pause_default=600).faults == {}  # a strategy takes no ranks, known size or not
+
+
 def test_fault_ranks_inside_the_world_pass_untouched() -> None:
     assert args("stop_train", {0: 1, WORLD - 1: 0}).faults == {0: 1, WORLD - 1: 0}
     assert args("stop_train", {0: 1}).notes == ()
@@ -173,12 +183,18 @@ class FakeHooks:
 
 
 class Rig:
-    def __init__(self) -> None:
+    """A dispatcher around a fake controller module. By default the host owns the
+    controller and knows its world size, as the daemon's does; ``external=True`` is the
+    seed API's host around a controller its caller initialised, whose world size the
+    host never learns (its config keeps the default 1)."""
+
+    def __init__(self, *, external: bool = False) -> None:
         self.module = FakeController()
         self.metrics = BridgeMetrics()
         self.flow = ControllerFlow(wait_timeout=30.0)
         self.hooks = FakeHooks()
-        host = ControllerHost(self.module, ControllerConfig(world_size=WORLD), external=True)  # type: ignore[arg-type]
+        config = ControllerConfig() if external else ControllerConfig(world_size=WORLD)
+        host = ControllerHost(self.module, config, external=external)  # type: ignore[arg-type]
         self.dispatcher = SignalDispatcher(JOB, self.flow, host, self.hooks, self.metrics,  # type: ignore[arg-type]
                                            on_kill_master=lambda: None, pause_timeout=600)
         self.handled = 0
@@ -272,6 +288,23 @@ async def test_fault_ranks_outside_the_world_do_not_make_the_controller_half_mer
     rig.send(signal("stopTrain", ["stop_train"], faults={3: 1, 99: 1}))
     await eventually(lambda: rig.module.calls, what="the stopTrain forwarded")
     assert rig.module.calls == [("stop_train", ({3: 1}, "stop", None))]
+
+
+async def test_a_host_that_does_not_know_the_world_size_forwards_every_rank_clusterd_named() -> None:
+    """The seed API hosts a controller its caller initialised: the host's config keeps the
+    default world size 1, and the range check dropped every fault rank but 0 of a
+    globalFault (ClusterD's {2: 1, 3: 1} became on_global_rank({})); the controller then
+    repaired too few ranks and hung. Unknown world size: no range check, nothing dropped."""
+    async with dispatching(Rig(external=True)) as rig:
+        rig.send(signal("stopTrain", ["stop_train"], faults={5: 1}))
+        await eventually(lambda: rig.module.calls, what="the stopTrain forwarded")
+        rig.flow.on_callback("report_stop_complete", 0)
+        rig.send(signal("globalFault", ["on_global_rank", "fault_nodes_exit"], faults={4: 1, 5: 1, 6: 1, 7: 1},
+                        node_ranks=["1"]))
+        await eventually(lambda: len(rig.module.calls) == 2, what="the globalFault forwarded")
+        assert rig.module.calls == [("stop_train", ({5: 1}, "stop", None)),
+                                    ("on_global_rank", ({4: 1, 5: 1, 6: 1, 7: 1}, 1))]
+        assert rig.metrics.sample("tft_bridge_bad_inputs_total", {"kind": "signal_argument"}) == 0
 
 
 async def test_unknown_actions_are_counted_as_unknown_in_one_line(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:

@@ -115,6 +115,10 @@ class SimulatedJob:
         if self.heartbeat_loss is not None:
             self.training.heartbeat_loss_time = self.heartbeat_loss
         self.training.auto_step = self.auto_step
+        # The node agent restarts whole pods (Training.restart_pods): the same pods as
+        # the simulated ClusterD's, so a controller told fewer ranks than ClusterD named
+        # hangs in repair here as the real one does.
+        self.training.devices_per_pod = self.job.devices_per_pod
         # The controller reads MINDIO_WAIT_MINDX_TIME from the environment at init (so does
         # the stub); the bridge exports its configured wait before init.
         # The harness does not, so the tests catch a bridge that forgets; it only puts the
