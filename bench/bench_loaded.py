@@ -275,6 +275,9 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
                             if name == "bridge":
                                 loop_at = after(stamps.loop, "report_fault_ranks", called)
                                 wire_at = after(stamps.wire, "ReportProcessFault", called)
+                                relayed = [t for kind, t in link.relay.sent if t >= called]
+                                if relayed and loop_at is not None:
+                                    split.setdefault("loop->relay", []).append(relayed[0] - loop_at)
                                 if loop_at is not None and wire_at is not None:
                                     split["cb->loop"].append(loop_at - called)
                                     split["loop->wire"].append(wire_at - loop_at)
