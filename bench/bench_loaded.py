@@ -4,7 +4,7 @@ same run, against a ClusterD that answers like the real one, with and without bu
     python bench/bench_loaded.py [--quick] [--loads 0,2] [--sizes 16,1000] [--rounds N]
                                  [--cycles N] [--phases hops,signals,cycles]
 
-The synchronous client is MindCluster's shape (``baseline.SyncRelay``, ``e2e_path.SyncClient``):
+The synchronous client is MindCluster's shape (``baseline.SyncRelay``, ``baseline.SyncClient``):
 each callback builds its request and makes a blocking call before it returns to the
 controller. Load levels are busy processes (a Python ``while True`` each) the benchmark
 starts and always stops; recoveries happen when a node's cores are busy.
@@ -64,9 +64,8 @@ from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob, free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
-from baseline import SyncRelay, pct  # noqa: E402
+from baseline import SyncClient, SyncRelay, pct  # noqa: E402
 from bench_relay import JOB, NODE_RANKS, fault_map, signal_pair  # noqa: E402
-from e2e_path import SyncClient  # noqa: E402
 from fast_clusterd import FastClusterD, Stamp  # noqa: E402
 
 if TYPE_CHECKING:  # annotations only (postponed): Python 3.10 has no typing.Self
