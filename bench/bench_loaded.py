@@ -159,6 +159,7 @@ class BridgeStamps:
 
     loop: list[tuple[str, float]] = field(default_factory=list)  # (callback, at)
     wire: list[tuple[str, float]] = field(default_factory=list)  # (method, at)
+    answered: list[tuple[str, float]] = field(default_factory=list)  # (method, at): the answer is back
 
 
 def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
@@ -182,8 +183,12 @@ def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
         call = rpc._callable(method)
 
         def on_wire(payload: bytes, timeout: float, call: Any = call, method: str = method) -> Any:
-            stamps.wire.append((method.rsplit("/", 1)[1], time.monotonic()))
-            return call(payload, timeout=timeout)
+            name = method.rsplit("/", 1)[1]
+            stamps.wire.append((name, time.monotonic()))
+            try:
+                return call(payload, timeout=timeout)
+            finally:
+                stamps.answered.append((name, time.monotonic()))
 
         rpc._callables[method] = on_wire
     return stamps
@@ -244,7 +249,7 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
                 for size in sizes:
                     blocks: dict[str, list[float]] = {name: [] for name in ways}
                     latency: dict[str, list[float]] = {name: [] for name in ways}
-                    split: dict[str, list[float]] = {"cb->loop": [], "loop->wire": [], "wire->srv": [],
+                    split: dict[str, list[float]] = {"cb->loop": [], "cb->wire": [], "wire->srv": [],
                                                      "sync send->srv": [], "sync cb->send": []}
                     await server.dump()
                     for i in range(rounds[size]):
@@ -274,12 +279,9 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
                             if name == "bridge":
                                 loop_at = after(stamps.loop, "report_fault_ranks", called)
                                 wire_at = after(stamps.wire, "ReportProcessFault", called)
-                                relayed = [t for kind, t in link.relay.sent if t >= called]
-                                if relayed and loop_at is not None:
-                                    split.setdefault("loop->relay", []).append(relayed[0] - loop_at)
                                 if loop_at is not None and wire_at is not None:
                                     split["cb->loop"].append(loop_at - called)
-                                    split["loop->wire"].append(wire_at - loop_at)
+                                    split["cb->wire"].append(wire_at - called)
                                     split["wire->srv"].append(received - wire_at)
                             elif name == "sync":
                                 sent = syncs["sync"].sent[-1]
@@ -331,7 +333,7 @@ REPORT_HOPS = (
     ("fault cb -> srv", "report_fault_ranks", 0, "ReportProcessFault"),
     ("stop cb -> srv", "report_stop_complete", 0, "ReportStopComplete"),
     ("2nd fault cb -> srv", "report_fault_ranks", 1, "ReportProcessFault"),
-    ("strategies cb -> srv", "report_strategies", 0, "ReportRecoverStrategy"),
+    ("strategies cb|fault answered -> srv", "report_strategies", 0, "ReportRecoverStrategy"),
     ("result cb -> srv", "report_result", 0, "ReportRecoverStatus"),
 )
 CRITICAL = "2nd fault cb -> strategy srv"
@@ -340,7 +342,7 @@ CRITICAL = "2nd fault cb -> strategy srv"
 @dataclass
 class CycleFigures:
     hops: dict[str, list[float]] = field(default_factory=lambda: {label: [] for label, *_ in REPORT_HOPS})
-    split: dict[str, list[float]] = field(default_factory=dict)  # "<label> cb->loop" / "loop->wire" (bridge)
+    split: dict[str, list[float]] = field(default_factory=dict)  # "<callback> cb->loop" / "cb->wire" (bridge)
     critical: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -367,6 +369,7 @@ async def one_cycle(server: FastClusterD, training: Any, index: int, ready: Call
     if stamps is not None:
         stamps.loop.clear()
         stamps.wire.clear()
+        stamps.answered.clear()
     await server.dump()
     mark = len(server.events)
     training.inject_fault({(index * 5 + 1) % CYCLE_WORLD: 0})
@@ -387,6 +390,13 @@ async def one_cycle(server: FastClusterD, training: Any, index: int, ready: Call
         if len(calls) <= nth:
             raise RuntimeError(f"{len(calls)} {callback} callback(s)")
         at = calls[nth].t
+        if callback == "report_strategies":
+            # It may only leave once the 2nd fault report is answered (ClusterD's order):
+            # the synchronous client's callback comes after that answer, the bridge's
+            # before it; both hops count from the later of the two.
+            fault_cb = training.callbacks("report_fault_ranks")[1].t
+            answered = after(stamps.answered, "ReportProcessFault", fault_cb) if stamps is not None else None
+            at = max(at, answered or at)
         got = after(received, rpc, at)
         if got is None:
             raise RuntimeError(f"no {rpc} after the {callback} callback")
@@ -395,8 +405,8 @@ async def one_cycle(server: FastClusterD, training: Any, index: int, ready: Call
             loop_at = after(stamps.loop, callback, at)
             wire_at = after(stamps.wire, rpc, at)
             if loop_at is not None and wire_at is not None:
-                figures.split.setdefault(f"{label.split(' -> ')[0]} ->loop", []).append(loop_at - at)
-                figures.split.setdefault(f"{label.split(' -> ')[0]} loop->wire", []).append(wire_at - loop_at)
+                figures.split.setdefault(f"{callback} #{nth + 1} cb->loop", []).append(loop_at - calls[nth].t)
+                figures.split.setdefault(f"{callback} #{nth + 1} cb->wire", []).append(wire_at - calls[nth].t)
     second = training.callbacks("report_fault_ranks")[1].t
     strategy = after(received, "ReportRecoverStrategy", second)
     assert strategy is not None
@@ -484,13 +494,13 @@ async def cycles_phase(loads: list[int], cycles: int, misses: list[str]) -> None
             bridge = await cycles_bridge(cycles)
             sync = await cycles_sync(cycles)
         for label, *_ in REPORT_HOPS:
-            print(f"    {label:<28} bridge {stats(bridge.hops[label], 1e-3, 'ms')}")
-            print(f"    {'':<28} sync   {stats(sync.hops[label], 1e-3, 'ms')}")
+            print(f"    {label:<36} bridge {stats(bridge.hops[label], 1e-3, 'ms')}")
+            print(f"    {'':<36} sync   {stats(sync.hops[label], 1e-3, 'ms')}")
             check_p50(f"cycles, {load} busy, {label}", bridge.hops[label], sync.hops[label], misses)
-        print(f"    {CRITICAL:<28} bridge {stats(bridge.critical, 1e-3, 'ms')}")
-        print(f"    {'':<28} sync   {stats(sync.critical, 1e-3, 'ms')}")
+        print(f"    {CRITICAL:<36} bridge {stats(bridge.critical, 1e-3, 'ms')}")
+        print(f"    {'':<36} sync   {stats(sync.critical, 1e-3, 'ms')}")
         for label, values in bridge.split.items():
-            print(f"      bridge {label:<26} {stats(values, 1e-3, 'ms')}")
+            print(f"      bridge {label:<34} {stats(values, 1e-3, 'ms')}")
         for name, figures in (("bridge", bridge), ("sync", sync)):
             for failure in figures.failures:
                 print(f"    {name}: FAILED {failure}")
