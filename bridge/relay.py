@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -99,10 +98,6 @@ class Relay:
         self._settled.set()
         self._unsettled = 0  # cycle-bound calls on the wire or chained
         self._on_wire: tuple[Pending, Call | None] | None = None  # the head while its call is out
-        # The fault lane (bridge/fastlane.py): held by the hand-off thread while it decides
-        # and queues a fault report on the report thread, and here around every append.
-        self.lane_lock = threading.Lock()
-        self.presend_pending = 0  # fault reports queued by the lane, not adopted yet (under lane_lock)
         self.sent: list[tuple[str, float]] = []  # (kind, monotonic time) each request went on the wire, bounded
         self.on_drop: Callable[[str, str | None, str], None] | None = None  # (kind, cycle, reason): the flight recorder
         # (kind): a cycle-bound report whose outcome is unknown was dropped (resume.py may
@@ -115,26 +110,8 @@ class Relay:
         return len(self._queue)
 
     # ------------------------------------------------------------------ submission (event loop)
-    def idle(self) -> bool:
-        """Nothing queued, on the wire or waiting for adoption, and not stopping: a report
-        the lane queues now is the next on the wire (called under ``lane_lock``)."""
-        return not self._queue and self.presend_pending == 0 and not self._stopping
-
-    def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None,
-                      presend: Call | None = None) -> None:
-        """Queue a fault report; merged into the queued one before it when possible. With
-        ``presend``: the lane already queued it on the report thread while the outbox was
-        idle (bridge/fastlane.py); it becomes the head, its outcome learnt like any other's."""
-        if presend is not None:
-            with self.lane_lock:
-                self.presend_pending -= 1
-            head = Pending("fault", faults=faults, sending=True, chained=presend)
-            if waiter is not None:
-                head.waiters.append(waiter)
-            self._queue.appendleft(head)  # anything queued since went in behind it
-            self._record(self.sent, "fault")
-            self._wakeup.set()
-            return
+    def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None) -> None:
+        """Queue a fault report; merged into the queued one before it when possible."""
         if not faults:
             if waiter is not None:
                 waiter.set_result(Code.OK)
@@ -146,8 +123,7 @@ class Relay:
             self.metrics.reports_merged.inc()
         else:
             tail = Pending("fault", faults=faults)
-            with self.lane_lock:
-                self._queue.append(tail)
+            self._queue.append(tail)
         if waiter is not None:
             tail.waiters.append(waiter)
         self._wakeup.set()
@@ -158,8 +134,7 @@ class Relay:
         if not self.session.cycle_alive(cycle):
             self._drop(pending, "no_live_cycle")
             return
-        with self.lane_lock:
-            self._queue.append(pending)
+        self._queue.append(pending)
         self._enforce_limit()
         self._wakeup.set()
         self._chain_next()
@@ -213,7 +188,7 @@ class Relay:
     async def run(self) -> None:
         backoff = Backoff(self.client.config.reconnect_initial, self.client.config.reconnect_max)
         while not self._stopping:
-            if not self._queue or self.presend_pending:  # a pre-sent fault report goes first: wait for it
+            if not self._queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
@@ -240,20 +215,13 @@ class Relay:
         return self.session.live.is_set()
 
     async def _deliver_faults(self, head: Pending, backoff: Backoff) -> bool:
-        presend, head.chained = head.chained, None  # queued by the fault lane: already on its way
-        if presend is None and not await self._wait_live():
+        if not await self._wait_live():
             return False
         head.sending = True  # later reports queue behind it
         try:
-            if presend is not None:
-                code = await self._in_flight(head, METHODS["fault"], b"", presend)
-            else:
-                payload = codec.encode_process_fault_request(self.job_id, head.faults)
-                self._record(self.sent, "fault")
-                code = await self._in_flight(head, METHODS["fault"], payload)
-        except ChainBroken:  # withdrawn before the report thread took it (stopping): it never left
-            head.sending = False
-            return False
+            payload = codec.encode_process_fault_request(self.job_id, head.faults)
+            self._record(self.sent, "fault")
+            code = await self._in_flight(head, METHODS["fault"], payload)
         except RpcFailure as failure:
             log.warning("fault report not delivered (%s), will retry: %s", failure.status, failure.detail)
             head.sending = False

@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from . import faults as codec
 from .affinity import ControllerPin
@@ -53,11 +53,7 @@ from .flow import STRATEGIES, ControllerFlow, Step
 from .metrics import BridgeMetrics
 from .recorder import NullRecorder
 from .relay import Relay
-from .rpcthread import Call
 from .resume import CycleResume
-
-if TYPE_CHECKING:
-    from .fastlane import FaultLane
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +65,6 @@ class ControllerReport(NamedTuple):
     args: tuple[Any, ...]
     at: float  # time.monotonic() on the controller's thread
     waiter: Future[int] | None = None  # resolved with the delivery outcome (seed API callers)
-    # (call, cleaned faults): a fault report the hand-off thread already queued on the
-    # report thread (bridge/fastlane.py); None for every other report.
-    presend: tuple[Call, dict[int, int]] | None = None
 
 
 # What a callback puts on the hand-off queue: a ControllerReport's fields as a plain
@@ -130,9 +123,8 @@ class Handoff:
     _STOP = object()
 
     def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None],
-                 mode: str = THREAD, *, pin_cpu: bool = True, lane: FaultLane | None = None) -> None:
+                 mode: str = THREAD, *, pin_cpu: bool = True) -> None:
         self._loop = loop
-        self.lane = lane  # THREAD mode: a fault report may go straight to the report thread
         self.pin: ControllerPin | None = None  # THREAD mode: the controller's thread and this one on one CPU
         self._handle = handle
         self.batch_policy = False  # True once the hand-off thread (THREAD mode) runs under SCHED_BATCH
@@ -188,7 +180,7 @@ class Handoff:
         reports: list[ControllerReport] = []
         for item in batch:  # one malformed item costs itself, never its neighbours
             try:
-                reports.append(_as_report(item))
+                reports.append(ControllerReport._make(item))  # type: ignore[arg-type]
             except (TypeError, ValueError):
                 log.error("dropped a controller report that is not a report tuple: %.200r", item)
         if reports:
@@ -213,28 +205,15 @@ class Handoff:
                 except queue.Empty:
                     break
             stop = any(item is self._STOP for item in batch)
-            reports = [_as_report(item) for item in batch if item is not self._STOP]
+            reports = [ControllerReport._make(item) for item in batch if item is not self._STOP]
             if reports:
-                lane = self.lane
-                if lane is not None:  # only a batch's first report: a later one follows others
-                    reports[0] = lane.offer(reports[0])
-                    lane.posted()
                 try:
-                    self._loop.call_soon_threadsafe(self._handle_posted, reports)
+                    self._loop.call_soon_threadsafe(self._handle, reports)
                 except RuntimeError:  # the loop is closed: the bridge is gone
                     log.error("dropped %d controller report(s): the event loop is closed", len(reports))
             if stop:
                 return
             pin.follow()  # after the batch is on its way: a migration never delays it
-
-    def _handle_posted(self, reports: list[ControllerReport]) -> None:
-        """On the loop: one batch from the hand-off thread; the lane learns it is handled
-        (its reports are in the outbox) whatever happens."""
-        try:
-            self._handle(reports)
-        finally:
-            if self.lane is not None:
-                self.lane.handled()
 
     # ------------------------------------------------------------------ both
     def close(self, timeout: float = 2.0) -> None:
@@ -282,14 +261,6 @@ class Handoff:
         if self._thread is not None:
             return self._thread.is_alive()
         return not self._closed
-
-
-def _as_report(item: object) -> ControllerReport:
-    """A callback's 4-tuple (or the seed API's whole ControllerReport) as a report; a
-    TypeError for anything else."""
-    if type(item) is ControllerReport:
-        return item
-    return ControllerReport._make((*item, None))  # type: ignore[misc]  # exactly the 4 fields a callback puts
 
 
 _ONE = (1).to_bytes(8, sys.byteorder)  # an eventfd write: one 8-byte counter increment
@@ -427,11 +398,7 @@ class ReportPath:
 
     # ------------------------------------------------------------------ the four callbacks
     def fault_ranks(self, report: ControllerReport) -> None:
-        if report.presend is not None:  # already on its way (bridge/fastlane.py): the outbox adopts it first
-            call, faults = report.presend
-            self.relay.submit_faults(faults, report.waiter, presend=call)
-        else:
-            faults = self._clean(report.args[0] if report.args else {}, "report_fault_ranks")
+        faults = self._clean(report.args[0] if report.args else {}, "report_fault_ranks")
         first_of_flow = self.flow.step in (Step.IDLE, Step.PAUSED, Step.STOP_SENT)
         self.flow.on_callback("report_fault_ranks")
         by_type = self.metrics.count_faults(faults)
@@ -446,8 +413,7 @@ class ReportPath:
         if self._observed:
             self.observer(f"controller report_fault_ranks {codec.format_faults(faults) or '(none)'}")
         self.recorder.callback("report_fault_ranks", report.at, faults=faults, by_type=by_type)
-        if report.presend is None:
-            self.relay.submit_faults(faults, report.waiter)
+        self.relay.submit_faults(faults, report.waiter)
 
     def stop_complete(self, report: ControllerReport) -> None:
         code, msg = _code(report.args[0]), str(report.args[1])

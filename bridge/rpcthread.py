@@ -122,12 +122,7 @@ class RpcThread:
         ``grpc.RpcError`` the call ended with. With ``after``: send it only if ``after`` is
         the call this thread made just before it and it answered code 0; else its future
         fails with ``ChainBroken`` and it never leaves."""
-        return self.submit_from(asyncio.get_running_loop(), method, payload, timeout, after)
-
-    def submit_from(self, loop: asyncio.AbstractEventLoop, method: str, payload: bytes, timeout: float,
-                    after: Call | None = None) -> Call:
-        """``submit`` from any thread (the hand-off thread's fault lane, bridge/fastlane.py):
-        the future belongs to ``loop`` and is only ever resolved there."""
+        loop = asyncio.get_running_loop()
         call = Call(method, payload, timeout, loop.create_future(), loop, after)
         self._queue.put(call)
         return call
