@@ -16,10 +16,10 @@ Phases:
   handlers only decode, stamp and answer), the bridge and the synchronous client
   alternating round by round, plus a second synchronous client (the A/A control: the
   measurement's own noise floor). Per way: callback block time and callback -> server
-  received; for the bridge each hop (callback -> event loop -> the report thread puts
-  the request on the wire -> server received), for the synchronous client its send ->
-  server received: the server's own share, which the real ClusterD takes 0.6-1.1 ms for
-  on loopback, its logging included (docs/performance.md).
+  received; for the bridge where the time goes (callback -> event loop, callback -> the
+  report thread puts the request on the wire, wire -> server received), for the
+  synchronous client callback -> send and send -> server received: the server's own
+  share, which the real ClusterD takes 0.6-1.1 ms for on loopback, its logging included.
 * ``signals``: ClusterD signal -> controller notify (pause_train -> stop_train(pause)),
   the bridge as configured against the synchronous client's reader (notify inline on
   the stream thread), against the simulated ClusterD (the signal needs its state
@@ -27,8 +27,12 @@ Phases:
 * ``cycles``: real pure-retry recovery cycles with the stub controller against the fast
   server playing the cycle: every report hop (callback -> server received) and the
   critical path, the controller's 2nd ``report_fault_ranks`` callback -> server received
-  the ``ReportRecoverStrategy`` that follows it; for the bridge, each hop split into
-  callback -> loop and loop -> wire.
+  the ``ReportRecoverStrategy`` that follows it; for the bridge, each report's callback ->
+  loop and callback -> wire. ClusterD must have answered the 2nd fault report before the
+  strategy report leaves (docs/clusterd.md: a fault report during a cycle joins it, and
+  two HTTP/2 streams give no order between their handlers), so that hop counts from the
+  later of the strategies callback and that answer reaching the client: the synchronous
+  client's callback comes after the answer, the bridge's before it.
 
 Targets, each against the synchronous client measured in the same run (exit status 1
 when one is missed):

@@ -49,7 +49,7 @@ BENCHMARKS = (
     Benchmark("scale and storm", "10 000- and 100 000-rank fault maps and a one-second callback storm through the "
               "whole path", ("bench_scale.py",), ("bench_scale.py", "--rounds-10k", "5", "--rounds-100k", "2",
                                                   "--storm", "2000")),
-    Benchmark("soak", "consecutive recovery cycles: memory, descriptors and threads", ("soak.py", "--cycles", "300"),
+    Benchmark("soak", "consecutive recovery cycles: memory, descriptors and threads", ("soak.py", "--cycles", "200"),
               ("soak.py", "--cycles", "40")),
 )
 
