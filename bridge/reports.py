@@ -13,7 +13,9 @@ The peer facts behind the rules here:
 * The controller calls a callback on its own C++ state-machine thread and is blocked
   until it returns; an exception kills the job. So the callback only queues a tuple
   (``controller.make_callback``) and wakes the event loop (``Handoff``), which does
-  everything else (validation, copying, encoding).
+  everything else (validation, copying, encoding) -- but for a fault report while the
+  outbox is idle, which the report thread encodes and sends before the loop's
+  bookkeeping (``fastlane.py``: it answers no cycle, so it needs no loop state).
 * A stop-complete, strategy or result report answers the cycle whose notify the
   controller last accepted (``ControllerFlow.answering``); it is bound to that cycle's
   uuid *before* the flow moves on, so a late report can never answer the next cycle.
@@ -43,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import faults as codec
 from .affinity import ControllerPin
@@ -53,7 +55,11 @@ from .flow import STRATEGIES, ControllerFlow, Step
 from .metrics import BridgeMetrics
 from .recorder import NullRecorder
 from .relay import Relay
+from .rpcthread import Call
 from .resume import CycleResume
+
+if TYPE_CHECKING:
+    from .fastlane import FaultLane
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,9 @@ class ControllerReport(NamedTuple):
     args: tuple[Any, ...]
     at: float  # time.monotonic() on the controller's thread
     waiter: Future[int] | None = None  # resolved with the delivery outcome (seed API callers)
+    # A fault report the hand-off thread already queued on the report thread
+    # (bridge/fastlane.py); None for every other report.
+    presend: Call | None = None
 
 
 # What a callback puts on the hand-off queue: a ControllerReport's fields as a plain
@@ -114,6 +123,8 @@ class Handoff:
     had to wait behind the busy processes for its CPU back while holding the GIL (block
     p99 0.05-3.6 ms against 8-12 us as SCHED_BATCH, bench_loaded A/B at one and two busy
     processes). Also the fall back where WAKE is unavailable (no eventfd/ctypes).
+    With ``lane`` (``bridge/fastlane.py``) a batch led by a fault report may go to the
+    report thread first, which sends the report and then posts the batch to the loop.
     With ``pin_cpu`` the thread, after each batch, moves to the CPU the controller's
     thread is pinned to by its first callback (``bridge/affinity.py``): woken there, it
     runs as soon as the controller's thread goes back to waiting instead of behind a
@@ -123,8 +134,9 @@ class Handoff:
     _STOP = object()
 
     def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None],
-                 mode: str = THREAD, *, pin_cpu: bool = True) -> None:
+                 mode: str = THREAD, *, pin_cpu: bool = True, lane: FaultLane | None = None) -> None:
         self._loop = loop
+        self.lane = lane  # THREAD mode: a fault report may go straight to the report thread
         self.pin: ControllerPin | None = None  # THREAD mode: the controller's thread and this one on one CPU
         self._handle = handle
         self.batch_policy = False  # True once the hand-off thread (THREAD mode) runs under SCHED_BATCH
@@ -180,7 +192,7 @@ class Handoff:
         reports: list[ControllerReport] = []
         for item in batch:  # one malformed item costs itself, never its neighbours
             try:
-                reports.append(ControllerReport._make(item))  # type: ignore[arg-type]
+                reports.append(_as_report(item))
             except (TypeError, ValueError):
                 log.error("dropped a controller report that is not a report tuple: %.200r", item)
         if reports:
@@ -205,15 +217,30 @@ class Handoff:
                 except queue.Empty:
                     break
             stop = any(item is self._STOP for item in batch)
-            reports = [ControllerReport._make(item) for item in batch if item is not self._STOP]
+            reports = [_as_report(item) for item in batch if item is not self._STOP]
             if reports:
                 try:
-                    self._loop.call_soon_threadsafe(self._handle, reports)
+                    if self.lane is not None:  # led by a fault report, it may go to the report thread first
+                        self.lane.dispatch(reports, self._post)
+                    else:
+                        self._post(reports)
                 except RuntimeError:  # the loop is closed: the bridge is gone
                     log.error("dropped %d controller report(s): the event loop is closed", len(reports))
             if stop:
                 return
             pin.follow()  # after the batch is on its way: a migration never delays it
+
+    def _post(self, reports: list[ControllerReport]) -> None:
+        self._loop.call_soon_threadsafe(self._handle_posted, reports)
+
+    def _handle_posted(self, reports: list[ControllerReport]) -> None:
+        """On the loop: one batch from the hand-off thread; the lane learns it is handled
+        (its reports are in the outbox) whatever happens."""
+        try:
+            self._handle(reports)
+        finally:
+            if self.lane is not None:
+                self.lane.handled()
 
     # ------------------------------------------------------------------ both
     def close(self, timeout: float = 2.0) -> None:
@@ -261,6 +288,14 @@ class Handoff:
         if self._thread is not None:
             return self._thread.is_alive()
         return not self._closed
+
+
+def _as_report(item: object) -> ControllerReport:
+    """A callback's 4-tuple (or the seed API's whole ControllerReport) as a report; a
+    TypeError for anything else."""
+    if type(item) is ControllerReport:
+        return item
+    return ControllerReport._make((*item, None))  # type: ignore[misc]  # exactly the 4 fields a callback puts
 
 
 _ONE = (1).to_bytes(8, sys.byteorder)  # an eventfd write: one 8-byte counter increment
@@ -399,6 +434,8 @@ class ReportPath:
     # ------------------------------------------------------------------ the four callbacks
     def fault_ranks(self, report: ControllerReport) -> None:
         faults = self._clean(report.args[0] if report.args else {}, "report_fault_ranks")
+        if report.presend is not None:  # already on its way (bridge/fastlane.py): the outbox adopts it first
+            self.relay.submit_faults(faults, report.waiter, presend=report.presend)
         first_of_flow = self.flow.step in (Step.IDLE, Step.PAUSED, Step.STOP_SENT)
         self.flow.on_callback("report_fault_ranks")
         by_type = self.metrics.count_faults(faults)
@@ -413,7 +450,8 @@ class ReportPath:
         if self._observed:
             self.observer(f"controller report_fault_ranks {codec.format_faults(faults) or '(none)'}")
         self.recorder.callback("report_fault_ranks", report.at, faults=faults, by_type=by_type)
-        self.relay.submit_faults(faults, report.waiter)
+        if report.presend is None:
+            self.relay.submit_faults(faults, report.waiter)
 
     def stop_complete(self, report: ControllerReport) -> None:
         code, msg = _code(report.args[0]), str(report.args[1])

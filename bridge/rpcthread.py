@@ -44,6 +44,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -67,11 +68,13 @@ class Call:
 
     __slots__ = (
         "after",
+        "before_send",
         "cancelled",
         "future",
         "loop",
         "method",
         "payload",
+        "prepare",
         "started",
         "taken",
         "timeout",
@@ -90,6 +93,10 @@ class Call:
         self.taken = False  # the thread took it: from then on it is (being) sent
         self.started = time.monotonic()  # when it went on the wire (set by the thread)
         self.was_ready = False  # the channel was connected when it went on the wire
+        # The fault lane's (bridge/fastlane.py): the payload, made on this thread (None:
+        # not to be sent), and what must happen before the call blocks, sent or not.
+        self.prepare: Callable[[], bytes | None] | None = None
+        self.before_send: Callable[[], None] | None = None
 
 
 class RpcThread:
@@ -122,8 +129,19 @@ class RpcThread:
         ``grpc.RpcError`` the call ended with. With ``after``: send it only if ``after`` is
         the call this thread made just before it and it answered code 0; else its future
         fails with ``ChainBroken`` and it never leaves."""
-        loop = asyncio.get_running_loop()
+        return self.submit_from(asyncio.get_running_loop(), method, payload, timeout, after)
+
+    def submit_from(self, loop: asyncio.AbstractEventLoop, method: str, payload: bytes, timeout: float,
+                    after: Call | None = None, prepare: Callable[[], bytes | None] | None = None,
+                    before_send: Callable[[], None] | None = None) -> Call:
+        """``submit`` from any thread (the hand-off thread's fault lane, bridge/fastlane.py):
+        the future belongs to ``loop`` and is only ever resolved there. ``prepare`` makes
+        the payload on this thread (None: the call is not made, ``ChainBroken``);
+        ``before_send`` runs on this thread once the call is taken, before it blocks,
+        whether it is sent or not. Neither may raise."""
         call = Call(method, payload, timeout, loop.create_future(), loop, after)
+        call.prepare = prepare
+        call.before_send = before_send
         self._queue.put(call)
         return call
 
@@ -153,6 +171,13 @@ class RpcThread:
                 send = not call.cancelled and (call.after is None or (call.after is last and answered_ok))
                 call.taken = send
             last, answered_ok = call, False
+            payload = call.payload
+            if send and call.prepare is not None:
+                prepared = call.prepare()
+                send = prepared is not None
+                payload = prepared or b""
+            if call.before_send is not None:
+                call.before_send()
             outcome: tuple[Any, BaseException | None]
             if not send:
                 outcome = (None, ChainBroken(call.method))
@@ -161,7 +186,7 @@ class RpcThread:
             else:
                 call.started, call.was_ready = time.monotonic(), self.ready
                 try:
-                    outcome = (self._callable(call.method)(call.payload, timeout=call.timeout), None)
+                    outcome = (self._callable(call.method)(payload, timeout=call.timeout), None)
                 except Exception as error:  # noqa: BLE001 - grpc.RpcError, or anything else: the caller's to classify
                     outcome = (None, error)
                 answered_ok = outcome[1] is None and getattr(outcome[0], "code", None) == 0
