@@ -81,6 +81,7 @@ LOADED_MAX = 20e-3  # max <= 20 ms with two busy processes
 BLOCK_P99 = 50e-6  # the controller's thread never waits longer than this
 CYCLE_WORLD = 16  # ranks of the cycles' job
 CYCLE_TIMEOUT = 15.0
+NO_LANE = bool(os.environ.get("BENCH_NO_LANE"))  # diagnostic only: every report through the event loop
 
 
 class BusyProcesses:
@@ -184,18 +185,29 @@ def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
     rpc = link.client.rpc_thread
     assert rpc is not None, "the report thread starts with the subscription"
     for method in THREADED:
-        call = rpc._callable(method)
-
-        def on_wire(payload: bytes, timeout: float, call: Any = call, method: str = method) -> Any:
-            name = method.rsplit("/", 1)[1]
-            stamps.wire.append((name, time.monotonic()))
-            try:
-                return call(payload, timeout=timeout)
-            finally:
-                stamps.answered.append((name, time.monotonic()))
-
-        rpc._callables[method] = on_wire
+        rpc._callables[method] = _StampedCallable(rpc._callable(method), method.rsplit("/", 1)[1], stamps)
     return stamps
+
+
+class _StampedCallable:
+    """A report thread's channel callable that notes when each call goes on the wire and
+    when its answer is back."""
+
+    def __init__(self, call: Any, name: str, stamps: BridgeStamps) -> None:
+        self.call, self.name, self.stamps = call, name, stamps
+
+    def __call__(self, payload: bytes, timeout: float) -> Any:
+        self.stamps.wire.append((self.name, time.monotonic()))
+        try:
+            return self.call(payload, timeout=timeout)
+        finally:
+            self.stamps.answered.append((self.name, time.monotonic()))
+
+    def future(self, payload: bytes, timeout: float) -> Any:
+        self.stamps.wire.append((self.name, time.monotonic()))
+        pending = self.call.future(payload, timeout=timeout)
+        pending.add_done_callback(lambda _: self.stamps.answered.append((self.name, time.monotonic())))
+        return pending
 
 
 def stats(values: list[float], unit: float, suffix: str) -> str:
@@ -233,6 +245,8 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
         assert job.bridge is not None
         link = job.bridge.link
         stamps = stamp_bridge(job)
+        if NO_LANE:
+            link.handoff.lane = None
         delivered = asyncio.Event()
         on_delivered = link.relay._delivered
 
@@ -437,6 +451,8 @@ async def cycles_bridge(cycles: int) -> CycleFigures:
         await job.subscribed()
         assert job.bridge is not None
         stamps = stamp_bridge(job)
+        if NO_LANE:
+            job.bridge.link.handoff.lane = None
         reopened = _stream_reopened(server)
         session = job.bridge.session
 
