@@ -81,7 +81,6 @@ LOADED_MAX = 20e-3  # max <= 20 ms with two busy processes
 BLOCK_P99 = 50e-6  # the controller's thread never waits longer than this
 CYCLE_WORLD = 16  # ranks of the cycles' job
 CYCLE_TIMEOUT = 15.0
-NO_LANE = bool(os.environ.get("BENCH_NO_LANE"))  # diagnostic only: every report through the event loop
 
 
 class BusyProcesses:
@@ -245,8 +244,6 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
         assert job.bridge is not None
         link = job.bridge.link
         stamps = stamp_bridge(job)
-        if NO_LANE:
-            link.handoff.lane = None
         delivered = asyncio.Event()
         on_delivered = link.relay._delivered
 
@@ -451,8 +448,6 @@ async def cycles_bridge(cycles: int) -> CycleFigures:
         await job.subscribed()
         assert job.bridge is not None
         stamps = stamp_bridge(job)
-        if NO_LANE:
-            job.bridge.link.handoff.lane = None
         reopened = _stream_reopened(server)
         session = job.bridge.session
 

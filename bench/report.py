@@ -36,12 +36,18 @@ class Benchmark:
     what: str  # one line: what its tables show
     args: tuple[str, ...]  # the full run
     quick: tuple[str, ...]  # the short run
+    reading: str = ""  # how to read its tables: what the figures are measured against
 
 
 BENCHMARKS = (
     Benchmark("report path", "every report hop and the recovery's critical path, the bridge against a synchronous "
               "client, against a ClusterD that answers like the real one, at 0 and 2 busy processes",
-              ("bench_loaded.py",), ("bench_loaded.py", "--quick")),
+              ("bench_loaded.py",), ("bench_loaded.py", "--quick"),
+              "The fast server (`bench/fast_clusterd.py`) only decodes, stamps and answers; its share of a hop is "
+              "the `sync send->srv` row, against 0.6-1.1 ms from a synchronous client's send to the real Go "
+              "ClusterD's log line on a loopback node (its logging included). In the cycles phase the controller "
+              "is the stub (`bridge/sim/mindio_ttp`), a Python thread in the bridge's process; the real one is "
+              "C++."),
     Benchmark("fault codec", "ns per rank of the fault-map codec (C and Python) and of the per-item protobuf "
               "baseline", ("bench_faults.py",), ("bench_faults.py", "--quick")),
     Benchmark("relay", "callback block time up to 100 000 ranks, callback -> simulated ClusterD, signal -> notify",
@@ -117,6 +123,7 @@ def write(path: Path, quick: bool, results: list[tuple[Benchmark, tuple[str, str
             "",
             f"Command: `{command}` ({seconds:.0f} s; {verdict}). Load average before {before}, after {after}.",
             "",
+            *([bench.reading, ""] if bench.reading else []),
             "```",
             output.rstrip(),
             "```",

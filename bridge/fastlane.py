@@ -1,39 +1,42 @@
-"""A fault report from the hand-off thread to the report thread, ahead of the event loop.
+"""A report from the hand-off thread to the report thread, ahead of the event loop.
 
 Every report crossed controller thread -> hand-off thread -> event loop -> report
 thread, and the loop did all of its bookkeeping (validate, flow, metrics, recorder,
 outbox) before the report thread could put it on the wire. Measured against a server
 that answers like the real ClusterD (``bench/bench_loaded.py``), the loop's share was
-~0.15 ms of a fault report's hop at the median, and the report thread, woken while
-the loop held the GIL, waited for the loop to finish.
+~0.15 ms of a report's hop at the median, about as much as the whole hop took the
+synchronous client whose callback makes the call itself.
 
-A fault report needs nothing of the loop's state to be encoded: it answers no cycle;
-its content is the cleaned map and the job id. So when the outbox is idle the hand-off
-thread gives the report to the report thread *first*, with the batch it came in: the
-report thread cleans and encodes it, posts the batch to the loop and only then makes the
-call. The loop does its bookkeeping while the request is on its way and adopts the call
-as the outbox's head (``Relay.submit_faults(presend=...)``), learning its outcome as for
-any call it made itself: a failure is retried, code 0 is never resent.
+A report's request needs nothing of the loop's state but, for a stop-complete, strategy
+or result report, the cycle it answers. That is ``ControllerFlow.answering``, which the
+loop sets *before* it makes the notify the controller answers (``flow.notified``), so it
+is already the right one when the controller's callback runs. So when the outbox is
+idle, the hand-off thread binds the report (under the outbox's lock) and gives it to
+the report thread *first*, with the batch it came in: the report thread encodes it,
+posts the batch to the loop and only then makes the call. The loop does its
+bookkeeping while the request is on its way and adopts the call as the outbox's head
+(``Relay.submit_faults`` / ``submit_cycle_report`` with ``presend``), learning its
+outcome as for a chained call: a failure is retried (a fault report) or, when it
+provably never left, sent the ordinary way; code 0 is never resent; a cycle-bound one
+counts as on the wire for ``Relay.settle``, and is withdrawn if its cycle ended before
+the report thread took it.
 
 Where the work runs is measured, not chosen for symmetry: done on the hand-off thread,
-it made the controller wait (that thread runs under ``SCHED_BATCH``, busy processes
+it made the controller wait (that thread runs under ``SCHED_BATCH``; busy processes
 preempt it while it holds the GIL, and a callback then waits for the GIL: block p99
-0.05-1.8 ms at two busy processes against 0.03-0.05 ms); posted to the loop before the
-call, the loop's bookkeeping took the GIL from the report thread and the request left
-no sooner. The report thread runs realtime (``realtime.py``) and posts the batch only
-when the request is ready to go.
+0.05-1.8 ms at two busy processes against 0.03-0.05 ms). The report thread runs
+realtime (``realtime.py``).
 
 The outbox's rules hold because the lane opens only when taking it cannot reorder
 anything (decided under ``lock``, which the outbox also holds when it queues a report):
 the outbox is empty, no pre-sent report waits for adoption, it is not stopping, no
 earlier batch is still on its way to the loop (callback order), the subscription is
-live (ClusterD loses a fault reported while no stream is open), and the report thread
-exists. While the lane's batch has not reached the loop, every later batch waits behind
-it and is posted after it (``_release``): the loop sees the callbacks in their order. A
-map with a bad entry is not sent this way (``prepare`` returns None): the loop logs and
-counts the bad entries and the outbox sends the rest the ordinary way. Cycle-bound
-reports always go through the loop: the cycle they answer is its state
-(``ControllerFlow.answering``).
+live (ClusterD loses a fault reported while no stream is open), a cycle-bound report's
+cycle is the live one, and the report thread exists. While the lane's batch has not
+reached the loop, every later batch waits behind it and is posted after it
+(``_release``): the loop sees the callbacks in their order. A report with a bad fault
+entry or a malformed argument is not sent this way (``prepare`` returns None): the loop
+logs and counts it, answers a malformed one 499 and sends what it would have sent.
 """
 
 from __future__ import annotations
@@ -49,25 +52,62 @@ from .relay import METHODS
 
 if TYPE_CHECKING:
     from .clusterd import ClusterDClient, Session
+    from .flow import ControllerFlow
     from .relay import Relay
     from .reports import ControllerReport
 
 log = logging.getLogger(__name__)
 
-FAULT_CALLBACK = "report_fault_ranks"
+#: callback -> the outbox's kind of report (relay.METHODS)
+KINDS = {"report_fault_ranks": "fault", "report_stop_complete": "stop_complete",
+         "report_strategies": "strategy", "report_result": "result"}
+
+
+def request(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
+    """The request a callback makes, encoded as ``ReportPath`` encodes it (reports.py),
+    or None when any fault entry is bad; raises on a malformed argument, as the loop's
+    handler does. Tests hold the two to the same bytes (tests/test_fault_lane.py)."""
+    if callback == "report_fault_ranks":
+        cleaned = codec.clean_faults(args[0] if args else {})
+        if cleaned.bad or not cleaned.faults:
+            return None
+        return codec.encode_process_fault_request(job_id, cleaned.faults)
+    if callback == "report_strategies":
+        cleaned = codec.clean_faults(args[0])
+        strategies = [str(s) for s in args[1]]
+        return None if cleaned.bad else codec.encode_recover_strategy_request(job_id, cleaned.faults, strategies)
+    code, msg = _code(args[0]), str(args[1])
+    cleaned = codec.clean_faults(args[2] if len(args) > 2 else {})
+    if cleaned.bad:
+        return None
+    if callback == "report_stop_complete":
+        return codec.encode_stop_complete_request(job_id, code, msg, cleaned.faults)
+    if callback == "report_result":
+        strategy = str(args[3]) if len(args) > 3 else ""
+        isolate = [str(rank) for rank in sorted(cleaned.faults)] if code == 201 else []
+        return codec.encode_recover_status_request(job_id, code, msg, strategy, isolate)
+    return None
+
+
+def _code(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"status code must be an int, got {value!r}")
+    return value
 
 #: Posts one batch of reports to the event loop (``Handoff``); may raise RuntimeError
 #: when the loop is closed.
 Post = Callable[["list[ControllerReport]"], None]
 
 
-class FaultLane:
-    """On the hand-off thread: route each batch, straight to the loop or, led by a fault
-    report, through the report thread first. On the loop: count handled batches."""
+class ReportLane:
+    """On the hand-off thread: route each batch, straight to the loop or, led by a
+    report the lane may take, through the report thread first. On the loop: count
+    handled batches."""
 
     def __init__(self, job_id: str, relay: Relay, session: Session, client: ClusterDClient,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, flow: ControllerFlow) -> None:
         self.job_id = job_id
+        self.flow = flow
         self.relay = relay
         self.session = session
         self.client = client
@@ -87,37 +127,37 @@ class FaultLane:
                 self.held.append(reports)
                 return
             first = reports[0]
-            if self._open(first):
-                try:
-                    raw = first.args[0]
-                    call = self.client.rpc_thread.submit_from(  # type: ignore[union-attr]
-                        self.loop, METHODS["fault"], b"", self.client.config.rpc_timeout,
-                        prepare=lambda: self._prepare(raw), before_send=self._release)
-                except Exception:  # noqa: BLE001 - the ordinary way is always open
-                    log.exception("the fault lane failed; the report goes through the event loop")
-                else:
-                    self.relay.presend_pending += 1
-                    self.taken += 1
-                    reports[0] = first._replace(presend=call)
-                    self.held = [reports]
-                    return
+            kind = KINDS.get(first.callback)
+            if kind is not None and self._open():
+                cycle = None if kind == "fault" else self.flow.answering
+                if kind == "fault" or self.session.cycle_alive(cycle):
+                    try:
+                        callback, args = first.callback, first.args
+                        call = self.client.rpc_thread.submit_from(  # type: ignore[union-attr]
+                            self.loop, METHODS[kind], b"", self.client.config.rpc_timeout,
+                            prepare=lambda: self._prepare(callback, args), before_send=self._release)
+                    except Exception:  # noqa: BLE001 - the ordinary way is always open
+                        log.exception("the report lane failed; the report goes through the event loop")
+                    else:
+                        call.cycle = cycle
+                        self.relay.presend_pending += 1
+                        self.taken += 1
+                        reports[0] = first._replace(presend=call)
+                        self.held = [reports]
+                        return
             post(reports)  # under the lock: ordered with ``_release``'s posts
 
-    def _open(self, report: ControllerReport) -> bool:
-        return (report.callback == FAULT_CALLBACK and len(report.args) >= 1 and type(report.args[0]) is dict
-                and bool(report.args[0]) and self.unhandled == 1 and self.client.report_thread
-                and self.client.rpc_thread is not None and self.relay.idle() and self.session.live.is_set())
+    def _open(self) -> bool:
+        return (self.unhandled == 1 and self.client.report_thread and self.client.rpc_thread is not None
+                and self.relay.idle() and self.session.live.is_set())
 
-    def _prepare(self, raw: Any) -> bytes | None:
-        """On the report thread: the request, or None when the map has a bad entry (the
-        loop's to log and count; the outbox then sends the rest the ordinary way)."""
+    def _prepare(self, callback: str, args: tuple[Any, ...]) -> bytes | None:
+        """On the report thread: the request, or None when an argument is bad (the loop
+        answers a malformed report 499 and logs and counts bad fault entries; the outbox
+        then sends what it would have sent the ordinary way)."""
         try:
-            cleaned = codec.clean_faults(raw)
-            if cleaned.bad or not cleaned.faults:
-                return None
-            return codec.encode_process_fault_request(self.job_id, cleaned.faults)
+            return request(self.job_id, callback, args)
         except Exception:  # noqa: BLE001 - never kill the report thread
-            log.exception("the fault lane could not encode a fault report; it goes the ordinary way")
             return None
 
     def _release(self) -> None:

@@ -28,7 +28,7 @@ from .affinity import ControllerPin
 from .clusterd import ClusterDClient, Session, SessionState, run_logged
 from .config import BridgeConfig
 from .controller import ControllerHost
-from .fastlane import FaultLane
+from .fastlane import ReportLane
 from .flow import ControllerFlow
 from .hooks import NodeHooks
 from .metrics import BridgeMetrics
@@ -71,7 +71,7 @@ class Link:
         self.dispatcher.on_orphaned_global_fault = lambda: self.session.request_resubscribe("orphaned_global_fault")
         self.relay.on_outcome_unknown = self.reports.resume.outcome_unknown
         loop = asyncio.get_running_loop()
-        self.lane = FaultLane(config.job_id, self.relay, self.session, self.client, loop)
+        self.lane = ReportLane(config.job_id, self.relay, self.session, self.client, loop, flow)
         self.handoff = Handoff(loop, self.reports.handle, config.controller.handoff,
                                pin_cpu=config.controller.pin_cpu, lane=self.lane)
         if (pin := self.handoff.pin) is not None:

@@ -8,10 +8,10 @@ against the simulated ClusterD on their own.
 
 Delivery rules, each from a way the real ClusterD punishes a careless client:
 
-* Reports go out in callback order, by one task; the one exception, a fault report the
+* Reports go out in callback order, by one task; the one exception, a report the
   hand-off thread gives the report thread while this outbox is idle (``fastlane.py``),
   is decided under ``lane_lock`` so that nothing can be queued before or beside it, and
-  is adopted as the head (``submit_faults(presend=...)``) before anything else is sent.
+  is adopted as the head (``presend``) before anything else is sent.
 * Fault reports wait for a live subscription (ClusterD loses faults reported while no
   stream is open), survive reconnects, and consecutive ones are merged into one request
   with ClusterD's own rule. Resending a fault report is harmless: ClusterD merges faults.
@@ -102,10 +102,10 @@ class Relay:
         self._settled.set()
         self._unsettled = 0  # cycle-bound calls on the wire or chained
         self._on_wire: tuple[Pending, Call | None] | None = None  # the head while its call is out
-        # The fault lane (bridge/fastlane.py): held by the hand-off thread while it decides
+        # The report lane (bridge/fastlane.py): held by the hand-off thread while it decides
         # and queues a fault report on the report thread, and here around every append.
         self.lane_lock = threading.Lock()
-        self.presend_pending = 0  # fault reports queued by the lane, not adopted yet (under lane_lock)
+        self.presend_pending = 0  # reports queued by the lane, not adopted yet (under lane_lock)
         self.sent: list[tuple[str, float]] = []  # (kind, monotonic time) each request went on the wire, bounded
         self.on_drop: Callable[[str, str | None, str], None] | None = None  # (kind, cycle, reason): the flight recorder
         # (kind): a cycle-bound report whose outcome is unknown was dropped (resume.py may
@@ -132,11 +132,13 @@ class Relay:
             with self.lane_lock:
                 self.presend_pending -= 1
             if not faults:  # every entry was bad: the lane does not send it either (ChainBroken)
+                presend.adopted = True
                 presend.future.add_done_callback(_retrieve)
                 if waiter is not None:
                     waiter.set_result(Code.OK)
                 self._wakeup.set()
                 return
+            presend.adopted = True
             head = Pending("fault", faults=faults, sending=True, chained=presend)
             if waiter is not None:
                 head.waiters.append(waiter)
@@ -162,8 +164,25 @@ class Relay:
         self._wakeup.set()
 
     def submit_cycle_report(self, kind: str, cycle: str | None, payload: bytes,
-                            waiter: Future[int] | None = None) -> None:
+                            waiter: Future[int] | None = None, presend: Call | None = None) -> None:
+        """Queue a report answering ``cycle``. With ``presend``: the lane already queued
+        it on the report thread while the outbox was idle (bridge/fastlane.py); it becomes
+        the head, counted as on the wire for ``settle``, withdrawn if its cycle is over
+        and the report thread has not taken it, its outcome learnt like a chained call's."""
         pending = Pending(kind, cycle, payload, waiters=[waiter] if waiter is not None else [])
+        if presend is not None:
+            with self.lane_lock:
+                self.presend_pending -= 1
+            presend.adopted = True
+            pending.sending, pending.chained = True, presend
+            self._queue.appendleft(pending)  # anything queued since went in behind it
+            self._record(self.sent, kind)
+            self._unsettle()
+            presend.future.add_done_callback(lambda _: self._chain_ended(pending, presend))
+            if not self.session.cycle_alive(cycle):
+                self._unchain(pending)  # never leaves if not taken yet; the delivery then drops it
+            self._wakeup.set()
+            return
         if not self.session.cycle_alive(cycle):
             self._drop(pending, "no_live_cycle")
             return
@@ -172,6 +191,16 @@ class Relay:
         self._enforce_limit()
         self._wakeup.set()
         self._chain_next()
+
+    def abandon(self, presend: Call) -> None:
+        """A lane's call whose report the loop could not handle (malformed): withdrawn
+        if not taken (it never leaves), its outcome ignored; the outbox goes on."""
+        with self.lane_lock:
+            self.presend_pending -= 1
+        presend.adopted = True
+        self.client.unchain(presend)
+        presend.future.add_done_callback(_retrieve)
+        self._wakeup.set()
 
     def _enforce_limit(self) -> None:
         while len(self._queue) > self.limit:
@@ -249,7 +278,7 @@ class Relay:
         return self.session.live.is_set()
 
     async def _deliver_faults(self, head: Pending, backoff: Backoff) -> bool:
-        presend, head.chained = head.chained, None  # queued by the fault lane: already on its way
+        presend, head.chained = head.chained, None  # queued by the report lane: already on its way
         if presend is None and not await self._wait_live():
             return False
         head.sending = True  # later reports queue behind it

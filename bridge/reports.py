@@ -13,9 +13,9 @@ The peer facts behind the rules here:
 * The controller calls a callback on its own C++ state-machine thread and is blocked
   until it returns; an exception kills the job. So the callback only queues a tuple
   (``controller.make_callback``) and wakes the event loop (``Handoff``), which does
-  everything else (validation, copying, encoding) -- but for a fault report while the
-  outbox is idle, which the report thread encodes and sends before the loop's
-  bookkeeping (``fastlane.py``: it answers no cycle, so it needs no loop state).
+  everything else (validation, copying, encoding) -- but for a report that comes while
+  the outbox is idle, which the report thread encodes and sends before the loop's
+  bookkeeping (``fastlane.py``).
 * A stop-complete, strategy or result report answers the cycle whose notify the
   controller last accepted (``ControllerFlow.answering``); it is bound to that cycle's
   uuid *before* the flow moves on, so a late report can never answer the next cycle.
@@ -59,7 +59,7 @@ from .rpcthread import Call
 from .resume import CycleResume
 
 if TYPE_CHECKING:
-    from .fastlane import FaultLane
+    from .fastlane import ReportLane
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,8 @@ class ControllerReport(NamedTuple):
     args: tuple[Any, ...]
     at: float  # time.monotonic() on the controller's thread
     waiter: Future[int] | None = None  # resolved with the delivery outcome (seed API callers)
-    # A fault report the hand-off thread already queued on the report thread
-    # (bridge/fastlane.py); None for every other report.
+    # The report thread's call, when the hand-off thread already queued this report
+    # there (bridge/fastlane.py); None for every other report.
     presend: Call | None = None
 
 
@@ -97,8 +97,8 @@ class Handoff:
     (the woken loop preempts it, the very effect SCHED_BATCH keeps off the THREAD
     hand-off): callback block p50 19-40 us and p99 33-77 us, over the 50 us target at
     10 000 and 100 000 ranks, against THREAD's p50 7-17 us and p99 16-45 us. Under CPU
-    load WAKE reaches the loop far sooner (``bench/bench_loaded.py``), so a node whose
-    cores are busy may choose it.
+    load WAKE reached the loop far sooner, so a node whose cores are busy may choose it
+    (``bench/bench_relay.py --handoff wake`` measures it).
 
     ``WAKE``: the callback appends the tuple to a deque and, unless a wake-up
     is already pending, writes to an eventfd the loop watches. The write is made through
@@ -111,7 +111,7 @@ class Handoff:
     costing a scheduling delay on busy cores, the SCHED_BATCH hand-off thread the
     worst of them (it waits for the running task's slice to end rather than
     preempting: 8-185 ms callback -> ClusterD on a loaded node, against 1 ms for the
-    synchronous client). ``bench/bench_loaded.py`` compares the two modes in one run.
+    synchronous client). WAKE hands batches to the loop only: it has no report lane.
 
     ``THREAD``: a ``SimpleQueue.put`` (a C call that keeps the GIL) wakes a hand-off
     thread blocked in ``get``, which calls ``call_soon_threadsafe`` once the callback has
@@ -123,8 +123,8 @@ class Handoff:
     had to wait behind the busy processes for its CPU back while holding the GIL (block
     p99 0.05-3.6 ms against 8-12 us as SCHED_BATCH, bench_loaded A/B at one and two busy
     processes). Also the fall back where WAKE is unavailable (no eventfd/ctypes).
-    With ``lane`` (``bridge/fastlane.py``) a batch led by a fault report may go to the
-    report thread first, which sends the report and then posts the batch to the loop.
+    With ``lane`` (``bridge/fastlane.py``) a batch may go to the report thread first,
+    which sends its first report and then posts the batch to the loop.
     With ``pin_cpu`` the thread, after each batch, moves to the CPU the controller's
     thread is pinned to by its first callback (``bridge/affinity.py``): woken there, it
     runs as soon as the controller's thread goes back to waiting instead of behind a
@@ -134,7 +134,7 @@ class Handoff:
     _STOP = object()
 
     def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None],
-                 mode: str = THREAD, *, pin_cpu: bool = True, lane: FaultLane | None = None) -> None:
+                 mode: str = THREAD, *, pin_cpu: bool = True, lane: ReportLane | None = None) -> None:
         self._loop = loop
         self.lane = lane  # THREAD mode: a fault report may go straight to the report thread
         self.pin: ControllerPin | None = None  # THREAD mode: the controller's thread and this one on one CPU
@@ -411,7 +411,7 @@ class ReportPath:
         """One callback; never raises (a bad one is counted, logged and answered 499)."""
         self.metrics.callbacks.labels(report.callback).inc()
         try:
-            REPORT_HANDLERS[report.callback](self, report)
+            self._dispatch(report)
         except (TypeError, ValueError, IndexError) as error:
             self.metrics.bad_inputs.labels(f"controller_{report.callback}").inc()
             log.error("malformed %s from the controller %r: %s", report.callback, report.args[:2], error)
@@ -421,6 +421,21 @@ class ReportPath:
             self.metrics.callback_errors.inc()
             log.exception("failed to handle %s", report.callback)
             _answer(report, Code.ClientError)
+
+    def _dispatch(self, report: ControllerReport) -> None:
+        try:
+            REPORT_HANDLERS[report.callback](self, report)
+        finally:
+            if report.presend is not None and not report.presend.adopted:  # the handler failed before queueing it
+                self.relay.abandon(report.presend)
+
+    def _submit_cycle(self, report: ControllerReport, kind: str, cycle: str | None, payload: bytes) -> None:
+        """Into the outbox, bound to ``cycle`` -- or, already on its way by the lane
+        (bridge/fastlane.py), to the cycle the lane bound it to when it left."""
+        if report.presend is not None:
+            self.relay.submit_cycle_report(kind, report.presend.cycle, payload, report.waiter, presend=report.presend)
+        else:
+            self.relay.submit_cycle_report(kind, cycle, payload, report.waiter)
 
     def _clean(self, raw: Any, callback: str) -> dict[int, int]:
         cleaned = codec.clean_faults(raw)
@@ -462,9 +477,8 @@ class ReportPath:
         self.resume.remember_stop(code, msg, faults)
         self.observer(f"controller report_stop_complete code={code}")
         self.recorder.callback("report_stop_complete", report.at, code=code)
-        self.relay.submit_cycle_report("stop_complete", cycle,
-                                       codec.encode_stop_complete_request(self.job_id, code, msg, faults),
-                                       report.waiter)
+        self._submit_cycle(report, "stop_complete", cycle,
+                           codec.encode_stop_complete_request(self.job_id, code, msg, faults))
 
     def strategies(self, report: ControllerReport) -> None:
         faults = self._clean(report.args[0], "report_strategies")
@@ -475,9 +489,8 @@ class ReportPath:
         self.resume.remember_strategies(faults, strategies)
         self.observer(f"controller report_strategies {strategies}")
         self.recorder.callback("report_strategies", report.at, strategies=strategies)
-        self.relay.submit_cycle_report("strategy", cycle,
-                                       codec.encode_recover_strategy_request(self.job_id, faults, strategies),
-                                       report.waiter)
+        self._submit_cycle(report, "strategy", cycle,
+                           codec.encode_recover_strategy_request(self.job_id, faults, strategies))
 
     def result(self, report: ControllerReport) -> None:
         code, msg = _code(report.args[0]), str(report.args[1])
@@ -491,8 +504,8 @@ class ReportPath:
         isolate = [str(rank) for rank in sorted(faults)] if code == 201 else []
         self.observer(f"controller report_result code={code} strategy={strategy or '(none)'}")
         self.recorder.callback("report_result", report.at, code=code, strategy=strategy)
-        self.relay.submit_cycle_report("result", cycle, codec.encode_recover_status_request(
-            self.job_id, code, msg, strategy, isolate), report.waiter)
+        self._submit_cycle(report, "result", cycle, codec.encode_recover_status_request(
+            self.job_id, code, msg, strategy, isolate))
 
     # ------------------------------------------------------------------ from the signal side
     def exit_decided(self) -> None:

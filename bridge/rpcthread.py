@@ -67,9 +67,11 @@ class Call:
     """One call on its way through the thread; the loop keeps it to await or cancel."""
 
     __slots__ = (
+        "adopted",
         "after",
         "before_send",
         "cancelled",
+        "cycle",
         "future",
         "loop",
         "method",
@@ -93,10 +95,12 @@ class Call:
         self.taken = False  # the thread took it: from then on it is (being) sent
         self.started = time.monotonic()  # when it went on the wire (set by the thread)
         self.was_ready = False  # the channel was connected when it went on the wire
-        # The fault lane's (bridge/fastlane.py): the payload, made on this thread (None:
+        # The report lane's (bridge/fastlane.py): the payload, made on this thread (None:
         # not to be sent), and what must happen before the call blocks, sent or not.
         self.prepare: Callable[[], bytes | None] | None = None
         self.before_send: Callable[[], None] | None = None
+        self.cycle: str | None = None  # the cycle the lane bound a cycle-bound report to
+        self.adopted = False  # the outbox took charge of it (a lane's call)
 
 
 class RpcThread:
@@ -134,7 +138,7 @@ class RpcThread:
     def submit_from(self, loop: asyncio.AbstractEventLoop, method: str, payload: bytes, timeout: float,
                     after: Call | None = None, prepare: Callable[[], bytes | None] | None = None,
                     before_send: Callable[[], None] | None = None) -> Call:
-        """``submit`` from any thread (the hand-off thread's fault lane, bridge/fastlane.py):
+        """``submit`` from any thread (the hand-off thread's report lane, bridge/fastlane.py):
         the future belongs to ``loop`` and is only ever resolved there. ``prepare`` makes
         the payload on this thread (None: the call is not made, ``ChainBroken``);
         ``before_send`` runs on this thread once the call is taken, before it blocks,

@@ -202,6 +202,10 @@ class HeldCallback:
         self.held: list[ControllerReport] = []
         self.released = False
         self.handoff._handle = self._handle
+        # The report lane (bridge/fastlane.py) would send the report before this hold,
+        # which sits where the event loop takes it, could see it: holding it here stands
+        # for the controller answering late only when every report goes through the loop.
+        self.handoff.lane = None
 
     def _handle(self, reports: list[ControllerReport]) -> None:
         passed = []
