@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import faults as codec
 from .relay import METHODS
+from .reports import status_code
 
 if TYPE_CHECKING:
     from .clusterd import ClusterDClient, Session
@@ -66,7 +67,7 @@ KINDS = {"report_fault_ranks": "fault", "report_stop_complete": "stop_complete",
 def request(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
     """The request a callback makes, encoded as ``ReportPath`` encodes it (reports.py),
     or None when any fault entry is bad; raises on a malformed argument, as the loop's
-    handler does. Tests hold the two to the same bytes (tests/test_fault_lane.py)."""
+    handler does. Tests hold the two to the same bytes (tests/test_report_lane.py)."""
     if callback == "report_fault_ranks":
         cleaned = codec.clean_faults(args[0] if args else {})
         if cleaned.bad or not cleaned.faults:
@@ -76,7 +77,7 @@ def request(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
         cleaned = codec.clean_faults(args[0])
         strategies = [str(s) for s in args[1]]
         return None if cleaned.bad else codec.encode_recover_strategy_request(job_id, cleaned.faults, strategies)
-    code, msg = _code(args[0]), str(args[1])
+    code, msg = status_code(args[0]), str(args[1])
     cleaned = codec.clean_faults(args[2] if len(args) > 2 else {})
     if cleaned.bad:
         return None
@@ -88,11 +89,6 @@ def request(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
         return codec.encode_recover_status_request(job_id, code, msg, strategy, isolate)
     return None
 
-
-def _code(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"status code must be an int, got {value!r}")
-    return value
 
 #: Posts one batch of reports to the event loop (``Handoff``); may raise RuntimeError
 #: when the loop is closed.
@@ -143,9 +139,12 @@ class ReportLane:
                         self.relay.presend_pending += 1
                         self.taken += 1
                         reports[0] = first._replace(presend=call)
-                        self.held = [reports]
+                        self.held = [reports]  # before the lock is free: ``_release`` needs it
                         return
-            post(reports)  # under the lock: ordered with ``_release``'s posts
+        # Nothing is held, so every batch ``_release`` posts is already posted: this one
+        # comes after them. Outside the lock: the loop takes it too, and must never wait
+        # for this thread (SCHED_BATCH) to be scheduled again.
+        post(reports)
 
     def _open(self) -> bool:
         return (self.unhandled == 1 and self.client.report_thread and self.client.rpc_thread is not None

@@ -469,7 +469,7 @@ class ReportPath:
             self.relay.submit_faults(faults, report.waiter)
 
     def stop_complete(self, report: ControllerReport) -> None:
-        code, msg = _code(report.args[0]), str(report.args[1])
+        code, msg = status_code(report.args[0]), str(report.args[1])
         faults = self._clean(report.args[2] if len(report.args) > 2 else {}, "report_stop_complete")
         cycle = self.flow.answering
         self.flow.on_callback("report_stop_complete", code=code)
@@ -493,7 +493,7 @@ class ReportPath:
                            codec.encode_recover_strategy_request(self.job_id, faults, strategies))
 
     def result(self, report: ControllerReport) -> None:
-        code, msg = _code(report.args[0]), str(report.args[1])
+        code, msg = status_code(report.args[0]), str(report.args[1])
         faults = self._clean(report.args[2] if len(report.args) > 2 else {}, "report_result")
         strategy = str(report.args[3]) if len(report.args) > 3 else ""
         cycle = self.flow.answering
@@ -532,7 +532,7 @@ def _answer(report: ControllerReport, code: int) -> None:
         report.waiter.set_result(code)
 
 
-def _code(value: Any) -> int:
+def status_code(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"status code must be an int, got {value!r}")
     return value
