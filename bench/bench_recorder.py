@@ -37,7 +37,7 @@ def hook_costs(n: int = 20_000) -> None:
     from bridge.flow import ControllerFlow
     from bridge.metrics import BridgeMetrics
     from bridge.recorder import Recorder, RecorderWriter
-    from bridge.recorder_config import RecorderConfig
+    from bridge.recorder.config import RecorderConfig
 
     with tempfile.TemporaryDirectory(prefix="bench-recorder-hooks-") as directory:
         metrics = BridgeMetrics()

@@ -16,12 +16,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import __version__
 from . import faults as codec
-from .config import BridgeConfig, ConfigError, load_config
+from .config import BridgeConfig, ConfigError, config_warnings, load_config
 from .interrupts import capture_signals
 from .logs import setup_logging
-from .history import add_history_parser
+from .recorder.history import add_history_parser
 from .platform import add_platform_parser
 from .sim import cli as sim_cli
 
@@ -59,7 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return await bridge.run()
 
     # Never returns: the process ends with os._exit once the bounded stop is over, so the
-    # controller's atexit destroy cannot hang it (issue 14 item 9; daemon.exit_now).
+    # controller's atexit destroy cannot hang it (daemon.exit_now).
     code = EXIT_FAILED
     try:
         code = asyncio.run(main())
@@ -95,6 +94,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     config = load_or_report(args.file)
     if config is None:
         return 2
+    for line in config_warnings(config):  # legal but doomed with the real peers: said, not refused
+        print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(config.as_dict(), indent=2, sort_keys=False))
     return 0
 
@@ -143,7 +144,8 @@ def _json_int(value: object, what: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tft-bridge", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"tft-bridge {__version__}")
+    parser.add_argument("--version", action=VersionReport, help="print the version, the codec in use, the Python, "
+                        "the platform and whether mindio_ttp imports (for a bug report), and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run the bridge for one job (the systemd unit's command)")
@@ -185,6 +187,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_history_parser(commands)
     add_platform_parser(commands)
     return parser
+
+
+class VersionReport(argparse.Action):
+    """``--version``: the full report of bridge/version_report.py, not only the number."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:  # noqa: A002 - argparse's name
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        from .version_report import report
+
+        print(report())
+        parser.exit()
 
 
 def _lazy(module: str, name: str):  # type: ignore[no-untyped-def]

@@ -93,7 +93,7 @@ class ClusterDClient:
         self.channel: grpc.aio.Channel | None = None
         self._callables: dict[str, Any] = {}
         # The Report* calls go over a synchronous channel on a thread of their own
-        # (bridge/rpcthread.py: issue 16, grpc.aio's wake-ups on busy cores); False
+        # (bridge/rpcthread.py: grpc.aio's wake-ups on busy cores); False
         # sends them with grpc.aio like the other calls (the A/B in bench/bench_loaded.py).
         self.report_thread = True
         self.rpc_thread: RpcThread | None = None

@@ -30,6 +30,16 @@ Why every value is checked this strictly (each rule is a failure seen, not a tas
   re-subscription, the re-report and ClusterD's own reaction (about 1 s for type-0/2
   faults).
 * A file that is not UTF-8 is a configuration error naming the byte, not a traceback.
+
+Some values are legal but cannot work with the real peers; those are warnings
+(``config_warnings``), printed by ``check-config`` and logged when the bridge starts,
+and the configuration still loads:
+
+* ``controller.wait_mindx_time`` of 11 s or less: ClusterD sends a type-1 (process)
+  fault's globalFault 11 s after it received the StopComplete (a 1 s flush and a 10 s
+  sleep, fixed in its code; docs/clusterd.md section 6), and the controller's wait for
+  it started before that, when its stop-complete callback returned. Measured: with a
+  wait of 10 s every type-1 cycle of the job ended in EXIT.
 """
 
 from __future__ import annotations
@@ -45,9 +55,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .recorder_config import RANGES as RECORDER_RANGES
-from .recorder_config import OtelConfig, RecorderConfig
-from .recorder_config import problems as recorder_problems
+from .recorder.config import RANGES as RECORDER_RANGES
+from .recorder.config import OtelConfig, RecorderConfig
+from .recorder.config import problems as recorder_problems
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -111,7 +121,7 @@ class ControllerConfig:
     # How callbacks reach the event loop (bridge/reports.py Handoff): "thread" keeps the
     # controller's thread shortest (block p99 <= 50 us at every map size on a quiet node);
     # "wake" reaches the loop sooner on a node whose cores are busy but costs the callback
-    # a wake-up (block p99 67-77 us at 10 000-100 000 ranks, bench/README.md).
+    # a wake-up (block p99 67-77 us at 10 000-100 000 ranks, docs/performance.md).
     handoff: str = "thread"
     # SCHED_FIFO priority of the event loop and the report thread (bridge/realtime.py):
     # they then run the moment they wake, also when the node's cores are busy; 0 leaves
@@ -157,8 +167,8 @@ class BridgeConfig:
     hooks: HooksConfig = field(default_factory=HooksConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     ranktable: RankTableConfig = field(default_factory=RankTableConfig)
-    recorder: RecorderConfig = field(default_factory=RecorderConfig)  # the flight recorder (bridge/recorder.py)
-    otel: OtelConfig = field(default_factory=OtelConfig)  # optional OTLP trace export (bridge/otel.py)
+    recorder: RecorderConfig = field(default_factory=RecorderConfig)  # the flight recorder (bridge/recorder/)
+    otel: OtelConfig = field(default_factory=OtelConfig)  # optional OTLP trace export (bridge/recorder/otel.py)
     outbox_limit: int = 10_000
     log_level: str = "INFO"
 
@@ -197,10 +207,10 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "controller.realtime_priority": (0, 99, "SCHED_FIFO priority, 0 = off; above 1 needs a higher LimitRTPRIO="),
     "hooks.timeout": (0.1, 3600, "seconds"),
     "metrics.port": (0, 65535, "0 picks a free port"),
-    **RECORDER_RANGES,  # recorder.*, otel.*: defined beside their code (bridge/recorder_config.py)
+    **RECORDER_RANGES,  # recorder.*, otel.*: defined beside their code (bridge/recorder/config.py)
 }
 
-#: Environment variable -> the key it sets (the README's table).
+#: Environment variable -> the key it sets (docs/configuration.md lists them).
 ENVIRONMENT: dict[str, str] = {
     "MINDX_TASK_ID": "job_id",
     "MINDX_SERVER_IP": "clusterd.address",
@@ -443,6 +453,26 @@ def _validate(config: BridgeConfig, problems: _Problems) -> None:
         problems.plain(line)
     if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         problems.add("log_level", f"expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got {config.log_level!r}")
+
+
+#: ClusterD's delay from ReportStopComplete to globalFault once a type-1 fault is in the
+#: cycle: 1 s flush + 10 s, fixed in its code (docs/clusterd.md section 6). Seconds.
+CLUSTERD_TYPE1_GLOBAL_FAULT_DELAY = 11
+
+
+def config_warnings(config: BridgeConfig) -> list[str]:
+    """Legal values that the real peers make fail (module docstring): one line each,
+    naming the key, its value and why. A warning, not an error: the job still starts."""
+    lines: list[str] = []
+    wait = config.controller.wait_mindx_time
+    if wait <= CLUSTERD_TYPE1_GLOBAL_FAULT_DELAY:
+        lines.append(
+            f"controller.wait_mindx_time (MINDIO_WAIT_MINDX_TIME) = {wait} s is not longer than the "
+            f"{CLUSTERD_TYPE1_GLOBAL_FAULT_DELAY} s ClusterD always takes from a stop-complete to its globalFault "
+            f"for a process (type-1) fault (1 s flush + 10 s, not configurable): the controller's wait for that "
+            f"globalFault runs out first, so every process-fault recovery of this job ends in EXIT. Give it more "
+            f"than {CLUSTERD_TYPE1_GLOBAL_FAULT_DELAY} s plus the time ClusterD may be away (default 30)")
+    return lines
 
 
 def build_config(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> BridgeConfig:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from . import controller_abi
 from .affinity import ControllerPin
 from .config import STUB_CONTROLLER, ControllerConfig
 from .reports import ReportFields
@@ -50,9 +51,14 @@ def load_controller_module(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as error:
+        # A mindio_ttp built for another CPython fails with a bare "No module named ...":
+        # say which Python runs and which build was found (bridge/controller_abi.py).
+        wrong_python = controller_abi.mismatch(controller_abi.package_directory(name.partition(".")[0]))
+        if wrong_python:
+            raise StartupError(f"cannot import the MindIO TFT controller {name!r}: {error}. {wrong_python}") from error
         raise StartupError(
-            f"cannot import the MindIO TFT controller {name!r}: {error}. Install mindio_ttp, "
-            "or set controller.module = \"stub\" to run against the simulation"
+            f"cannot import the MindIO TFT controller {name!r}: {error} (under {controller_abi.running_python()}). "
+            "Install mindio_ttp, or set controller.module = \"stub\" to run against the simulation"
         ) from error
 
 
@@ -106,8 +112,8 @@ def export_wait_time(seconds: int) -> None:
     else (docs/mindio-controller.md section 6). Without it the controller kept its default
     30 s while the flow gate (``ControllerFlow(wait_timeout=...)``, the same configured
     value) assumed another: with 10 configured, ClusterD's globalFault at about 21 s was
-    refused as unexpected_step and the controller, still waiting, later went to EXIT
-    (issue 14 item 7). The configured value already holds the environment's when the TOML
+    refused as unexpected_step and the controller, still waiting, later went to EXIT.
+    The configured value already holds the environment's when the TOML
     does not set it (config.py's precedence), so exporting it never loses the operator's
     word; written as plain ASCII digits, the only form the controller accepts."""
     value = str(int(seconds))
@@ -146,6 +152,16 @@ class ControllerHost:
         self._prepare_action: Callable[..., int] | None = getattr(
             module, "tft_notify_controller_prepare_action", None
         )
+
+    @property
+    def world_size(self) -> int | None:
+        """The world size the controller was initialised with, or None when unknown: a
+        controller the caller started (``external=True``) was initialised by the caller,
+        and the real module exposes no way to ask it (docs/mindio-controller.md section
+        2), while this host's ``config.world_size`` is only the default 1. A guard that
+        needs it must then skip its check, never assume the default: the seed API's
+        notify guard dropped every fault rank but 0 of ClusterD's globalFault."""
+        return self.config.world_size if self.owned else None
 
     @property
     def has_prepare_action(self) -> bool:

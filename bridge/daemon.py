@@ -19,7 +19,7 @@ controller's destroy; outside systemd nothing would ever end the half-dead proce
 tick pings the systemd watchdog from the event loop, so a *stuck* loop (which supervision
 cannot see) still gets the service restarted.
 
-The controller ending on its own (issue 14 item 2): after EXIT (a failed or ``exit``
+The controller ending on its own: after EXIT (a failed or ``exit``
 strategy, a dump, a 404 stop-complete, a wait for ClusterD that ran out) and FINAL the
 controller serves no fault flow any more, and it cannot be restarted in place: the real
 one, started again on the same address, rejects every heartbeat of ranks it did not
@@ -38,7 +38,7 @@ the session and the outbox still run (a controller destroyed during the recover 
 reports its 406 while the destroy blocks: ``Link.stop``), drain the outbox for a moment,
 end the session, close everything. The whole stop is
 bounded by ``stop_budget`` (the drain + ``controller.destroy_timeout`` + ``STOP_SLACK``)
-whatever the controller does (issue 14 item 9): the real controller registers its
+whatever the controller does: the real controller registers its
 destroy with ``atexit`` (docs/mindio-controller.md section 1), and a destroy that never
 returns holds the lock that handler takes, so a normal interpreter exit hung for good.
 ``tft-bridge run`` therefore ends the process with ``exit_now`` (logs flushed, then
@@ -60,7 +60,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .clusterd import Session
-from .config import BridgeConfig
+from .config import BridgeConfig, config_warnings
 from .controller import ControllerHost, StartupError, load_controller_module
 from .flow import ControllerFlow, Step
 from .link import Link, finish, spawn
@@ -174,6 +174,8 @@ class Bridge:
     # ------------------------------------------------------------------ start-up
     async def _start(self) -> None:
         c = self.config
+        for line in config_warnings(c):  # the same lines check-config prints
+            log.warning("configuration: %s", line)
         if c.metrics.enabled:
             try:
                 server = MetricsServer(self.metrics, c.metrics.address, c.metrics.port, certfile=c.metrics.certfile,

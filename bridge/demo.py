@@ -109,9 +109,12 @@ async def run_demo(name: str, hold: float, metrics_port: int) -> int:
     print(f"  job strategies {list(scenario.strategies)}; 16 ranks, 4 per pod; ClusterD's ~11 s wait before "
           f"globalFault shortened to {GLOBAL_FAULT_DELAY:.0f} s; the controller's own delays (2 s to report "
           f"a fault, ~2.3 s to repair, ~5 s to shut down) shortened to milliseconds\n")
+    # The controller's wait is the real default, 30 s: a demo configured with a wait the
+    # real ClusterD's 11 s globalFault delay outlasts would teach a configuration that
+    # fails every process-fault recovery (the bridge logs a warning for it).
     job = SimulatedJob(SimJob(JOB, world_size=16, devices_per_pod=4, strategies=scenario.strategies),
                        keepalive_interval=1.0, global_fault_delay=GLOBAL_FAULT_DELAY, flush_delay=0.2,
-                       dump_exit_repeat=1.0, wait_time=10, metrics_port=metrics_port,
+                       dump_exit_repeat=1.0, wait_time=30, metrics_port=metrics_port,
                        observer=lambda line: timeline.say("bridge", line),
                        controller_timings=mindio_ttp.FAST_TIMINGS,
                        config_overrides={"recorder": {"enabled": True, "directory": str(demo_state_dir())}})

@@ -3,7 +3,8 @@
 ``bridge._faults_c`` (compiled from ``ext/_faults_c.pyx``) is used when it was built;
 ``bridge._faults_py`` is the typed reference and the fallback. Set
 ``BRIDGE_NO_EXTENSIONS=1`` to force the Python twin; ``IMPLEMENTATION`` says which one
-is active ("c" or "python") and is exported in the build-info metric.
+is active ("c" or "python") and is exported in the build-info metric, and
+``FALLBACK_REASON`` why the Python twin runs.
 
 This module is also the product's one home for ClusterD's merge rule (type 1 is sticky,
 otherwise the later type wins) where the bridge merges in place: ``merge_into`` (the
@@ -25,14 +26,24 @@ from ._faults_py import FAULT_TYPES, MAX_RANK, LenientParse
 
 NO_EXTENSIONS: bool = bool(os.environ.get("BRIDGE_NO_EXTENSIONS")) or sys.implementation.name != "cpython"
 
+#: Why the pure-Python codec runs ("" when the compiled one does): ``tft-bridge --version``
+#: prints it, because "python" alone does not tell an operator whether to reinstall.
+FALLBACK_REASON: str = ""
+
 if TYPE_CHECKING or NO_EXTENSIONS:
     from . import _faults_py as _impl
+
+    if os.environ.get("BRIDGE_NO_EXTENSIONS"):
+        FALLBACK_REASON = f"BRIDGE_NO_EXTENSIONS={os.environ['BRIDGE_NO_EXTENSIONS']!r} is set"
+    elif not TYPE_CHECKING:
+        FALLBACK_REASON = f"{sys.implementation.name} is not CPython: the compiled codec is CPython-only"
 else:
     try:
         from . import _faults_c as _impl  # type: ignore[attr-defined, no-redef]
-    except ImportError:  # pragma: no cover - installs without a compiler
+    except ImportError as error:  # pragma: no cover - installs without a compiler
         from . import _faults_py as _impl
 
+        FALLBACK_REASON = f"the compiled codec bridge._faults_c failed to import: {error}"
         warnings.warn(
             "tft-bridge: the compiled fault codec is not installed (no compiler at install "
             "time?); using the pure-Python implementation",
@@ -98,6 +109,7 @@ __all__ = [
     "FAULT_TYPES",
     "IMPLEMENTATION",
     "MAX_RANK",
+    "FALLBACK_REASON",
     "CleanFaults",
     "LenientParse",
     "clean_faults",

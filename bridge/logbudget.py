@@ -1,6 +1,6 @@
 """A log budget: at most a few lines per kind of event per window, the rest summed up.
 
-Why it exists (issue 14 item 6): one ClusterD signal carrying 10 000 unknown actions
+Why it exists: one ClusterD signal carrying 10 000 unknown actions
 wrote one warning per action, 428 MB of log in about 18 s, and the next real stopTrain
 waited more than 8 s behind that logging. A peer (or a storm of controller callbacks,
 ``flow.py``'s desyncs) decides how often an event happens; the bridge alone must decide

@@ -61,7 +61,7 @@ REFUSAL_REASONS = ("foreign_job", "duplicate", "malformed", "no_actions", "stale
 #: fault flow (bridge/resume.py): re-reported the cycle's faults, rebound the flow to the
 #: new cycle, answered a new signal with the controller's earlier report, or found the
 #: controller already past the step the new ClusterD restarts at.
-#: Why the flight recorder (bridge/recorder.py) lost events or writes.
+#: Why the flight recorder (bridge/recorder/) lost events or writes.
 RECORDER_ERROR_REASONS = ("queue_full", "disk_full", "unwritable", "corrupt", "write_failed", "events_truncated",
                           "record_failed", "otel_export", "otel_queue_full")
 RESUME_RESULTS = ("re_reported", "rebound", "answered_stop_complete", "answered_strategies", "too_late")

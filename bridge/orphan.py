@@ -5,7 +5,7 @@ adopt running ranks. A controller started again on the same address rejects ever
 heartbeat of ranks it did not start ("not exist in statusMap"). So when the bridge's
 process ends while the job keeps running -- a crash, an OOM kill, ``kill -9``, a
 ``systemctl restart`` for an upgrade -- the job trains on with no fault tolerance at all
-and hangs at its next fault, and nothing on the new bridge would show it (issue 14 item 3).
+and hangs at its next fault, and nothing on the new bridge would show it.
 
 The bridge therefore keeps a small marker file, ``controller.json``, in its state
 directory (``controller.state_directory``; default the unit's ``$STATE_DIRECTORY``, else

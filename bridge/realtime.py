@@ -3,13 +3,13 @@
 A report crosses three of the bridge's threads after the controller's callback returns
 (the hand-off thread, the event loop, the report thread: ``reports.Handoff``,
 ``rpcthread.RpcThread``); a signal crosses the loop. The synchronous MindCluster client
-crosses none: its callback makes the RPC. Issue 16 measured what each crossing costs
+crosses none: its callback makes the RPC. Measured: what each crossing costs
 when the node's cores are busy (recoveries happen then: ranks restarting, checkpoints
 loading): with two to four busy processes on a 2-core node, a thread woken under the
 normal policy, SCHED_BATCH, a short EEVDF slice or nice -10 waits for a core 1.6-8 ms
 at p99 (``bench/bench_wakeup.py``). Under ``SCHED_FIFO`` priority 1 a woken thread runs at once, ahead of every
 normal-policy task: the loop's signal -> notify p99 went from 5-8 ms to 2-5 ms at two
-and four busy processes (bench_loaded, bench/README.md).
+and four busy processes (bench_loaded, docs/performance.md).
 
 Which threads, and why not the hand-off thread: a woken realtime thread goes to the CPU
 it last ran on whatever runs there. The hand-off thread is woken by the controller's

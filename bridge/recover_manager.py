@@ -28,6 +28,12 @@ What differs from the old client, on purpose:
   over (it is dropped, never handed to the next cycle), ``Code.WaitReportTimeout``
   (507) when ``wait`` ran out, ``Code.ServerInnerError`` (599) when it was not sent.
 * ``report_process_fault`` accepts the controller's second dict (fault codes).
+* The fault ranks of ClusterD's signals reach the controller as ClusterD named them.
+  The caller initialised the controller, and the real module cannot be asked its world
+  size, so this path knows none (``ControllerHost.world_size`` is None) and checks no
+  rank range: a range check against a default of 1 once turned the globalFault
+  ``{2: 1, 3: 1}`` into ``on_global_rank({})``, and the controller, repairing too few
+  ranks while the node agent restarted the whole pod, hung.
 
 Exceptions (the seed says callers must catch them), all ``RecoverManagerError``:
 ``CertificateError`` at construction when a named certificate cannot be read (there is
@@ -206,7 +212,7 @@ class DLRecoverManager:
     async def _start_link(self, controller: ControllerHost) -> Link:
         link = Link(self.config, self.metrics, controller,
                     # The caller's controller read its wait from this process's environment
-                    # at its own init; the gate assumes that wait, not a default (issue 14 item 7).
+                    # at its own init; the gate assumes that wait, not a default.
                     ControllerFlow(wait_timeout=wait_time_from_environment(),
                                    on_desync=self.metrics.count_desync),
                     on_kill_master=lambda: None)  # the caller's process: its launcher decides (logged)

@@ -26,7 +26,7 @@ Delivery rules, each from a way the real ClusterD punishes a careless client:
 * A cycle-bound report queued right behind the request on the wire is *chained* to it on
   the report thread (``rpcthread.py``): sent the moment that request answers code 0, as
   the synchronous client sends its next report, without a round trip through this loop
-  (issue 16: the cycle's second fault report and the strategy report follow each other,
+  (the cycle's second fault report and the strategy report follow each other,
   and every thread wake-up between them costs a scheduling delay on busy cores). The
   rules above hold unchanged: the chained report leaves only after its predecessor's
   code 0, is withdrawn if its cycle ends before the thread takes it, and a chain that
@@ -410,7 +410,7 @@ class Relay:
         report is on the wire; False on timeout. The session awaits this before every
         Subscribe: a report of the ended stream that reached ClusterD after the new
         Subscribe would sit in the new cycle's one-slot buffer and be consumed as its
-        answer (issue 12: the stop-complete that crossed the stream's end on the wire).
+        answer (seen: a stop-complete that crossed the stream's end on the wire).
         A call that timed out on our side may still arrive late; nothing a client does
         can order that, and its outcome was already counted as unknown."""
         if self._settled.is_set():

@@ -82,7 +82,7 @@ ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
 
 
 #: How the controller's callbacks reach the event loop (``Handoff(mode=...)``).
-WAKE = "wake"  # the callback wakes the loop itself (issue 16; opt-in: controller.handoff)
+WAKE = "wake"  # the callback wakes the loop itself (opt-in: controller.handoff)
 THREAD = "thread"  # via a SCHED_BATCH hand-off thread (the default)
 
 
@@ -106,7 +106,7 @@ class Handoff:
     ``call_soon_threadsafe`` release it around the syscall, and the woken loop could
     then take the GIL and keep the controller's thread waiting up to the switch
     interval (5 ms) to get it back. One thread wake-up per burst of reports, and the
-    woken thread is the loop itself under the normal policy: issue 16 measured the
+    woken thread is the loop itself under the normal policy: measured under CPU load, the
     report path crossing controller thread -> hand-off thread -> loop, each wake-up
     costing a scheduling delay on busy cores, the SCHED_BATCH hand-off thread the
     worst of them (it waits for the running task's slice to end rather than
@@ -397,7 +397,7 @@ class ReportPath:
         self.observer: Callable[[str], None] = observer or (lambda line: None)
         self._observed = observer is not None  # formatting a 100 000-rank timeline line costs ms
         self.flow_faults: dict[int, int] = {}  # the controller's faults in the running flow
-        self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder.py): O(1) hooks
+        self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder/): O(1) hooks
         # Remembers this flow's answers, to carry the recovery across a ClusterD restart (resume.py).
         self.resume = CycleResume(job_id, flow, relay, metrics)
 

@@ -1,6 +1,6 @@
 """The report RPCs on a thread of their own, over a synchronous gRPC channel.
 
-Issue 16 measured the controller's reports reaching ClusterD later than the synchronous
+Measured: the controller's reports reached ClusterD later than the synchronous
 MindCluster client's, and much later when the node's cores are busy. On loopback against
 the simulated ClusterD in its own process (``bench/bench_loaded.py``), with two busy
 processes on the 2-core machine, a unary call made from the event loop with
@@ -30,7 +30,7 @@ its own channel: never-resend depends on it.
 the second request only once the first was answered with code 0 (the outbox's order), and
 the synchronous client sends it the moment that answer arrives, from the same thread.
 Going back to the loop in between costs two thread wake-ups, each a scheduling delay on
-busy cores (issue 16's end-to-end path). So the outbox may queue the next request here
+busy cores (the end-to-end report path under load). So the outbox may queue the next request here
 *chained* to the one on the wire: this thread sends it straight after its predecessor
 answered code 0, and never sends it otherwise (``ChainBroken``: it provably never left).
 Until this thread takes a chained call, ``cancel`` withdraws it for good (its cycle

@@ -4,14 +4,14 @@ Signals arrive on the session's stream and are queued here, so reading the strea
 feeding the keep-alive watchdog) never waits for the controller. One task then handles
 them in arrival order and makes each notify call on the event loop itself: a notify
 only checks its arguments and signals the controller's state machine (the stub takes
-about 30 us; the real one releases the GIL in C++). Issue 16 measured the hand-off to a
+about 30 us; the real one releases the GIL in C++). Measured under CPU load, the hand-off to a
 dedicated notify thread, the design before, as the signal path's avoidable cost: on the
 loaded 2-core machine that wake-up took p99 3.6-6.9 ms, up to 49 ms, and the whole
 signal -> notify p99 was 83 ms against 9 ms inline (``bench/bench_loaded.py``). Should
 one notify ever take longer than ``INLINE_NOTIFY_LIMIT``, every later one runs on the
 dedicated thread again (logged once), so a slow controller costs the loop at most once.
 
-What each rule guards against (issue 14, items 4 and 6, and issue 13 item 6):
+What each rule guards against (bad arguments, floods of actions, the orphaned globalFault):
 
 * **Arguments are checked and clamped before the flow moves** (``notify_arguments``).
   The controller's notify functions are SWIG wrappers: a pause ``timeout`` that is
@@ -41,7 +41,7 @@ What each rule guards against (issue 14, items 4 and 6, and issue 13 item 6):
   node hook is not run either. The server builds the orphan from the job's state when
   it fires: uuid "" and no ranks exactly when no cycle runs on the new stream, so the
   shape alone says "a stream with no cycle". Once the bridge's resume (resume.py) has
-  started a new cycle, the orphan carries that cycle's uuid and unexpanded ranks and
+  started a new cycle, the orphan carries that cycle's uuid and its whole-pod ranks and
   cannot be told from the cycle's own globalFault: it is forwarded as that cycle's,
   the real one after it is refused (unexpected_step) and the cycle still completes
   (tests/test_orphaned_global_fault.py). uuid-less signals that are legitimate
@@ -135,7 +135,7 @@ def is_orphaned_global_fault(signal: pb.ProcessManageSignal) -> bool:
 def screen_signal(signal: pb.ProcessManageSignal, raw: bytes) -> tuple[str, str] | None:
     """``signal_problem`` plus what the dispatcher finds later: fault ranks that do not
     decode, no known action. The session asks it before a signal with a new uuid may
-    become the running cycle (issue 14 item 5: a garbage globalFault adopted as the cycle
+    become the running cycle (seen: a garbage globalFault adopted as the cycle
     got the real result dropped as no_live_cycle); the dispatcher refuses the same signal
     and counts it, so a refused signal changes neither the controller nor the cycle."""
     problem = signal_problem(signal)
@@ -201,12 +201,18 @@ class NotifyArguments:
 
 
 def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy: str, params: str, *,
-                     world_size: int, pause_default: int) -> NotifyArguments:
+                     world_size: int | None, pause_default: int) -> NotifyArguments:
     """The arguments of ``action``'s notify call, inside the ranges the controller takes
     (docs/mindio-controller.md section 2), or ``BadArgument``. Runs before the flow moves.
 
     * fault ranks outside ``[0, world_size)`` are dropped (the controller would return 1
-      after merging the entries before them); the others still go through;
+      after merging the entries before them); the others still go through. With
+      ``world_size`` None (unknown: a controller the caller started, whose world size
+      the real API does not expose) nothing is dropped: a guess drops ranks ClusterD
+      named, and a controller told too few ranks repairs a rank from a peer the node
+      agent restarted under it and hangs (docs/mindio-controller.md section 4). A rank
+      the controller then refuses makes its notify return 1, which is logged and
+      counted like any refused notify;
     * pause: negative is refused (no pause length means it), 0 is the configured default
       (the controller has no default: ``None`` raises), above ``PAUSE_TIMEOUT_MAX`` clamped;
     * on_global_rank: 0 means "no minimum" (1); otherwise clamped to 1..3600;
@@ -214,7 +220,7 @@ def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy
       would hand the controller a different instruction).
     """
     notes: list[str] = []
-    if action in RANK_ACTIONS:
+    if action in RANK_ACTIONS and world_size is not None:
         # One max() in C (~3 ms for 100 000 ranks on a loaded core): the common all-valid
         # map costs no Python-level loop on the event loop; only a map with bad ranks is
         # walked. The codec yields no negative rank (ASCII digits only); the walk checks both.
@@ -224,7 +230,7 @@ def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy
             faults = {rank: kind for rank, kind in faults.items() if 0 <= rank < world_size}
             notes.append(f"dropped {len(bad)} fault rank(s) outside 0..{world_size - 1} "
                          f"(e.g. {sorted(bad)[:3]})")
-    else:
+    elif action not in RANK_ACTIONS:
         faults = {}
     if action == "pause_train":
         if timeout < 0:
@@ -269,7 +275,7 @@ class SignalDispatcher:
         self.on_exit_decided: Callable[[], None] = lambda: None  # ClusterD chose exit (no result follows)
         # ClusterD sent an orphaned globalFault: it now waits in a cycle nobody answers (Link: re-subscribe)
         self.on_orphaned_global_fault: Callable[[], None] = lambda: None
-        self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder.py): O(1) hooks
+        self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder/): O(1) hooks
         self.resume: CycleResume | None = None  # answers a restarted ClusterD's new cycle (resume.py)
 
     # ------------------------------------------------------------------ intake (session's reader)
@@ -409,7 +415,7 @@ class SignalDispatcher:
             return reason
         try:
             args = notify_arguments(action, faults, int(signal.timeout), strategy, params,
-                                    world_size=self.controller.config.world_size, pause_default=self.pause_timeout)
+                                    world_size=self.controller.world_size, pause_default=self.pause_timeout)
         except BadArgument as error:
             self.metrics.bad_inputs.labels("signal_argument").inc()
             suppressed = self._log_budget.allow("bad_argument: detail")

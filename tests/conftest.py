@@ -50,7 +50,7 @@ class CodecImplementation:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Bridges the suite starts keep their flight record (bridge/recorder.py) in
+    """Bridges the suite starts keep their flight record (bridge/recorder/) in
     $STATE_DIRECTORY, else /var/lib/tft-bridge/<job>: point it at a directory of the
     run's own, so a suite run as root leaves nothing on the machine."""
     if "STATE_DIRECTORY" not in os.environ:

@@ -8,9 +8,9 @@ mid-flow (section 6). Import it before ``bridge.cli.main(["run", ...])`` with
 With ``HANGING_CONTROLLER_REPAIR=<file>`` in the environment it also plays the training
 job: once the controller runs, the ranks connect, one raises a UCE, and the retry repair
 ClusterD then chooses lasts ten minutes; ``<file>`` is created when the controller is in
-REPAIR -- a SIGTERM from then on arrives during a process-level repair, as in the issue.
+REPAIR -- a SIGTERM from then on arrives during a process-level repair, the case that hung.
 
-Issue 14 item 9: a bridge that gave up on such a destroy then hung in that exit handler,
+Seen: a bridge that gave up on such a destroy then hung in that exit handler,
 far past the unit's stop timeout."""
 
 from __future__ import annotations

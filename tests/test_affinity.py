@@ -1,4 +1,4 @@
-"""Issue 16: the controller's callback thread and the hand-off thread on one CPU
+"""The controller's callback thread and the hand-off thread on one CPU
 (``bridge/affinity.py``).
 
 The first callback on a thread pins that thread to the CPU it runs on; after the batch

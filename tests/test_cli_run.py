@@ -15,7 +15,7 @@ import pytest
 from bridge.cli import main
 from bridge.sim.scenario import free_port
 
-from .processes import spawn_bridge
+from .processes import reap, spawn_bridge
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -83,6 +83,34 @@ port = 0
                 process.send_signal(signal.SIGTERM)
                 process.communicate(timeout=30)
     assert sim.returncode == 0  # the simulated ClusterD saw no protocol violation
+
+
+def test_run_logs_the_wait_warning_at_start(tmp_path: Path) -> None:
+    """The same warning check-config prints, in the daemon's log as it starts (no ClusterD
+    needed: the warning comes before the bridge reaches it)."""
+    config = tmp_path / "job.toml"
+    config.write_text(f"""
+job_id = "job-warn"
+[clusterd]
+address = "127.0.0.1:{free_port()}"
+reconnect_max = 2.0
+startup_wait = 0.5
+[controller]
+module = "stub"
+port = {free_port()}
+wait_mindx_time = 10
+[metrics]
+enabled = false
+""")
+    bridge = spawn_bridge("run", "--config", str(config))
+    try:
+        seen = wait_for_line(bridge, "controller.wait_mindx_time (MINDIO_WAIT_MINDX_TIME) = 10 s is not longer")
+        assert "ends in EXIT" in seen[-1]
+        bridge.send_signal(signal.SIGTERM)
+        bridge.communicate(timeout=30)
+        assert bridge.returncode == 0
+    finally:
+        reap(bridge)
 
 
 def test_run_with_a_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

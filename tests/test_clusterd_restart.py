@@ -1,6 +1,6 @@
-"""A recovery survives ClusterD restarting or freezing mid-cycle (issue 14 items 1 and 5).
+"""A recovery survives ClusterD restarting or freezing mid-cycle, and a malformed signal does not take over the cycle.
 
-Item 1. Every new subscription resets ClusterD's job (docs/clusterd.md section 4): a
+Restart or freeze. Every new subscription resets ClusterD's job (docs/clusterd.md section 4): a
 ClusterD killed and restarted, or frozen long enough that the bridge declares the stream
 dead and subscribes again, forgets the cycle the controller is stopped for. Without the
 bridge's resume (bridge/resume.py) nothing ever moves again, the controller waits out
@@ -19,7 +19,7 @@ still to come when ClusterD goes away: the test holds that callback inside the b
 hand-off (``HeldCallback``) and lets it through once the new ClusterD's cycle reached the
 same step, which is the controller answering late.
 
-Item 5. A malformed signal with a new uuid during a repair must not become the running
+Malformed signals. A malformed signal with a new uuid during a repair must not become the running
 cycle: the real result must still reach ClusterD.
 """
 
@@ -294,7 +294,7 @@ async def disrupted_at(job: SimulatedJob, proxies: list[FreezableProxy], disrupt
     return await new_stream_seq(job, marks[0])
 
 
-# --------------------------------------------------------------------------- item 1, each phase
+# ----------------------------------------------------------- restart or freeze, each phase
 
 @pytest.mark.parametrize("disruption", DISRUPTIONS)
 async def test_before_stop_complete_the_controllers_own_answer_goes_to_the_new_cycle(
@@ -360,7 +360,7 @@ async def test_a_controller_already_repairing_is_not_re_reported(running: list[S
     assert job.training.state == "NORMAL" and not job.training.job_killed
 
 
-# --------------------------------------------------------------------------- item 5
+# --------------------------------------------------------------------------- malformed signals
 
 GARBAGE: dict[str, dict[str, Any]] = {
     "fault_ranks": {"signalType": "globalFault", "actions": ["on_global_rank"], "faultRanks": [("x", "1")]},
@@ -499,7 +499,7 @@ async def test_a_report_lost_in_a_short_freeze_restarts_the_cycle(
 # --------------------------------------------------------------------------- a real SIGSTOP
 
 async def test_a_clusterd_process_stopped_with_sigstop_after_stop_complete(running: list[SimulatedJob]) -> None:
-    """The issue's own case, with a real process: ClusterD (the simulation in a child
+    """A frozen ClusterD as operators meet it, a real process: ClusterD (the simulation in a child
     process, bench/remote_sim.py) gets SIGSTOP right after it consumed the StopComplete,
     SIGCONT 2.6 s later. The kernel keeps its sockets open and queues whatever arrives;
     its timers are overdue when it wakes."""

@@ -1,6 +1,6 @@
 """Configuration: TOML + MindCluster environment, one clear error per bad key.
 
-Issue 14 item 8: every value that is not a number of a sane size, or not a valid
+Every value that is not a number of a sane size, or not a valid
 value, is refused with exit 2 and named by its key, or by the environment variable it
 came from; the tests below run each case through ``build_config`` and the CLI ones
 through ``tft-bridge check-config`` and ``tft-bridge run`` as real processes.
@@ -8,6 +8,7 @@ through ``tft-bridge check-config`` and ``tft-bridge run`` as real processes.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from bridge.config import (
     ConfigError,
     ControllerConfig,
     build_config,
+    config_warnings,
     load_config,
     range_text,
     _SECTIONS,
@@ -54,7 +56,8 @@ def test_defaults_are_safe() -> None:
 
 
 def test_default_back_off_cannot_use_up_the_controllers_wait() -> None:
-    # Issue 14: reconnect_max was 30 s, the controller's default wait is 30 s.
+    # One back-off sleep must leave room in the controller's wait for ClusterD's decision
+    # (a 30 s reconnect_max against the default 30 s wait did not).
     assert ClusterDConfig().reconnect_max <= ControllerConfig().wait_mindx_time / 2
 
 
@@ -305,3 +308,38 @@ def test_controller_pin_cpu_is_on_by_default_and_takes_only_a_boolean() -> None:
     assert build_config({**MINIMAL, "controller": {"pin_cpu": False}}, {}).controller.pin_cpu is False
     message = one_problem({**MINIMAL, "controller": {"pin_cpu": "sometimes"}})
     assert "controller.pin_cpu" in message and "boolean" in message
+
+
+# ------------------------------------------------------------------------- warnings
+
+WAIT_WARNING = "controller.wait_mindx_time (MINDIO_WAIT_MINDX_TIME) = {} s is not longer than the 11 s ClusterD"
+
+
+@pytest.mark.parametrize("source", ["file", "environment"])
+@pytest.mark.parametrize("wait, warned", [(10, True), (11, True), (12, False), (30, False)])
+def test_check_config_warns_when_the_wait_cannot_outlast_clusterds_type1_delay(
+        tmp_path: Path, source: str, wait: int, warned: bool) -> None:
+    """ClusterD sends a type-1 fault's globalFault 11 s after the StopComplete, whatever
+    the job says; measured: a wait of 10 s reached the controller and every type-1 cycle
+    ended in EXIT. Legal, so a warning on stderr, exit 0, the configuration still printed."""
+    path = tmp_path / "job.toml"
+    body = 'job_id = "j"\n[clusterd]\nreconnect_max = 2.0\n'
+    env: dict[str, str] = {}
+    if source == "file":
+        body += f"[controller]\nwait_mindx_time = {wait}\n"
+    else:
+        env["MINDIO_WAIT_MINDX_TIME"] = str(wait)
+    path.write_text(body)
+    done = cli("check-config", str(path), env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["controller"]["wait_mindx_time"] == wait
+    warning = WAIT_WARNING.format(wait)
+    assert (warning in done.stderr) == warned, done.stderr
+    if warned:
+        assert done.stderr.startswith("warning: ") and "ends in EXIT" in done.stderr
+    else:
+        assert done.stderr == ""
+
+
+def test_the_default_wait_draws_no_warning() -> None:
+    assert config_warnings(build_config(MINIMAL, {})) == []

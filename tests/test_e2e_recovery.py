@@ -67,6 +67,10 @@ async def test_recover_success(running: list[SimulatedJob]) -> None:
     assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")] == ["recover"]
     global_fault = signals(job, "globalFault")[0]
     assert global_fault.detail["faults"] == {4: 1, 5: 1, 6: 1, 7: 1}  # the whole pod
+    # ... reaches the controller whole, and the node agent restarted that pod under its repair
+    assert [n.args[0] for n in job.training.notifies("on_global_rank")] == [{4: 1, 5: 1, 6: 1, 7: 1}]
+    restarts = [r.args[0] for r in job.training.events if r.kind == "training" and r.name == "restart pods"]
+    assert restarts == [[4, 5, 6, 7]] and job.training.repair_hang_ranks == ()
     uuids = {s.detail["uuid"] for s in signals(job)}
     assert len(uuids) == 1
     statuses = rpcs(job, "ReportRecoverStatus")
@@ -88,6 +92,31 @@ async def uce_fault(job: SimulatedJob, rank: int = 5) -> None:
     job.training.inject_fault({rank: 0})
     await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault"
                            and e.detail.get("outcome") == "scheduled", timeout=10)
+
+
+async def test_a_relay_that_drops_ranks_clusterd_named_hangs_the_recovery(running: list[SimulatedJob],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stub punishes what the real controller punishes: a bridge that forwards fewer
+    fault ranks than ClusterD's globalFault named (the seed API's guard once assumed a
+    world size of 1 and dropped all but rank 0) leaves the controller repairing rank 5
+    while the node agent restarts its whole pod; the repair never completes and the cycle
+    ends without recover-success when ClusterD's report wait runs out."""
+    import bridge.signals as signals_module
+
+    real = signals_module.notify_arguments
+
+    def world_of_one(*args: Any, **kwargs: Any) -> Any:
+        return real(*args, **{**kwargs, "world_size": 1})
+
+    monkeypatch.setattr(signals_module, "notify_arguments", world_of_one)
+    job = await started(running, report_timeout=2.0)
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: job.training.repair_hang_ranks == (4, 6, 7), timeout=20,
+                     what="the repair hanging on the restarted pod")
+    assert [n.args[0] for n in job.training.notifies("on_global_rank")] == [{}]
+    await job.sim.wait_for(lambda e: e.kind == "signal" and e.detail.get("changeStrategy") == "exit", timeout=20)
+    assert rpcs(job, "ReportRecoverStatus") == []
+    assert not [a for a in job.sim.journal.entries if a.kind == "annotation" and a.detail.get("value") == "recover-success"]
 
 
 async def test_retry_success(running: list[SimulatedJob]) -> None:
@@ -123,7 +152,7 @@ async def test_recover_fails_then_dump(running: list[SimulatedJob]) -> None:
     await annotation(job, "dump-success")
     # After the dump ClusterD sends exit/dump_exit (and repeats it later). The controller
     # hears exactly one exit notice; it is then FINAL, so the bridge leaves for systemd to
-    # restart it (issue 14 item 2) and the repeat is never forwarded.
+    # restart it and the repeat is never forwarded.
     assert await job.wait_exit(15) == EXIT_CONTROLLER_ENDED
     assert [s.detail["changeStrategy"] for s in signals(job, "changeStrategy")][:3] == ["recover", "dump", "exit"]
     assert [r.detail["status"]["code"] for r in rpcs(job, "ReportRecoverStatus")] == [406, 0]

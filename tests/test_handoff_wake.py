@@ -1,4 +1,4 @@
-"""Issue 16's report path: the callback waking the event loop itself (``Handoff`` WAKE
+"""The report path under load: the callback waking the event loop itself (``Handoff`` WAKE
 mode, opt-in through ``controller.handoff``), and the Report* RPCs go over a synchronous channel on a thread of their own
 (``bridge/rpcthread.py``). What must hold whatever the timing: callback order, no loss,
 never raise into the controller, never write to a file descriptor that is no longer
@@ -37,7 +37,7 @@ class Collected:
 
 
 async def test_thread_is_the_default_mode_and_wake_is_chosen_by_the_config() -> None:
-    """THREAD keeps the callback shortest on a quiet node (bench/README.md); WAKE is an
+    """THREAD keeps the callback shortest on a quiet node (docs/performance.md); WAKE is an
     operator's choice for nodes whose cores are busy."""
     assert ControllerConfig().handoff == THREAD
     default = Handoff(asyncio.get_running_loop(), Collected().handle)

@@ -1,4 +1,4 @@
-"""Node hooks: only plain decimal node ranks reach the operator's command (issue 14 item 8).
+"""Node hooks: only plain decimal node ranks reach the operator's command.
 
 A signal's ``nodeRankIds`` are strings from the network; ``--help`` there once reached
 the hook command as an option. Each test runs a real command that records its argv.

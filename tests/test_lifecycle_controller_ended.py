@@ -1,4 +1,4 @@
-"""The controller ends on its own: the bridge stops with EXIT_CONTROLLER_ENDED (issue 14 item 2).
+"""The controller ends on its own: the bridge stops with EXIT_CONTROLLER_ENDED.
 
 Seen before the fix: after the controller went to EXIT (or FINAL) the bridge kept sending
 WATCHDOG=1, STATUS said "controller: exiting", and later faults produced no RPC at all --

@@ -1,4 +1,4 @@
-"""A stop is bounded whatever the controller does (issue 14 item 9).
+"""A stop is bounded whatever the controller does.
 
 The real controller package registers ``tft_destroy_controller`` with ``atexit``, and its
 destroy can block for minutes mid-flow. Seen: SIGTERM during a repair; the bridge gave
@@ -80,7 +80,7 @@ def test_sigterm_exits_within_the_stop_budget_although_destroy_never_returns(tmp
 
 
 def test_sigterm_during_a_process_level_repair_exits_within_the_stop_budget(tmp_path: Path) -> None:
-    """The issue's case: ClusterD (simulated, a real process) chose retry and the
+    """The case that hung: ClusterD (simulated, a real process) chose retry and the
     controller is repairing when SIGTERM arrives; its destroy never returns."""
     port = free_port()
     sim = spawn_bridge("sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", "job-stop", "--world-size", "4",

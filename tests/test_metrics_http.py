@@ -1,4 +1,4 @@
-"""The bounded metrics endpoint (issue 14 item 10): idle, slow-loris and non-reading
+"""The bounded metrics endpoint: idle, slow-loris and non-reading
 clients cannot pile up threads or keep a real scrape out; TLS with client certificates;
 HTTP answers a scraper and a curious operator expect.
 

@@ -1,4 +1,4 @@
-"""Bounded metric labels (issue 12 item 8): values from ClusterD's wire map to the known
+"""Bounded metric labels: values from ClusterD's wire map to the known
 set plus ``other``, and every series with known labels exists at 0 from the start."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 16: the controller's notify calls are made on the event loop itself (the notify
+"""The controller's notify calls are made on the event loop itself (the notify
 thread's wake-up was the signal path's avoidable cost on busy cores), and a notify that
 ever holds the loop longer than ``INLINE_NOTIFY_LIMIT`` sends every later one back to
 the dedicated thread."""

@@ -1,4 +1,4 @@
-"""The orphaned job (issue 14 item 3): a bridge restart while the job keeps running.
+"""The orphaned job: a bridge restart while the job keeps running.
 
 The real controller cannot adopt running ranks (a controller started again on the same
 address rejects every heartbeat of ranks it did not start), so after a crash, an OOM

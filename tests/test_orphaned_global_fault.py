@@ -1,4 +1,4 @@
-"""The orphaned globalFault (issue 13 item 6, the real ClusterD's behaviour the simulation
+"""The orphaned globalFault (the real ClusterD's behaviour the simulation
 reproduces, docs/clusterd.md section 7).
 
 The bridge's stream drops while a type-1 cycle sleeps before its globalFault; the bridge
@@ -51,7 +51,11 @@ async def assert_recovered_by_the_controller(job: SimulatedJob) -> None:
     assert "EXIT" not in job.training.states()
     globals_ = job.training.notifies("on_global_rank")
     assert len(globals_) == 1 and globals_[0].args[0], globals_
-    of_a_cycle = [s for s in job.sim.journal.signals("globalFault", JOB) if s.detail.get("uuid")]
+    # Distinct signals: a globalFault identical to one already handled (the orphan built
+    # from the new cycle names what that cycle's own will) is refused as a duplicate,
+    # whole, node hook included.
+    of_a_cycle = {(s.detail["uuid"], repr(s.detail.get("faults")), tuple(s.detail["nodeRankIds"]))
+                  for s in job.sim.journal.signals("globalFault", JOB) if s.detail.get("uuid")}
     await eventually(lambda: metric(job, "tft_bridge_hook_runs_total", hook="fault_nodes_exit",
                                     result="no_hook") == len(of_a_cycle), 5, "one hook run per globalFault of a cycle")
     assert not job.sim.violations and not job.training.violations
@@ -80,9 +84,11 @@ async def test_the_orphan_first_on_the_new_stream_is_refused_and_the_resumed_cyc
 async def test_the_orphan_after_the_resumed_cycle_started_does_not_break_it(jobs: list[SimulatedJob]) -> None:
     """The lead's reproduction (globalFault 1 s after StopComplete, keep-alives every
     0.5 s): the bridge's re-report starts the new cycle before the
-    orphan is due, so the orphan is built from the new cycle (its uuid, its unexpanded
+    orphan is due, so the orphan is built from the new cycle (its uuid, its whole-pod
     ranks) and cannot be told from a globalFault of that cycle; the controller still
     ends the cycle with report_result 0."""
     job = await start(jobs, global_fault_delay=1.0, report_timeout=3.0)
     await drop_during_the_wait_before_global_fault(job)
     await assert_recovered_by_the_controller(job)
+    # the whole pod of rank 5, which the node agent restarts: fewer would hang the repair
+    assert job.training.notifies("on_global_rank")[0].args[0] == {4: 1, 5: 1, 6: 1, 7: 1}

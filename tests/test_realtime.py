@@ -1,4 +1,4 @@
-"""Issue 16: the event loop and the report thread run under SCHED_FIFO while a bridge runs
+"""The event loop and the report thread run under SCHED_FIFO while a bridge runs
 (``bridge/realtime.py``) and the hand-off thread, which the controller's own thread wakes,
 never does; nothing they start inherits it, the loop's thread gets its own policy back
 when the bridge stops, and where the system refuses realtime the bridge says so, shows

@@ -14,8 +14,8 @@ from bridge.config import ConfigError, build_config
 from bridge.flow import ControllerFlow
 from bridge.metrics import BridgeMetrics
 from bridge.recorder import INLINE_FAULTS, Recorder, RecorderWriter
-from bridge.recorder_config import RecorderConfig, problems, OtelConfig, state_directory
-from bridge.recorder_store import find_cycle, last_cycles, open_reader
+from bridge.recorder.config import RecorderConfig, problems, OtelConfig, state_directory
+from bridge.recorder.store import find_cycle, last_cycles, open_reader
 
 from .conftest import eventually_sync
 

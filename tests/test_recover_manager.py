@@ -74,6 +74,9 @@ def training(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     mindio_ttp.training.reset()
     mindio_ttp.training.auto_step = True
     mindio_ttp.training.use_timings(mindio_ttp.FAST_TIMINGS)
+    # The node agent restarts whole pods, the simulated ClusterD's (4 ranks each): a
+    # controller told fewer ranks than ClusterD named hangs in repair, as the real one.
+    mindio_ttp.training.devices_per_pod = 4
     monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", "5")  # read by tft_init_controller, like the real one
     yield mindio_ttp.training
     mindio_ttp.training.reset()
@@ -104,6 +107,37 @@ def test_a_script_written_against_the_seed_runs_unchanged(server: ServerThread, 
         server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "recover-success")
         assert [n.args[0] for n in training.notifies("change_strategy")] == ["recover"]
         assert recover_manager.__version__
+    finally:
+        manager.close()
+
+
+def test_a_pod_sized_global_fault_reaches_the_controller_whole(server: ServerThread, training) -> None:  # type: ignore[no-untyped-def]
+    """A launcher hosting the controller itself: the seed API never learns the world size
+    (the controller was initialised by the launcher), and its notify guard used to drop
+    every fault rank but 0, so ClusterD's globalFault for rank 5's pod, {4, 5, 6, 7}, became
+    on_global_rank({}); the controller then repaired rank 5 alone while the node agent
+    restarted 4..7 under it, and hung until ClusterD gave up."""
+    import mindio_ttp.controller_ttp as ttp
+
+    info = pb.ClientInfo(taskId=JOB, role="master agent")
+    manager = DLRecoverManager(info, server.address, secure_conn=False)
+    manager.init_clusterd()
+    assert manager.register(info).code == 0
+    manager.start_subscribe()
+    for action, callback in (("report_fault_ranks", report_process_fault), ("report_stop_complete", report_stop_complete),
+                             ("report_strategies", report_recover_strategy), ("report_result", report_recover_status)):
+        assert ttp.tft_register_mindx_callback(action, callback) == 0
+    ttp.tft_init_controller(-1, 16, False, True, False)
+    ttp.tft_start_controller("127.0.0.1", free_port(), False, "")
+    try:
+        training.connect_ranks(range(16))
+        server.wait_for(lambda e: e.kind == "signal" and e.name == "keep-alive")
+        training.inject_fault({5: 1})
+        server.wait_for(lambda e: e.kind == "signal" and e.name == "globalFault")
+        server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "recover-success")
+        assert [n.args[0] for n in training.notifies("on_global_rank")] == [{4: 1, 5: 1, 6: 1, 7: 1}]
+        assert training.repair_hang_ranks == ()
+        assert manager.metrics.sample("tft_bridge_bad_inputs_total", {"kind": "signal_argument"}) == 0
     finally:
         manager.close()
 

@@ -1,5 +1,5 @@
 """A cycle report queued behind the request on the wire is chained to it on the report
-thread (bridge/rpcthread.py, "Chained calls"; issue 16's end-to-end path).
+thread (bridge/rpcthread.py, "Chained calls"; the end-to-end report path under load).
 
 The chain saves two thread wake-ups on the recovery's critical path; it must not change
 a single delivery rule: the chained report leaves only after its predecessor answered

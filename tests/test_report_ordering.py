@@ -2,7 +2,7 @@
 
 ClusterD's Subscribe resets the job's cycle and empties its one-slot report buffers; a
 stop-complete still on the wire when the stream ended (it crossed the server's end of
-stream, issue 12) would otherwise land in the *new* cycle's buffer and be consumed as
+stream) would otherwise land in the *new* cycle's buffer and be consumed as
 its answer. The Report* calls travel on a connection of their own, so only the bridge
 can order the two: the session awaits the outbox's ``settle`` before every Subscribe.
 """

@@ -1,8 +1,7 @@
 """ClusterD signal -> controller notify: argument checks, flow restore, the cost of one
 signal, the orphaned globalFault, and the controller's wait reaching the controller.
 
-Issue 14 items 4, 6 and 7, and issue 13 item 6 (the orphaned globalFault). The unit
-tests drive a real ``SignalDispatcher`` and ``ControllerFlow`` against a recording fake
+The unit tests drive a real ``SignalDispatcher`` and ``ControllerFlow`` against a recording fake
 controller module (it can raise or refuse on demand); the end-to-end tests run the
 bridge between the simulated ClusterD and the stub controller, which reads
 MINDIO_WAIT_MINDX_TIME from its environment at init exactly like the real one and
@@ -79,6 +78,16 @@ def test_fault_ranks_outside_the_world_are_dropped_and_the_rest_kept(action: str
     checked = args(action, {2: 0, WORLD: 1, 10 ** 9: 1, 15: 2})
     assert checked.faults == {2: 0, 15: 2}
     assert "outside 0..15" in checked.notes[0]
+
+
+@pytest.mark.parametrize("action", ["stop_train", "on_global_rank", "hot switch"])
+def test_an_unknown_world_size_drops_no_rank(action: str) -> None:
+    checked = notify_arguments(action, {4: 1, 5: 1, 6: 1, 7: 1, 10 ** 9: 1}, 0, "", "", world_size=None,
+                               pause_default=600)
+    assert checked.faults == {4: 1, 5: 1, 6: 1, 7: 1, 10 ** 9: 1}
+    assert checked.notes == ()
+    assert notify_arguments("change_strategy", {4: 1}, 0, "retry", "", world_size=None,
+                            pause_default=600).faults == {}  # a strategy takes no ranks, known size or not
 
 
 def test_fault_ranks_inside_the_world_pass_untouched() -> None:
@@ -174,12 +183,18 @@ class FakeHooks:
 
 
 class Rig:
-    def __init__(self) -> None:
+    """A dispatcher around a fake controller module. By default the host owns the
+    controller and knows its world size, as the daemon's does; ``external=True`` is the
+    seed API's host around a controller its caller initialised, whose world size the
+    host never learns (its config keeps the default 1)."""
+
+    def __init__(self, *, external: bool = False) -> None:
         self.module = FakeController()
         self.metrics = BridgeMetrics()
         self.flow = ControllerFlow(wait_timeout=30.0)
         self.hooks = FakeHooks()
-        host = ControllerHost(self.module, ControllerConfig(world_size=WORLD), external=True)  # type: ignore[arg-type]
+        config = ControllerConfig() if external else ControllerConfig(world_size=WORLD)
+        host = ControllerHost(self.module, config, external=external)  # type: ignore[arg-type]
         self.dispatcher = SignalDispatcher(JOB, self.flow, host, self.hooks, self.metrics,  # type: ignore[arg-type]
                                            on_kill_master=lambda: None, pause_timeout=600)
         self.handled = 0
@@ -275,6 +290,23 @@ async def test_fault_ranks_outside_the_world_do_not_make_the_controller_half_mer
     assert rig.module.calls == [("stop_train", ({3: 1}, "stop", None))]
 
 
+async def test_a_host_that_does_not_know_the_world_size_forwards_every_rank_clusterd_named() -> None:
+    """The seed API hosts a controller its caller initialised: the host's config keeps the
+    default world size 1, and the range check dropped every fault rank but 0 of a
+    globalFault (ClusterD's {2: 1, 3: 1} became on_global_rank({})); the controller then
+    repaired too few ranks and hung. Unknown world size: no range check, nothing dropped."""
+    async with dispatching(Rig(external=True)) as rig:
+        rig.send(signal("stopTrain", ["stop_train"], faults={5: 1}))
+        await eventually(lambda: rig.module.calls, what="the stopTrain forwarded")
+        rig.flow.on_callback("report_stop_complete", 0)
+        rig.send(signal("globalFault", ["on_global_rank", "fault_nodes_exit"], faults={4: 1, 5: 1, 6: 1, 7: 1},
+                        node_ranks=["1"]))
+        await eventually(lambda: len(rig.module.calls) == 2, what="the globalFault forwarded")
+        assert rig.module.calls == [("stop_train", ({5: 1}, "stop", None)),
+                                    ("on_global_rank", ({4: 1, 5: 1, 6: 1, 7: 1}, 1))]
+        assert rig.metrics.sample("tft_bridge_bad_inputs_total", {"kind": "signal_argument"}) == 0
+
+
 async def test_unknown_actions_are_counted_as_unknown_in_one_line(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
     """Before: each unknown action was refused as unexpected_step, one warning each."""
     caplog.set_level(logging.WARNING, logger="bridge.signals")
@@ -353,7 +385,7 @@ def refused(job: SimulatedJob, reason: str) -> float:
 @pytest.mark.parametrize("timeout", [2 ** 32, -1])
 async def test_a_bad_pause_timeout_leaves_the_next_fault_recoverable(jobs: list[SimulatedJob],
                                                                       timeout: int) -> None:
-    """Issue 14 item 4, end to end: the stub controller raises OverflowError for these
+    """Out-of-range pause timeouts, end to end: the stub controller raises OverflowError for these
     timeouts like the real SWIG wrapper. Before: flow stuck at PAUSE_SENT, the real
     stopTrain refused, the controller went to EXIT."""
     job = await started(jobs, wait_time=3.0)
@@ -374,7 +406,7 @@ async def test_a_bad_pause_timeout_leaves_the_next_fault_recoverable(jobs: list[
 
 async def test_a_10000_action_signal_does_not_delay_the_next_cycle(jobs: list[SimulatedJob],
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 14 item 6, end to end: the flood goes over the wire right before a fault;
+    """A flood of unknown actions, end to end: the flood goes over the wire right before a fault;
     the cycle still completes inside the controller's 3 s waits and the log stays small."""
     caplog.set_level(logging.INFO)
     job = await started(jobs, wait_time=3.0)
@@ -389,7 +421,7 @@ async def test_a_10000_action_signal_does_not_delay_the_next_cycle(jobs: list[Si
 
 async def test_the_toml_wait_reaches_the_controller_and_the_flow_gate(jobs: list[SimulatedJob],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 14 item 7: only the TOML sets wait_mindx_time (1 s); nothing in the
+    """A wait set only in the TOML: only the TOML sets wait_mindx_time (1 s); nothing in the
     environment. The stub reads its wait from the environment at init like the real
     controller, so it waits 1 s only if the bridge exported it. Before: it waited its
     default 30 s while the bridge's gate assumed 1 s."""

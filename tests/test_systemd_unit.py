@@ -184,7 +184,7 @@ def test_restart_policy_matches_the_exit_codes(unit: dict[str, list[tuple[str, s
     prevented = " ".join(values(unit, "Service", "RestartPreventExitStatus")).split()
     assert str(EXIT_RESCHEDULED) == "75" and "75" in forced
     # A controller that ended cannot be restarted in place: a fresh bridge must take the
-    # job's next incarnation, even if a drop-in changes Restart= (issue 14 item 2).
+    # job's next incarnation, even if a drop-in changes Restart=.
     assert str(EXIT_CONTROLLER_ENDED) == "76" and "76" in forced and "76" not in prevented
     assert str(EXIT_CONFIG) == "2" and "2" in prevented
     for key in ("StartLimitIntervalSec", "StartLimitBurst"):

@@ -315,11 +315,17 @@ class JobController:
         self.spawn_detached(self._orphaned_global_fault(due), "orphaned-global-fault")
 
     async def _orphaned_global_fault(self, due: float) -> None:
+        """Built as the real handler builds every type-1 globalFault, from the state as it
+        is when the sleep ends: the normal faults widened to whole pods (which also
+        rewrites the cache, like ``updateCacheFaultAndPod``). With no cycle running that is
+        uuid "" and no ranks (the observed orphan); once a new cycle has cached faults it
+        is that cycle's uuid and its faults' whole pods, the same ranks its own
+        globalFault will name."""
         await self._sleep(due - asyncio.get_running_loop().time())
-        faults = self.gen.faults.normal
-        nodes = rules.pod_indices([rank for rank, _ in faults], self.config.devices_per_pod,
-                                  self.host.rng)
-        signal = self._signal("globalFault", rules.GLOBAL_FAULT_ACTIONS, faults, node_rank_ids=nodes)
+        ranks = self._expand()
+        nodes = rules.pod_indices(ranks, self.config.devices_per_pod, self.host.rng)
+        signal = self._signal("globalFault", rules.GLOBAL_FAULT_ACTIONS, self.gen.faults.normal,
+                              node_rank_ids=nodes)
         await self._send_detached(signal, "globalFault")
 
     async def _send_detached(self, signal: pb.ProcessManageSignal, what: str) -> None:

@@ -104,8 +104,12 @@ class SimulatedJob:
         self.training.reset()
         self.training.use_timings(self.controller_timings)
         self.training.auto_step = self.auto_step
+        # The node agent restarts whole pods (Training.restart_pods): the same pods as
+        # the simulated ClusterD's, so a controller told fewer ranks than ClusterD named
+        # hangs in repair here as the real one does.
+        self.training.devices_per_pod = self.job.devices_per_pod
         # The controller reads MINDIO_WAIT_MINDX_TIME from the environment at init (so does
-        # the stub); the bridge exports its configured wait before init (issue 14 item 7).
+        # the stub); the bridge exports its configured wait before init.
         # The harness does not, so the tests catch a bridge that forgets; it only puts the
         # variable back as it was once the job stops.
         if self._saved_wait_env is None:

@@ -29,7 +29,14 @@ real build (docs/mindio-controller.md, the reference to read before changing it)
   waits and pause timeouts on a faster clock in the stub's own unit tests;
 * destroy as observed: while the controller waits for a notify it ends in FINAL (via
   EXIT); during a retry repair no report_result follows; during the recover wait a 406
-  arrives while destroy blocks.
+  arrives while destroy blocks;
+* the node agent's pod restart (``training.restart_pods``, ``training.devices_per_pod``):
+  a recover restarts every rank of a pod holding a process-faulty rank, and a repair
+  that finds a rank restarted under it that it was not told about hangs, as the real
+  one did when a relay forwarded fewer ranks than ClusterD's globalFault named;
+* dead ranks as observed: one killed in normal training is reported about 10 s later
+  (``heartbeat_loss_time`` + ``fault_detect_delay``), one killed while training is
+  paused for a recovery (after stop-complete, before the strategy) never is.
 
 Known differences, kept on purpose (docs/mindio-controller.md section 9): the aborts and
 deadlocks above are recorded instead of happening; ranks are simulated through

@@ -101,6 +101,9 @@ class MindXEngine:
         self.isolated: set[int] = set()
         self.prerepair_ready: set[int] = set()
         self.arf_restarted: set[int] = set()
+        # After stop-complete, before the strategy: a rank that dies now is never reported
+        # (``Training.disconnect_ranks``).
+        self.paused_for_recovery = False
         self.state = State.INIT
         self.exit_reason = ""
         self.thread: threading.Thread | None = None

@@ -78,7 +78,7 @@ class Flows(MindXEngine):
                 continue
             if info.fault is not None:
                 bad[rank] = (info.fault, info.code)
-            elif (not info.connected and info.disconnected_at is not None
+            elif (not info.connected and not info.unwatched and info.disconnected_at is not None
                   and now - info.disconnected_at > training.heartbeat_loss_time):
                 bad[rank] = (PROCESS_ERROR, "")
         return bad
@@ -208,6 +208,7 @@ class Flows(MindXEngine):
             self.errors = {}
             self.codes = {}
             self.hot_switch_ranks = set()
+            self.paused_for_recovery = False
             self.cond.notify_all()
 
     def on_normal(self) -> Ret:
@@ -277,6 +278,8 @@ class Flows(MindXEngine):
             return self.exit_because("report_stop_complete failed")
         if code == NO_PROCESSORS:
             return self.exit_because("no processor reported its replica info (404)")
+        with self.cond:
+            self.paused_for_recovery = True
         if not self.mindx_wait(self.wait_mindx(), "on_global_rank"):
             return self.exit_because("timed out waiting for on_global_rank")
         event = self.event
@@ -291,7 +294,10 @@ class Flows(MindXEngine):
         strategies = self.generate_strategies(prelocked)
         if not self.report_strategies(strategies):
             return self.exit_because("report_strategies failed")
-        if not self.mindx_wait(self.wait_mindx(self.wait_hccl_time), "change_strategy"):
+        woken = self.mindx_wait(self.wait_mindx(self.wait_hccl_time), "change_strategy")
+        with self.cond:
+            self.paused_for_recovery = False
+        if not woken:
             return self.exit_because("timed out waiting for change_strategy")
         return self.handle_recover_strategy()
 
@@ -402,24 +408,39 @@ class Flows(MindXEngine):
         """ARFRepair: wait (up to ``training.arf_wait_time``, real ~10 min) for the error
         ranks to be restarted and register again; ClusterD may cut the wait short with
         dump, exit or downgrade, and a destroy ends it as a failure (the real one reported
-        406 while its destroy was blocking). With ``training.auto_restart`` MindCluster
-        restarts them at once. Once they are back, the repair itself takes
-        ``training.recover_repair_time`` (real: 2.9 s)."""
+        406 while its destroy was blocking). With ``training.auto_restart`` MindCluster's
+        node agent restarts them at once, and with them every other rank of a pod that
+        holds a rank whose process faulted (``Training.restart_pods``). Once they are back,
+        the repair itself takes ``training.recover_repair_time`` (real: 2.9 s).
+
+        The repair rebuilds each error rank from a peer. A rank restarted under it that
+        is not among the error ranks (the controller was told too few: ClusterD named the
+        whole pod, the controller got one rank) lost the state the repair copies from,
+        and the repair never completes: the real controller hung there until ClusterD gave
+        up with exit. So does this one: no result, only dump, exit, downgrade or a destroy
+        end it (``training.repair_hang_ranks`` names the ranks)."""
         training = self.training
         with self.cond:
             wanted = set(self.errors)
             self.arf_restarted = set()
-            if training.auto_restart and not failed:
-                for rank in wanted:
+            dead = {rank for rank, info in training.ranks.items() if info.fault == PROCESS_ERROR}
+            dead |= {rank for rank in wanted if rank in training.ranks and not training.ranks[rank].connected}
+            restart = training.auto_restart and not failed
+        if restart:
+            with self.cond:
+                for rank in wanted - training.pod_ranks(dead):  # a live process: only its rank
                     info = training.ranks.get(rank)
                     if info is not None:
                         info.fault, info.code, info.connected, info.disconnected_at = None, "", True, None
-                self.arf_restarted = set(wanted)
+                        self.arf_restarted.add(rank)
+                training.restart_pods(dead)
         deadline = time.monotonic() + training.arf_wait_time
+        hang_noted = False
         while True:
             with self.cond:
                 event = self.event
                 done = wanted <= self.arf_restarted
+                under = self.arf_restarted - wanted
             if event is Event.DUMP:
                 return Ret.ERROR
             if event is Event.EXIT:
@@ -428,6 +449,15 @@ class Flows(MindXEngine):
                 return Ret.DOWNGRADE
             if failed or self.stopping:
                 return Ret.ERROR
+            if under:
+                if not hang_noted:
+                    hang_noted = True
+                    with self.cond:
+                        if self.generation == training.generation:
+                            training.repair_hang_ranks = tuple(sorted(under))
+                    self.note("repair hangs: ranks restarted under it", sorted(under), sorted(wanted))
+                self.checker_wait(training.poll_interval)
+                continue
             if done:
                 self.sleep(training.recover_repair_time)
                 return Ret.OK
@@ -554,7 +584,10 @@ class Flows(MindXEngine):
             return Ret.STOP_SERVICE
         if not self.report_strategies(["exit", "dump"]):
             return self.exit_because("report_strategies failed")
-        if not self.mindx_wait(self.wait_mindx(), "change_strategy"):
+        woken = self.mindx_wait(self.wait_mindx(), "change_strategy")
+        with self.cond:
+            self.paused_for_recovery = False
+        if not woken:
             return self.exit_because("timed out waiting for change_strategy")
         event = self.event
         if event is Event.DUMP:

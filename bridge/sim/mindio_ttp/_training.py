@@ -50,6 +50,9 @@ REAL_TIMINGS: Final[Mapping[str, float]] = MappingProxyType({
     "retry_repair_time": 2.3,  # change_strategy retry -> report_result (observed 1-5 s, smoke runs 2.3 s)
     "recover_repair_time": 2.9,  # restarted ranks registered -> report_result after recover
     "destroy_delay": 5.0,  # tft_destroy_controller blocks (observed 1-5 s; ~5 s typical)
+    # a rank's heartbeats stop -> a process fault (~8 s); report_fault_ranks({rank: 1})
+    # follows fault_detect_delay later: about 10 s after a rank process is killed
+    "heartbeat_loss_time": 8.0,
 })  # read-only: a test that shortens a timing must do it on ``training``, not here
 
 #: What the stub's own tests, the end-to-end tests and the benchmarks use when the real
@@ -60,6 +63,7 @@ FAST_TIMINGS: Final[Mapping[str, float]] = MappingProxyType({
     "retry_repair_time": 0.01,
     "recover_repair_time": 0.01,
     "destroy_delay": 0.01,
+    "heartbeat_loss_time": 0.08,
 })
 
 _WAIT_TIME_MOVED = ("training.wait_time is gone: like the real controller, the stub reads "
@@ -76,6 +80,10 @@ class Rank:
     fault: int | None = None  # 0 UCE, 1 process, 2 HCCL
     code: str = ""  # the error code string passed to report_status (<= 15 chars)
     disconnected_at: float | None = None
+    # Killed while training was paused for a recovery (after stop-complete, before the
+    # strategy): the real controller never reports its heartbeat loss (observed: not
+    # during the recovery, not after it, not in the 15 s before destroy).
+    unwatched: bool = False
 
 
 class Training:
@@ -106,9 +114,13 @@ class Training:
         self.fault_detect_delay: float = REAL_TIMINGS["fault_detect_delay"]  # NORMAL re-checks a bad status after this
         self.retry_repair_time: float = REAL_TIMINGS["retry_repair_time"]  # ENV_CLEAR + REPAIR of a retry
         self.recover_repair_time: float = REAL_TIMINGS["recover_repair_time"]  # REPAIR of a recover, once registered
-        self.heartbeat_loss_time: float = 8.0  # a silent rank is a process fault after this (real: ~8 s)
+        self.heartbeat_loss_time: float = REAL_TIMINGS["heartbeat_loss_time"]  # a silent rank is a process fault
         self.arf_wait_time: float = 600.0  # recover waits this long for restarted ranks (real: ~10 min)
-        self.auto_restart: bool = True  # MindCluster restarts the ranks of a recover at once
+        self.auto_restart: bool = True  # MindCluster's node agent restarts the pods of a recover at once
+        # Ranks per pod, as MindCluster's node agent restarts them (``restart_pods``): 1
+        # (every rank its own pod) for the stub's own unit tests; SimulatedJob sets its
+        # SimJob's, so the simulated job restarts whole pods as the real one does.
+        self.devices_per_pod: int = 1
         self.poll_interval: float = 0.02  # the NORMAL loop's timed wait (real: 2 s, cut short by events)
         # the job
         self.ranks: dict[int, Rank] = {}
@@ -123,6 +135,9 @@ class Training:
         self.processors_exited: bool = False
         self.aborted: bool = False
         self.hung: bool = False
+        # Ranks restarted under a recover's repair that did not include them: that repair
+        # hangs (``Flows.arf_repair``). Empty while no repair hangs.
+        self.repair_hang_ranks: tuple[int, ...] = ()
 
     # ------------------------------------------------------------------ knobs with a shape
 
@@ -207,21 +222,47 @@ class Training:
             for rank in ranks:
                 info = self.ranks.setdefault(rank, Rank())
                 info.connected, info.disconnected_at, info.fault, info.code = True, None, None, ""
+                info.unwatched = False
                 self.record(_log.TRAINING, "connect", (rank,))
                 if self.controller is not None:
                     self.controller.on_rank_connected(rank)
 
     def disconnect_ranks(self, ranks: Iterable[int]) -> None:
-        """These processes' links drop. Their heartbeats stop too, so a registered rank
-        becomes a process fault after ``heartbeat_loss_time`` (NORMAL notices it)."""
+        """These processes die (their links drop, their heartbeats stop). During normal
+        training a registered rank becomes a process fault after ``heartbeat_loss_time``
+        and the controller reports ``{rank: 1}`` ``fault_detect_delay`` later (real:
+        about 8 + 2 s). A rank that dies while training is paused for a recovery (after
+        stop-complete, before the strategy) is never reported: observed on the real
+        controller, neither during the recovery nor after it."""
         now = time.monotonic()
         with self.cond:
+            unwatched = self.controller is not None and self.controller.paused_for_recovery
             for rank in ranks:
                 info = self.ranks.get(rank)
                 if info is None or not info.connected:
                     continue
-                info.connected, info.disconnected_at = False, now
+                info.connected, info.disconnected_at, info.unwatched = False, now, unwatched
                 self.record(_log.TRAINING, "disconnect", (rank,))
+
+    def pod_ranks(self, ranks: Iterable[int]) -> set[int]:
+        """Every rank of the job in a pod that holds one of ``ranks`` (pod = rank //
+        ``devices_per_pod``, ClusterD's own rule, docs/clusterd.md section 8)."""
+        size = max(1, int(self.devices_per_pod))
+        with self.cond:
+            pods = {rank // size for rank in ranks}
+            return {rank for rank in self.ranks if rank // size in pods}
+
+    def restart_pods(self, ranks: Iterable[int]) -> set[int]:
+        """MindCluster's node agent: kill and restart every process of each pod that holds
+        one of ``ranks`` (a process fault's recover), not just the faulty ranks. The
+        restarted ranks register with the controller again; those its repair did not
+        expect make that repair hang, as on the real controller (``Flows.arf_repair``).
+        Returns the ranks restarted."""
+        with self.cond:
+            restarted = self.pod_ranks(ranks)
+            self.record(_log.TRAINING, "restart pods", (sorted(restarted),))
+            self.connect_ranks(sorted(restarted))
+            return restarted
 
     def inject_fault(self, faults: Mapping[int, int], codes: Mapping[int, str] | None = None) -> None:
         """Training ranks report a fault through their heartbeat (0 UCE, 1 process,

@@ -6,7 +6,7 @@ per recovery cycle, each controller callback (fault ranks by type, codes, strate
 each ClusterD RPC with its code and latency, each signal (uuid, type, actions,
 strategy), each notify with the controller's return, every refusal and drop with its
 reason, and the final outcome. ``tft-bridge history`` reads it back; the phases and who
-was waited on are derived by ``bridge.recorder_model``.
+was waited on are derived by ``bridge.recorder.model``.
 
 Two halves, because the peers forbid the obvious one:
 
@@ -22,7 +22,7 @@ Two halves, because the peers forbid the obvious one:
   thread never runs any of this: its callbacks reach the loop through the hand-off.
 * ``RecorderWriter`` is a thread that wakes on its own every ``poll`` seconds (the loop
   never wakes it: a wake-up is a syscall that can hand the GIL away mid-report), writes
-  the batch to the SQLite store in one transaction (``bridge.recorder_store``), keeps
+  the batch to the SQLite store in one transaction (``bridge.recorder.store``), keeps
   the store inside its bounds and hands each closed cycle to the optional OpenTelemetry
   exporter. A full disk, an unwritable directory or a corrupt file never stops the
   bridge: the failure is counted by reason, logged once per kind (then at most every
@@ -55,10 +55,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .flow import ControllerFlow, Step
-from .recorder_config import RecorderConfig
-from .recorder_model import summarise
-from .recorder_store import Store, StoreError
+from ..flow import ControllerFlow, Step
+from .config import RecorderConfig
+from .model import summarise
+from .store import Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -660,7 +660,7 @@ class Recording:
     def start(cls, config: Any, flow: ControllerFlow, metrics: Any) -> Recording:
         """From a BridgeConfig's [recorder] and [otel] sections; a no-op when disabled.
         Never raises: a recorder that cannot start is counted and the bridge runs on."""
-        from .recorder_config import state_directory
+        from .config import state_directory
 
         settings: RecorderConfig = config.recorder
         if not settings.enabled:

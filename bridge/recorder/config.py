@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .state import STATE_ROOT, safe_component
-from .state import state_directory as resolve_state_directory
+from ..state import STATE_ROOT, safe_component
+from ..state import state_directory as resolve_state_directory
 
 STORE_NAME = "recorder.sqlite3"
 

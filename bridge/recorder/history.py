@@ -10,7 +10,7 @@ answered, what was forwarded or refused and why, and who the time went to. So:
   prefix of either): that cycle's full timeline, phase by phase;
 * ``--json``: the same for tools.
 
-It opens the store read-only (``bridge.recorder_store.open_reader``): it never needs
+It opens the store read-only (``bridge.recorder.store.open_reader``): it never needs
 write access to the unit's state directory and never disturbs the bridge writing it.
 A unit's store is found from its config file (``--config /etc/tft-bridge/job1.toml``
 looks in ``/var/lib/tft-bridge/job1``, the unit's ``StateDirectory=``) or given
@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .recorder_config import STATE_ROOT, STORE_NAME, RecorderConfig, candidate_directories
-from .recorder_model import PARTIES, boundary, describe, in_time_order, faults_text, summarise
-from .recorder_store import CycleRow, find_cycle, last_cycles, open_reader
+from .config import STATE_ROOT, STORE_NAME, RecorderConfig, candidate_directories
+from .model import PARTIES, boundary, describe, in_time_order, faults_text, summarise
+from .store import CycleRow, find_cycle, last_cycles, open_reader
 
 
 def add_history_parser(commands: Any) -> None:
@@ -83,7 +83,7 @@ def _recorder_of(config_path: str) -> tuple[RecorderConfig, str]:
     matters here, so a config that is invalid only without its unit's environment (the
     job id often comes from /etc/tft-bridge/%i.env, which an operator's shell lacks) is
     read as plain TOML instead."""
-    from .config import ConfigError, load_config, read_toml
+    from ..config import ConfigError, load_config, read_toml
 
     try:
         config = load_config(config_path)

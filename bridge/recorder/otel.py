@@ -47,9 +47,9 @@ from opentelemetry.proto.common.v1 import common_pb2 as common
 from opentelemetry.proto.resource.v1 import resource_pb2 as resource
 from opentelemetry.proto.trace.v1 import trace_pb2 as trace
 
-from . import __version__
-from .recorder_config import OtelConfig, header_pairs
-from .recorder_model import describe, phases
+from .._version import __version__
+from .config import OtelConfig, header_pairs
+from .model import describe, phases
 
 log = logging.getLogger(__name__)
 
