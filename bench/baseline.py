@@ -1,9 +1,14 @@
-"""What the benchmarks measure the bridge against: the existing MindCluster client's way
-of relaying a fault report, and the percentile helper they share."""
+"""What the benchmarks measure the bridge against: the existing MindCluster client's shape
+(every callback makes its blocking Report* call before it returns; a reader thread
+notifies the controller inline), and the percentile helper they share."""
 
 from __future__ import annotations
 
 import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -36,3 +41,101 @@ class SyncRelay:
 
     def close(self) -> None:
         self.channel.close()
+
+
+class SyncClient:
+    """MindCluster's client shape around the stub controller: every callback makes its
+    Report* call, blocking, with no deadline, before it returns to the controller; the
+    reader thread calls the notify functions inline, in the signal's action order, then
+    pauses 10 ms (as ``bench_relay.baseline_signals`` does), and after the stream ends it
+    runs Init, Register, Subscribe again. Reports go on a channel of their own, as the
+    bridge's do, so neither side waits behind the other's stream."""
+
+    def __init__(self, address: str, job_id: str) -> None:
+        from bridge.sim.mindio_ttp import controller_ttp as ttp
+
+        self.ttp = ttp
+        self.job_id = job_id
+        self.reports = grpc.insecure_channel(address)
+        self.report_stub = recover_pb2_grpc.RecoverStub(self.reports)
+        self.signals = grpc.insecure_channel(address)
+        self.signal_stub = recover_pb2_grpc.RecoverStub(self.signals)
+        self.errors: list[str] = []
+        self._stopping = threading.Event()
+        self._stream: Any = None
+        self._reader = threading.Thread(target=self._read, name="sync-reader", daemon=True)
+
+    # ---------------------------------------------------------------- the four callbacks
+
+    def _faults(self, faults: dict[int, int]) -> list[pb.FaultRank]:
+        return [pb.FaultRank(rankId=str(rank), faultType=str(kind)) for rank, kind in faults.items()]
+
+    def _call(self, what: str, call: Callable[[], Any]) -> int:
+        try:
+            call()
+        except Exception as error:
+            self.errors.append(f"{what}: {error}")
+            raise  # the controller sees 1, as with the real client
+        return 0
+
+    def report_fault_ranks(self, faults: dict[int, int], codes: dict[int, str] | None = None) -> int:
+        return self._call("ReportProcessFault", lambda: self.report_stub.ReportProcessFault(
+            pb.ProcessFaultRequest(jobId=self.job_id, faultRanks=self._faults(faults))))
+
+    def report_stop_complete(self, code: int, msg: str, faults: dict[int, int]) -> int:
+        return self._call("ReportStopComplete", lambda: self.report_stub.ReportStopComplete(
+            pb.StopCompleteRequest(jobId=self.job_id, status=pb.Status(code=code, info=msg),
+                                   faultRanks=self._faults(faults))))
+
+    def report_strategies(self, faults: dict[int, int], strategies: list[str]) -> int:
+        return self._call("ReportRecoverStrategy", lambda: self.report_stub.ReportRecoverStrategy(
+            pb.RecoverStrategyRequest(jobId=self.job_id, faultRanks=self._faults(faults),
+                                      strategies=list(strategies))))
+
+    def report_result(self, code: int, msg: str, faults: dict[int, int], strategy: str) -> int:
+        return self._call("ReportRecoverStatus", lambda: self.report_stub.ReportRecoverStatus(
+            pb.RecoverStatusRequest(jobId=self.job_id, status=pb.Status(code=code, info=msg), strategy=strategy)))
+
+    def register(self) -> None:
+        for action in ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result"):
+            self.ttp.tft_register_mindx_callback(action, getattr(self, action))
+
+    # ---------------------------------------------------------------- the reader
+
+    def start_reader(self) -> None:
+        self._reader.start()
+
+    def _read(self) -> None:
+        info = pb.ClientInfo(jobId=self.job_id, role="baseline")
+        while not self._stopping.is_set():
+            try:
+                self.signal_stub.Init(info)
+                self.signal_stub.Register(info)
+                self._stream = self.signal_stub.SubscribeProcessManageSignal(info)
+                for signal in self._stream:
+                    if signal.signalType != "keep-alive":
+                        self._act(signal)
+                        time.sleep(0.01)
+            except grpc.RpcError as error:
+                if not self._stopping.is_set():
+                    self.errors.append(f"stream: {error}")
+                    time.sleep(0.05)
+
+    def _act(self, signal: Any) -> None:
+        faults = {int(f.rankId): int(f.faultType) for f in signal.faultRanks}
+        for action in signal.actions:
+            if action == "stop_train":
+                self.ttp.tft_notify_controller_stop_train(faults, "stop")
+            elif action == "on_global_rank":
+                self.ttp.tft_notify_controller_on_global_rank(faults, max(1, int(signal.timeout)))
+            elif action == "change_strategy":
+                self.ttp.tft_notify_controller_change_strategy(signal.changeStrategy)
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._stream is not None:
+            self._stream.cancel()
+        if self._reader.is_alive():
+            self._reader.join(5)
+        self.reports.close()
+        self.signals.close()

@@ -3,7 +3,7 @@ per-item protobuf baseline the existing MindCluster client uses, all measured in
 
     python bench/bench_faults.py [--quick]
 
-Targets at 10 000 ranks: wire encoding >= 50x faster than the baseline; every C
+Targets at 10 000 ranks: wire encoding >= 100x faster than the baseline; every C
 operation >= 10x faster than its Python twin and under 50 ns/rank. Exit status 1 when a
 target is missed, so the figures can gate a change.
 """
@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover
 
 SIZES = (16, 1_000, 10_000, 100_000)
 TARGET_SIZE = 10_000
+ENCODE_RATIO = 100  # the fault path's encode against the per-item protobuf baseline, same run
 
 
 def fault_map(n: int, seed: int = 7) -> dict[int, int]:
@@ -103,13 +104,13 @@ def main() -> int:
                     misses.append(f"{op}: C only {py_ns / c_ns:.1f}x faster than Python (target 10x)")
                 if c_ns >= 50:
                     misses.append(f"{op}: C {c_ns:.1f} ns/rank (target < 50)")
-                if op == "encode" and base / c_ns < 50:
-                    misses.append(f"encode: only {base / c_ns:.1f}x faster than the baseline (target 50x)")
+                if op == "encode" and base / c_ns < ENCODE_RATIO:
+                    misses.append(f"encode: only {base / c_ns:.1f}x faster than the baseline (target {ENCODE_RATIO}x)")
     print()
     if misses:
         print("targets at 10 000 ranks MISSED:\n  " + "\n  ".join(misses))
         return 1
-    print("targets at 10 000 ranks met: encode >= 50x baseline; every C op >= 10x Python and < 50 ns/rank")
+    print(f"targets at 10 000 ranks met: encode >= {ENCODE_RATIO}x baseline; every C op >= 10x Python and < 50 ns/rank")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Metrics endpoint under the load of issue 14 item 10, for the bridge's bounded server
+"""Metrics endpoint under idle, slow and many concurrent scrapers, for the bridge's bounded server
 (bridge/metrics_http.py) and prometheus_client's default server in the same run.
 
     python bench/bench_metrics_http.py [--idle 1000] [--scrapers 200] [--scrapes 5] [--scrape-timeout 10]

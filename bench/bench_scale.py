@@ -212,7 +212,7 @@ async def main_async(rounds_10k: int, rounds_100k: int, storm_count: int) -> int
     # The callbacks are synthetic: no stopTrain ever follows them. The bridge's flow tracker
     # rightly takes a fault report as the controller now waiting for ClusterD, after
     # wait_mindx_time as the controller gone to EXIT, and after that wait again (+5 s) as
-    # the controller ended, which stops the bridge with exit 76 (daemon.py, issue 14 item 2).
+    # the controller ended, which stops the bridge with exit 76 (daemon.py: the controller ending on its own).
     # At the default 5 s that happened ~15 s into the run, in the 10 000-rank phase, and
     # the next re-subscription timed out. The controller's wait must outlast the run.
     job = SimulatedJob(SimJob(JOB, world_size=WORLD, devices_per_pod=8), keepalive_interval=0.1, start_clusterd=False,

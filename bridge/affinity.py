@@ -21,9 +21,10 @@ and ``sched_setaffinity`` through ``PyDLL``, which keep the GIL; the thread is a
 there, so nothing migrates), and the hand-off thread, after the batch that callback
 woke it for, pins itself to the same CPU (with the GIL released: pinning a running
 thread migrates it, and it may then wait for its new CPU). From then on every wake-up is
-local and the callback pays a thread-id comparison (``bench/bench_wakeup.py``'s
-``batch+co``, 1 500 puts: hand-off p99 0.21 ms at two and four busy processes against
-4.8-6.7 ms, put p99 unchanged; docs/performance.md).
+local and the callback pays a thread-id comparison (measured with a put -> wake-up
+micro-benchmark of the report path's threads, 1 500 puts: hand-off p99 0.21 ms at two
+and four busy processes against 4.8-6.7 ms, put p99 unchanged; that benchmark is in
+the git history, ``bench/bench_loaded.py`` measures the path as built).
 
 What it costs: the controller's state-machine thread can no longer move to an idle CPU.
 Where training processes are bound to cores the bridge may share, confine the unit to

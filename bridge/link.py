@@ -28,6 +28,7 @@ from .affinity import ControllerPin
 from .clusterd import ClusterDClient, Session, SessionState, run_logged
 from .config import BridgeConfig
 from .controller import ControllerHost
+from .fastlane import ReportLane
 from .flow import ControllerFlow
 from .hooks import NodeHooks
 from .metrics import BridgeMetrics
@@ -70,8 +71,10 @@ class Link:
         self.dispatcher.repeats = self.reports.repeats
         self.dispatcher.on_orphaned_global_fault = lambda: self.session.request_resubscribe("orphaned_global_fault")
         self.relay.on_outcome_unknown = self.reports.resume.outcome_unknown
-        self.handoff = Handoff(asyncio.get_running_loop(), self.reports.handle, config.controller.handoff,
-                               pin_cpu=config.controller.pin_cpu)
+        loop = asyncio.get_running_loop()
+        self.lane = ReportLane(config.job_id, self.relay, self.session, self.client, loop, flow)
+        self.handoff = Handoff(loop, self.reports.handle, config.controller.handoff,
+                               pin_cpu=config.controller.pin_cpu, lane=self.lane)
         if (pin := self.handoff.pin) is not None:
             metrics.bind_controller_cpu(lambda: pin.handoff_cpu)
         self.loop_priority = LoopPriority(config.controller.realtime_priority)  # held from start to stop

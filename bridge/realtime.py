@@ -7,7 +7,8 @@ crosses none: its callback makes the RPC. Measured: what each crossing costs
 when the node's cores are busy (recoveries happen then: ranks restarting, checkpoints
 loading): with two to four busy processes on a 2-core node, a thread woken under the
 normal policy, SCHED_BATCH, a short EEVDF slice or nice -10 waits for a core 1.6-8 ms
-at p99 (``bench/bench_wakeup.py``). Under ``SCHED_FIFO`` priority 1 a woken thread runs at once, ahead of every
+at p99 (a put -> wake-up micro-benchmark of the report path's threads, in the git
+history). Under ``SCHED_FIFO`` priority 1 a woken thread runs at once, ahead of every
 normal-policy task: the loop's signal -> notify p99 went from 5-8 ms to 2-5 ms at two
 and four busy processes (bench_loaded, docs/performance.md).
 

@@ -8,7 +8,10 @@ against the simulated ClusterD on their own.
 
 Delivery rules, each from a way the real ClusterD punishes a careless client:
 
-* Reports go out in callback order, by one task.
+* Reports go out in callback order, by one task; the one exception, a report the
+  hand-off thread gives the report thread while this outbox is idle (``fastlane.py``),
+  is decided under ``lane_lock`` so that nothing can be queued before or beside it, and
+  is adopted as the head (``presend``) before anything else is sent.
 * Fault reports wait for a live subscription (ClusterD loses faults reported while no
   stream is open), survive reconnects, and consecutive ones are merged into one request
   with ClusterD's own rule. Resending a fault report is harmless: ClusterD merges faults.
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -98,6 +102,10 @@ class Relay:
         self._settled.set()
         self._unsettled = 0  # cycle-bound calls on the wire or chained
         self._on_wire: tuple[Pending, Call | None] | None = None  # the head while its call is out
+        # The report lane (bridge/fastlane.py): held by the hand-off thread while it decides
+        # and queues a fault report on the report thread, and here around every append.
+        self.lane_lock = threading.Lock()
+        self.presend_pending = 0  # reports queued by the lane, not adopted yet (under lane_lock)
         self.sent: list[tuple[str, float]] = []  # (kind, monotonic time) each request went on the wire, bounded
         self.on_drop: Callable[[str, str | None, str], None] | None = None  # (kind, cycle, reason): the flight recorder
         # (kind): a cycle-bound report whose outcome is unknown was dropped (resume.py may
@@ -110,8 +118,34 @@ class Relay:
         return len(self._queue)
 
     # ------------------------------------------------------------------ submission (event loop)
-    def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None) -> None:
-        """Queue a fault report; merged into the queued one before it when possible."""
+    def idle(self) -> bool:
+        """Nothing queued, on the wire or waiting for adoption, and not stopping: a report
+        the lane queues now is the next on the wire (called under ``lane_lock``)."""
+        return not self._queue and self.presend_pending == 0 and not self._stopping
+
+    def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None,
+                      presend: Call | None = None) -> None:
+        """Queue a fault report; merged into the queued one before it when possible. With
+        ``presend``: the lane already queued it on the report thread while the outbox was
+        idle (bridge/fastlane.py); it becomes the head, its outcome learnt like any other's."""
+        if presend is not None:
+            with self.lane_lock:
+                self.presend_pending -= 1
+            if not faults:  # every entry was bad: the lane does not send it either (ChainBroken)
+                presend.adopted = True
+                presend.future.add_done_callback(_retrieve)
+                if waiter is not None:
+                    waiter.set_result(Code.OK)
+                self._wakeup.set()
+                return
+            presend.adopted = True
+            head = Pending("fault", faults=faults, sending=True, chained=presend)
+            if waiter is not None:
+                head.waiters.append(waiter)
+            self._queue.appendleft(head)  # anything queued since went in behind it
+            self._record(self.sent, "fault")
+            self._wakeup.set()
+            return
         if not faults:
             if waiter is not None:
                 waiter.set_result(Code.OK)
@@ -123,21 +157,50 @@ class Relay:
             self.metrics.reports_merged.inc()
         else:
             tail = Pending("fault", faults=faults)
-            self._queue.append(tail)
+            with self.lane_lock:
+                self._queue.append(tail)
         if waiter is not None:
             tail.waiters.append(waiter)
         self._wakeup.set()
 
     def submit_cycle_report(self, kind: str, cycle: str | None, payload: bytes,
-                            waiter: Future[int] | None = None) -> None:
+                            waiter: Future[int] | None = None, presend: Call | None = None) -> None:
+        """Queue a report answering ``cycle``. With ``presend``: the lane already queued
+        it on the report thread while the outbox was idle (bridge/fastlane.py); it becomes
+        the head, counted as on the wire for ``settle``, withdrawn if its cycle is over
+        and the report thread has not taken it, its outcome learnt like a chained call's."""
         pending = Pending(kind, cycle, payload, waiters=[waiter] if waiter is not None else [])
+        if presend is not None:
+            with self.lane_lock:
+                self.presend_pending -= 1
+            presend.adopted = True
+            pending.sending, pending.chained = True, presend
+            self._queue.appendleft(pending)  # anything queued since went in behind it
+            self._record(self.sent, kind)
+            self._unsettle()
+            presend.future.add_done_callback(lambda _: self._chain_ended(pending, presend))
+            if not self.session.cycle_alive(cycle):
+                self._unchain(pending)  # never leaves if not taken yet; the delivery then drops it
+            self._wakeup.set()
+            return
         if not self.session.cycle_alive(cycle):
             self._drop(pending, "no_live_cycle")
             return
-        self._queue.append(pending)
+        with self.lane_lock:
+            self._queue.append(pending)
         self._enforce_limit()
         self._wakeup.set()
         self._chain_next()
+
+    def abandon(self, presend: Call) -> None:
+        """A lane's call whose report the loop could not handle (malformed): withdrawn
+        if not taken (it never leaves), its outcome ignored; the outbox goes on."""
+        with self.lane_lock:
+            self.presend_pending -= 1
+        presend.adopted = True
+        self.client.unchain(presend)
+        presend.future.add_done_callback(_retrieve)
+        self._wakeup.set()
 
     def _enforce_limit(self) -> None:
         while len(self._queue) > self.limit:
@@ -188,7 +251,7 @@ class Relay:
     async def run(self) -> None:
         backoff = Backoff(self.client.config.reconnect_initial, self.client.config.reconnect_max)
         while not self._stopping:
-            if not self._queue:
+            if not self._queue or self.presend_pending:  # a pre-sent fault report goes first: wait for it
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
@@ -215,13 +278,20 @@ class Relay:
         return self.session.live.is_set()
 
     async def _deliver_faults(self, head: Pending, backoff: Backoff) -> bool:
-        if not await self._wait_live():
+        presend, head.chained = head.chained, None  # queued by the report lane: already on its way
+        if presend is None and not await self._wait_live():
             return False
         head.sending = True  # later reports queue behind it
         try:
-            payload = codec.encode_process_fault_request(self.job_id, head.faults)
-            self._record(self.sent, "fault")
-            code = await self._in_flight(head, METHODS["fault"], payload)
+            if presend is not None:
+                code = await self._in_flight(head, METHODS["fault"], b"", presend)
+            else:
+                payload = codec.encode_process_fault_request(self.job_id, head.faults)
+                self._record(self.sent, "fault")
+                code = await self._in_flight(head, METHODS["fault"], payload)
+        except ChainBroken:  # withdrawn before the report thread took it (stopping): it never left
+            head.sending = False
+            return False
         except RpcFailure as failure:
             log.warning("fault report not delivered (%s), will retry: %s", failure.status, failure.detail)
             head.sending = False
@@ -367,3 +437,9 @@ class Relay:
         while self._queue and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         return not self._queue
+
+
+def _retrieve(future: asyncio.Future[object]) -> None:
+    """Mark an unawaited call's outcome as seen (asyncio logs an unretrieved exception)."""
+    if not future.cancelled():
+        future.exception()

@@ -13,7 +13,9 @@ The peer facts behind the rules here:
 * The controller calls a callback on its own C++ state-machine thread and is blocked
   until it returns; an exception kills the job. So the callback only queues a tuple
   (``controller.make_callback``) and wakes the event loop (``Handoff``), which does
-  everything else (validation, copying, encoding).
+  everything else (validation, copying, encoding) -- but for a report that comes while
+  the outbox is idle, which the report thread encodes and sends before the loop's
+  bookkeeping (``fastlane.py``).
 * A stop-complete, strategy or result report answers the cycle whose notify the
   controller last accepted (``ControllerFlow.answering``); it is bound to that cycle's
   uuid *before* the flow moves on, so a late report can never answer the next cycle.
@@ -43,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import faults as codec
 from .affinity import ControllerPin
@@ -54,7 +56,11 @@ from .metrics import BridgeMetrics
 from .recorder import NullRecorder
 from .relay import Relay
 from .repeats import RepeatedCycles
+from .rpcthread import Call
 from .resume import CycleResume
+
+if TYPE_CHECKING:
+    from .fastlane import ReportLane
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,9 @@ class ControllerReport(NamedTuple):
     args: tuple[Any, ...]
     at: float  # time.monotonic() on the controller's thread
     waiter: Future[int] | None = None  # resolved with the delivery outcome (seed API callers)
+    # The report thread's call, when the hand-off thread already queued this report
+    # there (bridge/fastlane.py); None for every other report.
+    presend: Call | None = None
 
 
 # What a callback puts on the hand-off queue: a ControllerReport's fields as a plain
@@ -89,8 +98,8 @@ class Handoff:
     (the woken loop preempts it, the very effect SCHED_BATCH keeps off the THREAD
     hand-off): callback block p50 19-40 us and p99 33-77 us, over the 50 us target at
     10 000 and 100 000 ranks, against THREAD's p50 7-17 us and p99 16-45 us. Under CPU
-    load WAKE reaches the loop far sooner (``bench/bench_loaded.py``), so a node whose
-    cores are busy may choose it.
+    load WAKE reached the loop far sooner, so a node whose cores are busy may choose it
+    (``bench/bench_relay.py --handoff wake`` measures it).
 
     ``WAKE``: the callback appends the tuple to a deque and, unless a wake-up
     is already pending, writes to an eventfd the loop watches. The write is made through
@@ -103,7 +112,7 @@ class Handoff:
     costing a scheduling delay on busy cores, the SCHED_BATCH hand-off thread the
     worst of them (it waits for the running task's slice to end rather than
     preempting: 8-185 ms callback -> ClusterD on a loaded node, against 1 ms for the
-    synchronous client). ``bench/bench_loaded.py`` compares the two modes in one run.
+    synchronous client). WAKE hands batches to the loop only: it has no report lane.
 
     ``THREAD``: a ``SimpleQueue.put`` (a C call that keeps the GIL) wakes a hand-off
     thread blocked in ``get``, which calls ``call_soon_threadsafe`` once the callback has
@@ -115,6 +124,8 @@ class Handoff:
     had to wait behind the busy processes for its CPU back while holding the GIL (block
     p99 0.05-3.6 ms against 8-12 us as SCHED_BATCH, bench_loaded A/B at one and two busy
     processes). Also the fall back where WAKE is unavailable (no eventfd/ctypes).
+    With ``lane`` (``bridge/fastlane.py``) a batch may go to the report thread first,
+    which sends its first report and then posts the batch to the loop.
     With ``pin_cpu`` the thread, after each batch, moves to the CPU the controller's
     thread is pinned to by its first callback (``bridge/affinity.py``): woken there, it
     runs as soon as the controller's thread goes back to waiting instead of behind a
@@ -124,8 +135,9 @@ class Handoff:
     _STOP = object()
 
     def __init__(self, loop: asyncio.AbstractEventLoop, handle: Callable[[list[ControllerReport]], None],
-                 mode: str = THREAD, *, pin_cpu: bool = True) -> None:
+                 mode: str = THREAD, *, pin_cpu: bool = True, lane: ReportLane | None = None) -> None:
         self._loop = loop
+        self.lane = lane  # THREAD mode: a fault report may go straight to the report thread
         self.pin: ControllerPin | None = None  # THREAD mode: the controller's thread and this one on one CPU
         self._handle = handle
         self.batch_policy = False  # True once the hand-off thread (THREAD mode) runs under SCHED_BATCH
@@ -181,7 +193,7 @@ class Handoff:
         reports: list[ControllerReport] = []
         for item in batch:  # one malformed item costs itself, never its neighbours
             try:
-                reports.append(ControllerReport._make(item))  # type: ignore[arg-type]
+                reports.append(_as_report(item))
             except (TypeError, ValueError):
                 log.error("dropped a controller report that is not a report tuple: %.200r", item)
         if reports:
@@ -206,15 +218,30 @@ class Handoff:
                 except queue.Empty:
                     break
             stop = any(item is self._STOP for item in batch)
-            reports = [ControllerReport._make(item) for item in batch if item is not self._STOP]
+            reports = [_as_report(item) for item in batch if item is not self._STOP]
             if reports:
                 try:
-                    self._loop.call_soon_threadsafe(self._handle, reports)
+                    if self.lane is not None:  # led by a fault report, it may go to the report thread first
+                        self.lane.dispatch(reports, self._post)
+                    else:
+                        self._post(reports)
                 except RuntimeError:  # the loop is closed: the bridge is gone
                     log.error("dropped %d controller report(s): the event loop is closed", len(reports))
             if stop:
                 return
             pin.follow()  # after the batch is on its way: a migration never delays it
+
+    def _post(self, reports: list[ControllerReport]) -> None:
+        self._loop.call_soon_threadsafe(self._handle_posted, reports)
+
+    def _handle_posted(self, reports: list[ControllerReport]) -> None:
+        """On the loop: one batch from the hand-off thread; the lane learns it is handled
+        (its reports are in the outbox) whatever happens."""
+        try:
+            self._handle(reports)
+        finally:
+            if self.lane is not None:
+                self.lane.handled()
 
     # ------------------------------------------------------------------ both
     def close(self, timeout: float = 2.0) -> None:
@@ -262,6 +289,14 @@ class Handoff:
         if self._thread is not None:
             return self._thread.is_alive()
         return not self._closed
+
+
+def _as_report(item: object) -> ControllerReport:
+    """A callback's 4-tuple (or the seed API's whole ControllerReport) as a report; a
+    TypeError for anything else."""
+    if type(item) is ControllerReport:
+        return item
+    return ControllerReport._make((*item, None))  # type: ignore[misc]  # exactly the 4 fields a callback puts
 
 
 _ONE = (1).to_bytes(8, sys.byteorder)  # an eventfd write: one 8-byte counter increment
@@ -379,7 +414,7 @@ class ReportPath:
         """One callback; never raises (a bad one is counted, logged and answered 499)."""
         self.metrics.callbacks.labels(report.callback).inc()
         try:
-            REPORT_HANDLERS[report.callback](self, report)
+            self._dispatch(report)
         except (TypeError, ValueError, IndexError) as error:
             self.metrics.bad_inputs.labels(f"controller_{report.callback}").inc()
             log.error("malformed %s from the controller %r: %s", report.callback, report.args[:2], error)
@@ -389,6 +424,21 @@ class ReportPath:
             self.metrics.callback_errors.inc()
             log.exception("failed to handle %s", report.callback)
             _answer(report, Code.ClientError)
+
+    def _dispatch(self, report: ControllerReport) -> None:
+        try:
+            REPORT_HANDLERS[report.callback](self, report)
+        finally:
+            if report.presend is not None and not report.presend.adopted:  # the handler failed before queueing it
+                self.relay.abandon(report.presend)
+
+    def _submit_cycle(self, report: ControllerReport, kind: str, cycle: str | None, payload: bytes) -> None:
+        """Into the outbox, bound to ``cycle`` -- or, already on its way by the lane
+        (bridge/fastlane.py), to the cycle the lane bound it to when it left."""
+        if report.presend is not None:
+            self.relay.submit_cycle_report(kind, report.presend.cycle, payload, report.waiter, presend=report.presend)
+        else:
+            self.relay.submit_cycle_report(kind, cycle, payload, report.waiter)
 
     def _clean(self, raw: Any, callback: str) -> dict[int, int]:
         cleaned = codec.clean_faults(raw)
@@ -402,6 +452,8 @@ class ReportPath:
     # ------------------------------------------------------------------ the four callbacks
     def fault_ranks(self, report: ControllerReport) -> None:
         faults = self._clean(report.args[0] if report.args else {}, "report_fault_ranks")
+        if report.presend is not None:  # already on its way (bridge/fastlane.py): the outbox adopts it first
+            self.relay.submit_faults(faults, report.waiter, presend=report.presend)
         first_of_flow = self.flow.step in (Step.IDLE, Step.PAUSED, Step.STOP_SENT)
         if self.flow.step is Step.IDLE:  # the controller saw a fault first: a new one
             self.repeats.controller_fault()
@@ -418,10 +470,11 @@ class ReportPath:
         if self._observed:
             self.observer(f"controller report_fault_ranks {codec.format_faults(faults) or '(none)'}")
         self.recorder.callback("report_fault_ranks", report.at, faults=faults, by_type=by_type)
-        self.relay.submit_faults(faults, report.waiter)
+        if report.presend is None:
+            self.relay.submit_faults(faults, report.waiter)
 
     def stop_complete(self, report: ControllerReport) -> None:
-        code, msg = _code(report.args[0]), str(report.args[1])
+        code, msg = status_code(report.args[0]), str(report.args[1])
         faults = self._clean(report.args[2] if len(report.args) > 2 else {}, "report_stop_complete")
         cycle = self.flow.answering
         self.flow.on_callback("report_stop_complete", code=code)
@@ -429,9 +482,8 @@ class ReportPath:
         self.resume.remember_stop(code, msg, faults)
         self.observer(f"controller report_stop_complete code={code}")
         self.recorder.callback("report_stop_complete", report.at, code=code)
-        self.relay.submit_cycle_report("stop_complete", cycle,
-                                       codec.encode_stop_complete_request(self.job_id, code, msg, faults),
-                                       report.waiter)
+        self._submit_cycle(report, "stop_complete", cycle,
+                           codec.encode_stop_complete_request(self.job_id, code, msg, faults))
 
     def strategies(self, report: ControllerReport) -> None:
         faults = self._clean(report.args[0], "report_strategies")
@@ -442,12 +494,11 @@ class ReportPath:
         self.resume.remember_strategies(faults, strategies)
         self.observer(f"controller report_strategies {strategies}")
         self.recorder.callback("report_strategies", report.at, strategies=strategies)
-        self.relay.submit_cycle_report("strategy", cycle,
-                                       codec.encode_recover_strategy_request(self.job_id, faults, strategies),
-                                       report.waiter)
+        self._submit_cycle(report, "strategy", cycle,
+                           codec.encode_recover_strategy_request(self.job_id, faults, strategies))
 
     def result(self, report: ControllerReport) -> None:
-        code, msg = _code(report.args[0]), str(report.args[1])
+        code, msg = status_code(report.args[0]), str(report.args[1])
         faults = self._clean(report.args[2] if len(report.args) > 2 else {}, "report_result")
         strategy = str(report.args[3]) if len(report.args) > 3 else ""
         cycle = self.flow.answering
@@ -460,8 +511,8 @@ class ReportPath:
         isolate = [str(rank) for rank in sorted(faults)] if code == 201 else []
         self.observer(f"controller report_result code={code} strategy={strategy or '(none)'}")
         self.recorder.callback("report_result", report.at, code=code, strategy=strategy)
-        self.relay.submit_cycle_report("result", cycle, codec.encode_recover_status_request(
-            self.job_id, code, msg, strategy, isolate), report.waiter)
+        self._submit_cycle(report, "result", cycle, codec.encode_recover_status_request(
+            self.job_id, code, msg, strategy, isolate))
 
     # ------------------------------------------------------------------ from the signal side
     def exit_decided(self) -> None:
@@ -489,7 +540,7 @@ def _answer(report: ControllerReport, code: int) -> None:
         report.waiter.set_result(code)
 
 
-def _code(value: Any) -> int:
+def status_code(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"status code must be an int, got {value!r}")
     return value

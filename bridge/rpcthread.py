@@ -71,12 +71,16 @@ class Call:
     """One call on its way through the thread; the loop keeps it to await or cancel."""
 
     __slots__ = (
+        "adopted",
         "after",
+        "before_send",
         "cancelled",
+        "cycle",
         "future",
         "loop",
         "method",
         "payload",
+        "prepare",
         "started",
         "taken",
         "timeout",
@@ -95,6 +99,12 @@ class Call:
         self.taken = False  # the thread took it: from then on it is (being) sent
         self.started = time.monotonic()  # when it went on the wire (set by the thread)
         self.was_ready = False  # the channel was connected when it went on the wire
+        # The report lane's (bridge/fastlane.py): the payload, made on this thread (None:
+        # not to be sent), and what must happen before the call blocks, sent or not.
+        self.prepare: Callable[[], bytes | None] | None = None
+        self.before_send: Callable[[], None] | None = None
+        self.cycle: str | None = None  # the cycle the lane bound a cycle-bound report to
+        self.adopted = False  # the outbox took charge of it (a lane's call)
 
 
 class RpcThread:
@@ -136,8 +146,19 @@ class RpcThread:
         ``grpc.RpcError`` the call ended with. With ``after``: send it only if ``after`` is
         the call this thread made just before it and it answered code 0; else its future
         fails with ``ChainBroken`` and it never leaves."""
-        loop = asyncio.get_running_loop()
+        return self.submit_from(asyncio.get_running_loop(), method, payload, timeout, after)
+
+    def submit_from(self, loop: asyncio.AbstractEventLoop, method: str, payload: bytes, timeout: float,
+                    after: Call | None = None, prepare: Callable[[], bytes | None] | None = None,
+                    before_send: Callable[[], None] | None = None) -> Call:
+        """``submit`` from any thread (the hand-off thread's report lane, bridge/fastlane.py):
+        the future belongs to ``loop`` and is only ever resolved there. ``prepare`` makes
+        the payload on this thread (None: the call is not made, ``ChainBroken``);
+        ``before_send`` runs on this thread once the call is taken, before it blocks,
+        whether it is sent or not. Neither may raise."""
         call = Call(method, payload, timeout, loop.create_future(), loop, after)
+        call.prepare = prepare
+        call.before_send = before_send
         self._queue.put(call)
         return call
 
@@ -167,6 +188,13 @@ class RpcThread:
                 send = not call.cancelled and (call.after is None or (call.after is last and answered_ok))
                 call.taken = send
             last, answered_ok = call, False
+            payload = call.payload
+            if send and call.prepare is not None:
+                prepared = call.prepare()
+                send = prepared is not None
+                payload = prepared or b""
+            if call.before_send is not None:
+                call.before_send()
             outcome: tuple[Any, BaseException | None]
             if not send:
                 outcome = (None, ChainBroken(call.method))
@@ -175,7 +203,7 @@ class RpcThread:
             else:
                 call.started, call.was_ready = time.monotonic(), self.ready
                 try:
-                    outcome = (self._callable(call.method)(call.payload, timeout=call.timeout), None)
+                    outcome = (self._callable(call.method)(payload, timeout=call.timeout), None)
                 except Exception as error:  # noqa: BLE001 - grpc.RpcError, or anything else: the caller's to classify
                     outcome = (None, error)
                 answered_ok = outcome[1] is None and getattr(outcome[0], "code", None) == 0

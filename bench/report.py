@@ -1,0 +1,149 @@
+"""Run the benchmarks and write docs/performance.md: today's figures, each table with the
+command that produced it and the machine it ran on.
+
+    python bench/report.py [--quick] [--out docs/performance.md] [--only NAME,...]
+
+Each benchmark runs as its own process, one after the other (they start busy processes
+and servers of their own; two at once would measure each other). Its printed tables go
+into the file verbatim under the exact command, with its exit status: every benchmark
+exits 1 when one of its targets is missed, and the file says so next to its tables.
+The machine (host, cores, CPU model, Python, load average before and after each run)
+is written at the top and under each table, since figures from a shared machine are
+only read with its load. ``--quick`` runs each benchmark's short form (the whole report
+in a few minutes); without it the full report takes under ten minutes on a quiet
+2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    what: str  # one line: what its tables show
+    args: tuple[str, ...]  # the full run
+    quick: tuple[str, ...]  # the short run
+    reading: str = ""  # how to read its tables: what the figures are measured against
+
+
+BENCHMARKS = (
+    Benchmark("report path", "every report hop and the recovery's critical path, the bridge against a synchronous "
+              "client, against a ClusterD that answers like the real one, at 0 and 2 busy processes",
+              ("bench_loaded.py",), ("bench_loaded.py", "--quick"),
+              "The fast server (`bench/fast_clusterd.py`) only decodes, stamps and answers; its share of a hop is "
+              "the `sync send->srv` row, against 0.6-1.1 ms from a synchronous client's send to the real Go "
+              "ClusterD's log line on a loopback node (its logging included). In the cycles phase the controller "
+              "is the stub (`bridge/sim/mindio_ttp`), a Python thread in the bridge's process; the real one is "
+              "C++."),
+    Benchmark("fault codec", "ns per rank of the fault-map codec (C and Python) and of the per-item protobuf "
+              "baseline", ("bench_faults.py",), ("bench_faults.py", "--quick")),
+    Benchmark("relay", "callback block time up to 100 000 ranks, callback -> simulated ClusterD, signal -> notify",
+              ("bench_relay.py",), ("bench_relay.py", "--quick")),
+    Benchmark("scale and storm", "10 000- and 100 000-rank fault maps and a one-second callback storm through the "
+              "whole path", ("bench_scale.py",), ("bench_scale.py", "--rounds-10k", "5", "--rounds-100k", "2",
+                                                  "--storm", "2000")),
+    Benchmark("soak", "consecutive recovery cycles: memory, descriptors and threads", ("soak.py", "--cycles", "200"),
+              ("soak.py", "--cycles", "40")),
+)
+
+
+def machine() -> str:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{platform.node()}: {os.cpu_count()} cores ({model}), {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}")
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def run(bench: Benchmark, quick: bool) -> tuple[str, str, int, float, str, str]:
+    """(command as written, output, exit status, seconds, load before, load after)."""
+    args = bench.quick if quick else bench.args
+    command = "python bench/" + " ".join(args)
+    before = loadavg()
+    start = time.monotonic()
+    print(f"== {bench.name}: {command}", flush=True)
+    process = subprocess.run([sys.executable, str(BENCH / args[0]), *args[1:]], cwd=ROOT, capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    seconds = time.monotonic() - start
+    output = process.stdout
+    if process.returncode not in (0, 1):  # 1: a target missed; anything else: the run itself failed
+        output += "\n" + process.stderr[-4000:]
+    print(f"   exit {process.returncode} after {seconds:.0f} s", flush=True)
+    return command, output, process.returncode, seconds, before, loadavg()
+
+
+def write(path: Path, quick: bool, results: list[tuple[Benchmark, tuple[str, str, int, float, str, str]]]) -> None:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    total = sum(result[3] for _, result in results)
+    lines = [
+        "# Performance",
+        "",
+        "Written by `bench/report.py`" + (" --quick" if quick else "") + f" on {now}, in {total / 60:.1f} minutes; "
+        "do not edit by hand: run it again. What each benchmark measures and its targets: "
+        "`bench/README.md`.",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        "Every figure is read against its baseline measured in the same run; a shared machine's load (the load "
+        "average before and after each run is given under its tables) moves both.",
+        "",
+    ]
+    for bench, (command, output, status, seconds, before, after) in results:
+        verdict = {0: "targets met", 1: "targets MISSED (listed at the end of the output)"}.get(
+            status, f"the run FAILED (exit {status})")
+        lines += [
+            f"## {bench.name}",
+            "",
+            f"{bench.what}.",
+            "",
+            f"Command: `{command}` ({seconds:.0f} s; {verdict}). Load average before {before}, after {after}.",
+            "",
+            *([bench.reading, ""] if bench.reading else []),
+            "```",
+            output.rstrip(),
+            "```",
+            "",
+        ]
+    path.write_text("\n".join(lines))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="each benchmark's short form")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "performance.md"))
+    parser.add_argument("--only", default="", help="comma-separated benchmark names (default: all)")
+    args = parser.parse_args()
+    chosen = [b for b in BENCHMARKS if not args.only or b.name in args.only.split(",")]
+    results = [(bench, run(bench, args.quick)) for bench in chosen]
+    write(Path(args.out), args.quick, results)
+    print(f"wrote {args.out}")
+    return max(result[2] for _, result in results) if results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

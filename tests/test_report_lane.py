@@ -1,0 +1,239 @@
+"""The report lane (bridge/fastlane.py): a report goes from the hand-off thread to the
+report thread before the event loop when the outbox is idle, and the outbox's rules
+still hold: callback order, a failure retried, code 0 never resent, nothing sent while
+no stream is live, a cycle-bound report only for the live cycle, bad entries and
+malformed reports the loop's to count, the same bytes as the loop would send."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+
+from bridge.clusterd import ClusterDClient
+from bridge.config import ClusterDConfig
+from bridge.codes import Code
+from bridge.fastlane import ReportLane, request
+from bridge.flow import ControllerFlow
+from bridge.metrics import BridgeMetrics
+from bridge.relay import Relay
+from bridge.reports import ControllerReport, Handoff, ReportPath
+
+from .conftest import eventually, eventually_sync
+from .test_report_chain import CYCLE, JOB, ClusterD, OneCycle, clusterd  # noqa: F401 - the fixture
+
+
+@dataclass
+class Bridge:
+    fake: ClusterD
+    relay: Relay
+    session: OneCycle
+    metrics: BridgeMetrics
+    flow: ControllerFlow
+    lane: ReportLane
+    handoff: Handoff
+
+    def callback(self, faults: object) -> None:
+        """What the controller's report_fault_ranks callback puts (controller.make_callback)."""
+        self.handoff.put(("report_fault_ranks", (faults,), 0.0, None))
+
+
+@pytest.fixture(params=[True, False], ids=["lane", "no-lane"])
+async def bridge(request: pytest.FixtureRequest, clusterd: tuple[ClusterD, str]) -> AsyncIterator[Bridge]:  # noqa: F811
+    fake, address = clusterd
+    metrics = BridgeMetrics()
+    client = ClusterDClient(ClusterDConfig(address=address, rpc_timeout=10.0, reconnect_initial=0.01,
+                                           reconnect_max=0.02), metrics)
+    await client.open()
+    client._start_rpc_thread()  # as the first subscribe does
+    session = OneCycle()
+    relay = Relay(JOB, client, session, metrics)  # type: ignore[arg-type]
+    flow = ControllerFlow()
+    reports = ReportPath(JOB, flow, relay, metrics)
+    loop = asyncio.get_running_loop()
+    lane = ReportLane(JOB, relay, session, client, loop, flow)  # type: ignore[arg-type]
+    handoff = Handoff(loop, reports.handle, pin_cpu=False, lane=lane if request.param else None)
+    task = asyncio.create_task(relay.run())
+    try:
+        await eventually(lambda: client.rpc_thread is not None and client.rpc_thread.ready, 10,
+                         what="the report channel connected")
+        yield Bridge(fake, relay, session, metrics, flow, lane, handoff)
+    finally:
+        handoff.close()
+        relay.stop()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+
+
+def with_lane(bridge: Bridge) -> bool:
+    return bridge.handoff.lane is not None
+
+
+async def test_a_fault_report_reaches_clusterd_while_the_event_loop_is_held(bridge: Bridge) -> None:
+    bridge.fake.release.set()
+    bridge.callback({5: 0})
+    # The loop is held still (a blocking wait on its own thread): only the lane can send it.
+    sent = True
+    try:
+        eventually_sync(lambda: bridge.fake.seen("ReportProcessFault") == 1, 3, what="the fault report sent")
+    except AssertionError:
+        sent = False
+    assert sent is with_lane(bridge)
+    await eventually(lambda: bridge.fake.seen("ReportProcessFault") == 1 and len(bridge.relay) == 0, 10,
+                     "the report answered and adopted")
+    await asyncio.sleep(0.05)  # the behaviour under test: code 0 is never resent
+    assert bridge.fake.log == ["ReportProcessFault"]
+    assert bridge.metrics.reports_sent.labels("fault")._value.get() == 1
+
+
+async def test_a_report_behind_one_in_the_outbox_keeps_its_place(bridge: Bridge) -> None:
+    bridge.relay.submit_faults({3: 0})  # on the wire, held by ClusterD
+    await eventually(lambda: bridge.fake.seen("ReportProcessFault") == 1, 10, "the first fault report on the wire")
+    bridge.relay.submit_cycle_report("stop_complete", CYCLE, b"")
+    bridge.callback({4: 0})  # after the stop-complete: it must not overtake it
+    await eventually(lambda: len(bridge.relay) == 3, 10, "the callback's report in the outbox")
+    bridge.fake.release.set()
+    await eventually(lambda: len(bridge.relay) == 0, 10, "every report answered")
+    assert bridge.fake.log == ["ReportProcessFault", "ReportStopComplete", "ReportProcessFault"]
+    assert bridge.lane.taken == 0
+
+
+async def test_a_pre_sent_report_that_failed_is_retried_once_answered_never_again(bridge: Bridge) -> None:
+    bridge.fake.fault_answers = [grpc.StatusCode.INTERNAL]
+    bridge.fake.release.set()
+    bridge.callback({6: 1})
+    await eventually(lambda: len(bridge.relay) == 0 and bridge.fake.seen("ReportProcessFault") == 2, 10,
+                     "the failed report retried and answered")
+    await asyncio.sleep(0.05)  # the behaviour under test: nothing is sent again afterwards
+    assert bridge.fake.log == ["ReportProcessFault", "ReportProcessFault"]
+    assert bridge.lane.taken == (1 if with_lane(bridge) else 0)
+
+
+async def test_no_report_leaves_while_no_stream_is_live(bridge: Bridge) -> None:
+    bridge.fake.release.set()
+    bridge.session.live.clear()
+    bridge.callback({7: 0})
+    await eventually(lambda: len(bridge.relay) == 1, 10, "the report waiting in the outbox")
+    await asyncio.sleep(0.05)  # the behaviour under test: it waits for a live stream
+    assert bridge.fake.log == []
+    bridge.session.live.set()
+    bridge.relay._wakeup.set()  # the session wakes the outbox when a stream goes live
+    await eventually(lambda: len(bridge.relay) == 0, 10, "the report sent once live")
+    assert bridge.fake.log == ["ReportProcessFault"]
+    assert bridge.lane.taken == 0
+
+
+async def test_a_map_with_a_bad_entry_goes_through_the_loop_which_counts_it(bridge: Bridge) -> None:
+    bridge.fake.release.set()
+    bridge.callback({8: 0, -1: 0})
+    await eventually(lambda: bridge.fake.seen("ReportProcessFault") == 1 and len(bridge.relay) == 0, 10,
+                     "the good entry sent")
+    assert bridge.metrics.bad_inputs.labels("controller_fault_map")._value.get() == 1
+    await asyncio.sleep(0.05)  # the behaviour under test: the good entry goes out once
+    assert bridge.fake.log == ["ReportProcessFault"]
+
+
+async def test_back_to_back_callbacks_lose_no_report(bridge: Bridge) -> None:
+    bridge.fake.release.set()
+    for rank in range(20):
+        bridge.callback({rank: 0})
+
+    def sent() -> float:
+        return bridge.metrics.reports_sent.labels("fault")._value.get()
+
+    def merged() -> float:
+        return bridge.metrics.reports_merged._value.get()
+
+    # every callback's ranks went out, alone or merged into a neighbour
+    await eventually(lambda: sent() + merged() == 20 and len(bridge.relay) == 0, 10, "every report answered")
+    await asyncio.sleep(0.05)  # the behaviour under test: nothing more goes out
+    assert bridge.fake.seen("ReportProcessFault") == sent()
+
+
+async def test_a_stop_complete_of_the_live_cycle_reaches_clusterd_while_the_event_loop_is_held(bridge: Bridge) -> None:
+    bridge.fake.release.set()
+    bridge.flow.answering = CYCLE  # the controller accepted this cycle's stop_train
+    bridge.handoff.put(("report_stop_complete", (0, "ok", {2: 1}), 0.0, None))
+    sent = True
+    try:  # the loop is held still (a blocking wait on its own thread): only the lane can send it
+        eventually_sync(lambda: bridge.fake.seen("ReportStopComplete") == 1, 3, what="the stop-complete sent")
+    except AssertionError:
+        sent = False
+    assert sent is with_lane(bridge)
+    await eventually(lambda: bridge.fake.seen("ReportStopComplete") == 1 and len(bridge.relay) == 0, 10,
+                     "the report answered and adopted")
+    assert await bridge.relay.settle(1)
+    await asyncio.sleep(0.05)  # the behaviour under test: code 0 is never resent
+    assert bridge.fake.log == ["ReportStopComplete"]
+    assert bridge.metrics.reports_sent.labels("stop_complete")._value.get() == 1
+
+
+async def test_a_report_of_a_cycle_that_is_over_never_leaves(bridge: Bridge) -> None:
+    bridge.fake.release.set()
+    bridge.flow.answering = "uuid-over"  # not the live cycle
+    bridge.handoff.put(("report_result", (0, "ok", {}, "retry"), 0.0, None))
+    await eventually(lambda: bridge.metrics.reports_dropped.labels("result", "no_live_cycle")._value.get() == 1,
+                     10, "the result dropped")
+    await asyncio.sleep(0.05)  # the behaviour under test: nothing goes out
+    assert bridge.fake.log == []
+    assert bridge.lane.taken == 0
+
+
+async def test_a_malformed_cycle_report_is_answered_499_and_never_sent(bridge: Bridge) -> None:
+    bridge.fake.release.set()
+    bridge.flow.answering = CYCLE
+    waiter: Future[int] = Future()
+    bridge.handoff.put(ControllerReport("report_stop_complete", ("not a code", "ok", {}), 0.0, waiter))
+    assert await asyncio.wait_for(asyncio.wrap_future(waiter), 10) == Code.ClientError
+    bridge.callback({9: 0})  # the outbox goes on
+    await eventually(lambda: bridge.fake.seen("ReportProcessFault") == 1 and len(bridge.relay) == 0, 10,
+                     "the next report sent")
+    assert bridge.fake.log == ["ReportProcessFault"]
+
+
+class Capture:
+    """The outbox as ReportPath sees it: what it would send."""
+
+    def __init__(self) -> None:
+        self.payloads: list[bytes] = []
+        self.faults: list[dict[int, int]] = []
+
+    def submit_cycle_report(self, kind: str, cycle: str | None, payload: bytes, waiter: Any = None,
+                            presend: Any = None) -> None:
+        self.payloads.append(payload)
+
+    def submit_faults(self, faults: dict[int, int], waiter: Any = None, presend: Any = None) -> None:
+        self.faults.append(faults)
+
+
+ARGS = [
+    ("report_stop_complete", (0, "stopped", {1: 1, 3: 0})),
+    ("report_stop_complete", (404, "not ready", {})),
+    ("report_strategies", ({4: 1}, ["retry", "recover"])),
+    ("report_result", (0, "ok", {5: 1}, "recover")),
+    ("report_result", (201, "downgrade", {7: 1, 2: 1}, "recover")),
+]
+
+
+@pytest.mark.parametrize(("callback", "args"), ARGS)
+def test_the_lane_encodes_each_report_as_the_event_loop_does(callback: str, args: tuple[Any, ...]) -> None:
+    capture = Capture()
+    path = ReportPath(JOB, ControllerFlow(), capture, BridgeMetrics())  # type: ignore[arg-type]
+    path.on_report(ControllerReport(callback, args, 0.0))
+    assert capture.payloads == [request(JOB, callback, args)]
+
+
+def test_the_lane_encodes_a_fault_report_as_the_event_loop_does() -> None:
+    from bridge import faults as codec
+
+    capture = Capture()
+    path = ReportPath(JOB, ControllerFlow(), capture, BridgeMetrics())  # type: ignore[arg-type]
+    path.on_report(ControllerReport("report_fault_ranks", ({3: 0, 9: 1},), 0.0))
+    assert request(JOB, "report_fault_ranks", ({3: 0, 9: 1},)) == codec.encode_process_fault_request(
+        JOB, capture.faults[0])
