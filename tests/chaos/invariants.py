@@ -42,8 +42,10 @@ class Observation:
     stub_violations: list[str] = field(default_factory=list)
     #: monotonic time the runner asked the bridge to stop (SIGTERM, or the schedule's end)
     stop_requested_at: float | None = None
-    #: ``sigterm``/``sigkill`` events: monotonic times the bridge was stopped by the schedule
+    #: ``sigterm`` events: monotonic times the schedule stopped the bridge
     bridge_stops: list[float] = field(default_factory=list)
+    #: ``sigkill_restart`` events: monotonic times the bridge (and its controller) died
+    kills: list[float] = field(default_factory=list)
     #: (exit code or None for the seed API, seconds the stop took, the stop budget)
     exits: list[tuple[int | None, float, float]] = field(default_factory=list)
     #: the job did not come back to training and quiet within the settle time: why
@@ -87,7 +89,9 @@ def lost_recovery_path(obs: Observation) -> str | None:
 
 def never_killed(obs: Observation) -> list[str]:
     """The job is never killed while the schedule leaves a recovery path (the controller
-    entering EXIT/FINAL before the bridge was stopped, or a job that never settles)."""
+    entering EXIT/FINAL before the bridge was stopped, or a job that never settles). A
+    SIGKILLed bridge takes its controller with it (no EXIT is recorded) and the next one
+    serves the restarted ranks: checked on both sides of it."""
     if not obs.schedule.recoverable or lost_recovery_path(obs):
         return []
     problems = []
@@ -176,6 +180,8 @@ def reports_in_cycle(obs: Observation) -> list[str]:
     for record in obs.records:
         if record.kind != "callback" or record.name != "report_fault_ranks" or record.t >= until or not record.args:
             continue
+        if any(kill > record.t for kill in obs.kills):
+            continue  # lost with the controller that a SIGKILL took: its ranks restart with the next one
         for rank, kind in dict(record.args[0]).items():
             if not any(at >= record.t - 0.001 and int(rank) in faults and faults[int(rank)] in (int(kind), 1)
                        for at, faults in delivered):

@@ -82,6 +82,7 @@ class Run:
         self.injected: Counter[str] = Counter()
         self.skipped: Counter[str] = Counter()
         self.bridge_stops: list[float] = []
+        self.kills: list[float] = []
         self.exits: list[tuple[int | None, float, float]] = []
         self.terminated = False
 
@@ -152,7 +153,7 @@ class Run:
             self.exits.append((code, seconds, h.stop_budget))
             self.terminated = True
         elif kind == "sigkill_restart":
-            self.bridge_stops.append(time.monotonic())
+            self.kills.append(time.monotonic())
             await h.sigkill_restart()
         return True
 
@@ -263,7 +264,7 @@ class Run:
             schedule=self.schedule, job_id=JOB, journal=journal, records=self.h.records(),
             sim_violations=list(self.h.sim.violations), stub_violations=self.h.stub_violations(),
             stop_requested_at=getattr(self.h, "stop_requested_at", None) if final else None,
-            bridge_stops=list(self.bridge_stops), exits=list(self.exits), unsettled=unsettled)
+            bridge_stops=list(self.bridge_stops), kills=list(self.kills), exits=list(self.exits), unsettled=unsettled)
         if final:
             obs.successes = {"journal": float(invariants.journal_successes(journal, JOB)), **self.h.success_counts()}
         return obs

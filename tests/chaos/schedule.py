@@ -177,7 +177,7 @@ def generate(seed: int, entry: str | None = None) -> Schedule:
     triggers need a cycle to start); a ``sigterm``, if drawn, is moved last (nothing
     happens to a job after its bridge stopped)."""
     rng = random.Random(seed)
-    entry = entry or rng.choice(("daemon", "daemon", "seed"))
+    entry = entry or rng.choice(("daemon", "daemon", "seed", "process"))
     events = [_event(rng, entry) for _ in range(rng.randint(1, 6))]
     if not any(e.kind in FAULT_KINDS and e.trigger == "start" for e in events):
         events.insert(0, Event("fault", round(rng.uniform(0, 1.0), 3), "start",
