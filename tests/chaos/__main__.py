@@ -38,7 +38,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 async def main_async(args: argparse.Namespace) -> int:
     if args.seed is not None or args.replay is not None:
-        schedule = Schedule.from_json(args.replay) if args.replay else generate(args.seed, args.entry)
+        try:
+            schedule = Schedule.from_json(args.replay) if args.replay else generate(args.seed, args.entry)
+        except (ValueError, KeyError, TypeError) as error:
+            print(f"python -m tests.chaos: bad schedule: {error!r}", file=sys.stderr)
+            return 2
         print(f"schedule: {schedule.to_json()}")
         outcome = await run_schedule(schedule)
         print(describe(outcome))
