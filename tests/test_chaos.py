@@ -34,9 +34,9 @@ pytestmark = pytest.mark.timeout(180)
 #: The seeds CI runs, per entry point: about three minutes on the 2-core machine. A seed
 #: here is a schedule as drawn by ``generate(seed, entry)``: changing the generator
 #: changes what they cover, so the set is wide rather than hand-picked.
-DAEMON_SEEDS = list(range(1, 19))
-SEED_API_SEEDS = list(range(1, 9))
-PROCESS_SEEDS = list(range(1, 7))
+DAEMON_SEEDS = list(range(1, 29))
+SEED_API_SEEDS = list(range(1, 13))
+PROCESS_SEEDS = list(range(1, 9))
 FIXED = ([("daemon", s) for s in DAEMON_SEEDS] + [("seed", s) for s in SEED_API_SEEDS]
          + [("process", s) for s in PROCESS_SEEDS])
 

@@ -62,7 +62,8 @@ async def main_async(args: argparse.Namespace) -> int:
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     figures = await run_many(seeds, args.entry, do_shrink=not args.no_shrink, stop_after=args.stop_after)
     print(f"chaos: {figures['schedules']} schedules in {figures['seconds']:.0f} s "
-          f"({figures['unrecoverable']} without a recovery path)")
+          f"({figures['unrecoverable']} without a recovery path); by entry point: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(figures["entries"].items())))
     injected = figures["injected"]
     print(f"chaos: {sum(injected.values())} events injected: "
           + ", ".join(f"{k} {v}" for k, v in sorted(injected.items())))
@@ -75,6 +76,9 @@ async def main_async(args: argparse.Namespace) -> int:
     violations = figures["violations"]
     print(f"chaos: {sum(violations.values())} violations"
           + (": " + ", ".join(f"{k} {v}" for k, v in sorted(violations.items())) if violations else ""))
+    if figures["by_entry"]:
+        print("chaos: violations by invariant and entry point: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(figures["by_entry"].items())))
     print(f"chaos: {len(figures['failures'])} failing schedules"
           + (": seeds " + " ".join(str(o.schedule.seed) for o, _ in figures["failures"]) if figures["failures"] else ""))
     return 1 if violations else 0

@@ -343,6 +343,8 @@ async def run_many(seeds: list[int], entry: str | None, *, do_shrink: bool = Tru
     injected: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
     violations: Counter[str] = Counter()
+    by_entry: Counter[str] = Counter()
+    entries: Counter[str] = Counter()
     failures: list[tuple[Outcome, Outcome]] = []
     unrecoverable = 0
     marks: dict[str, invariants.Resources] = {"start": invariants.resources()}
@@ -353,11 +355,14 @@ async def run_many(seeds: list[int], entry: str | None, *, do_shrink: bool = Tru
         injected.update(outcome.injected)
         skipped.update(outcome.skipped)
         unrecoverable += not schedule.recoverable
+        entries[schedule.entry] += 1
         if outcome.failed:
             violations.update({name: len(p) for name, p in outcome.violations.items()})
+            by_entry.update({f"{name} on {schedule.entry}": len(p) for name, p in outcome.violations.items()})
             out(describe(outcome))
             shrunk = await shrink(outcome) if do_shrink else outcome
-            out(f"  shrunk to {len(shrunk.schedule.events)} event(s); replay with:\n  {replay_command(shrunk.schedule)}")
+            out(f"  shrunk to {len(shrunk.schedule.events)} event(s); replay with:" if do_shrink else "  replay with:")
+            out(f"  {replay_command(shrunk.schedule)}")
             failures.append((outcome, shrunk))
             if stop_after is not None and len(failures) >= stop_after:
                 seeds = seeds[:index + 1]
@@ -373,6 +378,6 @@ async def run_many(seeds: list[int], entry: str | None, *, do_shrink: bool = Tru
         violations["no-resource-growth"] += len(growth)
         for problem in growth:
             out(f"VIOLATION no-resource-growth: {problem}")
-    return {"schedules": len(seeds), "injected": injected, "skipped": skipped, "violations": violations,
+    return {"schedules": len(seeds), "entries": entries, "by_entry": by_entry, "injected": injected, "skipped": skipped, "violations": violations,
             "unrecoverable": unrecoverable, "failures": failures, "marks": marks,
             "seconds": time.monotonic() - started}
