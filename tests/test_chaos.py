@@ -176,10 +176,20 @@ def test_documented_exit_fails_on_an_unknown_code_or_a_stop_past_its_budget() ->
 
 
 def test_cycles_agree_fails_when_a_count_differs_from_clusterds_journal() -> None:
-    same = {"journal": 2.0, "metrics": 2.0, "recorder": 2.0}
-    assert invariants.cycles_agree(observation(successes=same)) == []
-    problems = invariants.cycles_agree(observation(successes={**same, "recorder": 1.0}))
-    assert problems == ["recorder counts 1 successful cycles, ClusterD's journal 2"]
+    result = Record(1.0, "callback", "report_result", (0, "Mindio do repair operation ok", {}, "recover"))
+    answered = entry("rpc", "ReportRecoverStatus", 1, at=1.1, code=0, status={"code": 0, "info": "ok"},
+                     strategy="recover")
+    same = {"journal": 1.0, "metrics": 1.0, "recorder": 1.0}
+    assert invariants.cycles_agree(observation(records=[result], journal=[answered], successes=same)) == []
+    problems = invariants.cycles_agree(observation(records=[result], journal=[answered],
+                                                   successes={**same, "recorder": 0.0}))
+    assert problems and problems[0].startswith("recorder counts 0 successful cycles; the controller reported 1")
+    # ClusterD restarted under the result: it never saw it, the bridge still counts the repair
+    lost = {"journal": 0.0, "metrics": 1.0, "recorder": 1.0}
+    assert invariants.cycles_agree(observation(records=[result], successes=lost)) == []
+    # a verdict without a result that reached it: the journal disagrees
+    assert "ClusterD's journal has 1 successful cycles, but 0" in invariants.cycles_agree(
+        observation(records=[result], successes=same))[0]
 
 
 def test_stub_clean_and_never_killed_read_the_stubs_log() -> None:

@@ -205,15 +205,48 @@ def documented_exit(obs: Observation) -> list[str]:
     return problems
 
 
+def controller_successes(obs: Observation) -> tuple[int, int]:
+    """The controller's successful repairs (``report_result(0, ..., retry|recover)``)
+    before the bridge was stopped, and how many of them reached ClusterD (a
+    ReportRecoverStatus with status 0 for that strategy, answered 0, after it). A result
+    that finds ClusterD restarted has no cycle left to answer: the bridge drops it with a
+    reason, training goes on repaired, and ClusterD never writes a verdict."""
+    until = min([t for t in (obs.stop_requested_at, *obs.bridge_stops) if t is not None], default=float("inf"))
+    results = [r for r in obs.records if r.kind == "callback" and r.name == "report_result" and len(r.args) >= 4
+               and r.args[0] == 0 and r.args[3] in REPAIRS and r.t < until]
+    answers = [e for e in obs.journal if e.kind == "rpc" and e.name == "ReportRecoverStatus" and e.code == 0
+               and e.job_id == obs.job_id and (e.detail.get("status") or {}).get("code") == 0
+               and e.detail.get("strategy") in REPAIRS]
+    delivered = 0
+    for result in results:
+        match = next((e for e in answers if e.at >= result.t - 0.001 and e.detail.get("strategy") == result.args[3]),
+                     None)
+        if match is not None:
+            answers.remove(match)
+            delivered += 1
+    return len(results), delivered
+
+
 def cycles_agree(obs: Observation) -> list[str]:
     """The flight recorder's cycles and the metrics' cycle counts agree with ClusterD's
-    journal: as many successful repairs (retry, recover) as ClusterD annotated
-    ``retry-success`` / ``recover-success``."""
+    journal: ClusterD annotated ``retry-success`` / ``recover-success`` once per
+    successful repair result that reached it, and the bridge's metrics and recorder count
+    every successful repair the controller reported (those ClusterD never saw, because it
+    restarted under them, included). A SIGKILL may take the last cycle's count with it
+    (the metrics are read before the kill, the recorder writes every poll): at most one
+    per kill."""
     journal = obs.successes.get("journal")
     problems = []
+    reported, delivered = controller_successes(obs)
+    if journal is not None and journal != delivered:
+        problems.append(f"ClusterD's journal has {journal:g} successful cycles, but {delivered} successful "
+                        f"result(s) of the controller reached it")
     for source, count in obs.successes.items():
-        if source != "journal" and count is not None and journal is not None and count != journal:
-            problems.append(f"{source} counts {count:g} successful cycles, ClusterD's journal {journal:g}")
+        if source == "journal" or count is None:
+            continue
+        if not reported - len(obs.kills) <= count <= reported:
+            problems.append(f"{source} counts {count:g} successful cycles; the controller reported {reported} "
+                            f"({delivered} reached ClusterD, whose journal counts {journal:g})")
     return problems
 
 
