@@ -11,11 +11,9 @@ invariant names it: an invariant that cannot fail proves nothing.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
 import pytest

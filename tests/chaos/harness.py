@@ -18,7 +18,6 @@ import asyncio
 import os
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from bridge.sim import mindio_ttp
@@ -311,7 +310,3 @@ class SeedHarness(InProcessStub, Harness):
                 os.environ.pop("MINDIO_WAIT_MINDX_TIME", None)
             else:
                 os.environ["MINDIO_WAIT_MINDX_TIME"] = self._saved_wait
-
-
-def store_path(directory: str) -> Path:
-    return Path(directory)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from bridge import faults as codec
+
 from bridge.sim.clusterd import JournalEntry
 from bridge.sim.mindio_ttp import Record
 
@@ -316,7 +315,3 @@ def resource_growth(marks: Mapping[str, Resources]) -> list[str]:
     if end.rss_kb > warm.rss_kb + RSS_GROWTH_KB:
         problems.append(f"RSS grew from {warm.rss_kb} kB to {end.rss_kb} kB across schedules")
     return problems
-
-
-def as_jsonable(value: Any) -> Any:
-    return value
