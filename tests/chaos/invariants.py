@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-
 from bridge.sim.clusterd import JournalEntry
 from bridge.sim.mindio_ttp import Record
 
