@@ -52,6 +52,8 @@ class ProcessHarness(Harness):
         self._stopped: tuple[int | None, float] | None = None
         self.metrics_port = free_port()
         self.metric_successes = 0.0
+        #: the bridge ended on its own (76, the controller ended): its metrics went with it
+        self.metrics_lost = False
         self.incarnations = 0
         self._spawned_at = 0.0
 
@@ -166,10 +168,13 @@ directory = "{self.dir.name}/recorder"
             return answer.read().decode()
 
     def _successes_now(self) -> float:
+        """The bridge's successful retry and recover cycles, read from its endpoint while
+        it runs; a bridge that already exited on its own took them with it."""
         total = 0.0
         try:
             body = self._scrape()
         except OSError:
+            self.metrics_lost = True
             return 0.0
         for line in body.splitlines():
             if line.startswith("tft_bridge_recovery_cycles_total{") and 'outcome="success"' in line \
@@ -216,7 +221,7 @@ directory = "{self.dir.name}/recorder"
                 db.close()
         except FileNotFoundError:
             recorded = 0
-        return {"metrics": self.metric_successes, "recorder": float(recorded)}
+        return {"metrics": None if self.metrics_lost else self.metric_successes, "recorder": float(recorded)}
 
     async def close(self) -> None:
         try:
