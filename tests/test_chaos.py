@@ -152,6 +152,9 @@ def test_reports_in_cycle_fails_on_a_report_answering_another_stream() -> None:
                entry("rpc", "ReportStopComplete", 3, code=0)]  # answers the first stream's stopTrain
     problems = invariants.reports_in_cycle(observation(journal=journal))
     assert problems and "ReportStopComplete" in problems[0] and "answers no signal of its stream" in problems[0]
+    # a restarted ClusterD that has no such job yet answers 400: no cycle's slot took it
+    unregistered = [*journal[:3], entry("rpc", "ReportStopComplete", 3, code=400)]
+    assert invariants.reports_in_cycle(observation(journal=unregistered)) == []
     journal.insert(3, entry("signal", "stopTrain", 3, uuid="u2"))
     assert invariants.reports_in_cycle(observation(journal=journal)) == []
 

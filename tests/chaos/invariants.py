@@ -26,6 +26,8 @@ CYCLE_REPORTS = {
     "ReportRecoverStrategy": ("globalFault",),
     "ReportRecoverStatus": ("changeStrategy", "saveAndExit"),
 }
+#: Status.code of a report for a job this ClusterD has no controller for (not registered).
+UN_REGISTRY = 400
 #: Controller states that mean the job was killed (it tells every rank to exit).
 KILLED_STATES = ("EXIT", "FINAL", "ABORTED")
 
@@ -133,7 +135,8 @@ def misdelivered(journal: Iterable[JournalEntry], job_id: str) -> list[str]:
 
     A signal opens one answer of its kind; a stream-open (every subscribe resets
     ClusterD's job and its report slots) or a restart closes every open answer. A report
-    refused at the door (``qps exceeded``) never reached the job and is ignored."""
+    refused at the door (``qps exceeded``, or 400: this server has no such job) never
+    reached the job and is ignored."""
     problems: list[str] = []
     open_answers: dict[str, JournalEntry] = {}
     for entry in journal:
@@ -150,8 +153,11 @@ def misdelivered(journal: Iterable[JournalEntry], job_id: str) -> list[str]:
                 if entry.name in answers:
                     open_answers[rpc] = entry
         elif entry.kind in ("rpc", "report-late") and entry.name in CYCLE_REPORTS:
-            if entry.detail.get("grpc_status") or (entry.kind == "rpc" and entry.code is None):
-                continue  # refused at the door, or the caller gave up while blocked (journaled again if late)
+            if entry.detail.get("grpc_status") or (entry.kind == "rpc" and entry.code in (None, UN_REGISTRY)):
+                # refused at the door, the caller gave up while blocked (journaled again if
+                # late), or a server that has no such job (a restarted ClusterD before the
+                # bridge registered again): none of them reached a cycle's report slot
+                continue
             if open_answers.pop(entry.name, None) is None:
                 problems.append(f"#{entry.seq} {entry.kind} {entry.name} code={entry.code} answers no signal of "
                                 f"its stream: {format_entry(entry)}")
