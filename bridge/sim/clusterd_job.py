@@ -75,6 +75,8 @@ class Host(Protocol):
     """What a controller needs from the server that owns it."""
 
     timings: Timings
+    #: monotonic time until which no keep-alive is written (``SimClusterD.silence_keepalives``)
+    keepalives_silent_until: float
     rng: random.Random
 
     def record(self, kind: str, name: str, job_id: str, code: int | None = None,
@@ -212,9 +214,11 @@ class JobController:
     async def _keepalive(self) -> None:
         """Every interval, a keep-alive carrying the uuid of the moment ("" when idle)."""
         signals = self.gen.signals
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.host.timings.keepalive_interval)
-            await signals.put(Outgoing(make_signal(self.job_id, self.uuid, "keep-alive")))
+            if loop.time() >= self.host.keepalives_silent_until:
+                await signals.put(Outgoing(make_signal(self.job_id, self.uuid, "keep-alive")))
 
     # ------------------------------------------------------------------ reports
 

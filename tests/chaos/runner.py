@@ -11,7 +11,6 @@ while it still fails the same way) and printed with the one command that replays
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import time
@@ -127,12 +126,7 @@ class Run:
             except (RuntimeError, KeyError, TimeoutError):
                 return False
         elif kind == "keepalive_silence":
-            normal = sim.timings.keepalive_interval
-            sim.timings = dataclasses.replace(sim.timings, keepalive_interval=3600.0)
-            try:
-                await asyncio.sleep(float(a["seconds"]))  # no keep-alive this long: the behaviour injected
-            finally:
-                sim.timings = dataclasses.replace(sim.timings, keepalive_interval=normal)
+            sim.silence_keepalives(float(a["seconds"]))
         elif kind == "slow_signal":
             sim.delay_next_signal(float(a["delay"]))
         elif kind == "duplicate_signal":
