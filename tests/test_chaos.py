@@ -167,6 +167,9 @@ def test_reports_in_cycle_fails_on_a_fault_that_never_reached_clusterd() -> None
     after = entry("rpc", "ReportProcessFault", 2, at=5.5, code=0, faults={5: 1, 4: 1})
     assert invariants.reports_in_cycle(observation(journal=[before, after], records=[reported])) == []
     assert invariants.reports_in_cycle(observation(journal=[before], records=[reported], kills=[6.0])) == []
+    # held for a live stream when a requested stop came a moment later: nobody left to send it
+    assert invariants.reports_in_cycle(observation(journal=[before], records=[reported], stop_requested_at=5.5)) == []
+    assert invariants.reports_in_cycle(observation(journal=[before], records=[reported], stop_requested_at=9.0))
 
 
 def test_documented_exit_fails_on_an_unknown_code_or_a_stop_past_its_budget() -> None:

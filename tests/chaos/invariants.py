@@ -26,6 +26,10 @@ CYCLE_REPORTS = {
     "ReportRecoverStrategy": ("globalFault",),
     "ReportRecoverStatus": ("changeStrategy", "saveAndExit"),
 }
+#: A fault reported this shortly before a requested stop may still be held for a live
+#: stream when the stop comes: the bridge's watchdog (10 keep-alive intervals, 1 s here)
+#: is how long it may wait for the stream to speak before subscribing again.
+PENDING_AT_STOP = 1.0
 #: Status.code of a report for a job this ClusterD has no controller for (not registered).
 UN_REGISTRY = 400
 #: Controller states that mean the job was killed (it tells every rank to exit).
@@ -174,7 +178,9 @@ def reports_in_cycle(obs: Observation) -> list[str]:
     """No report crosses cycles (ClusterD's journal), and every fault the controller
     reported reaches ClusterD (a ReportProcessFault answered 0) after it was reported:
     in its cycle, or re-reported after a reset. Reports made after the bridge was
-    stopped are exempt: nobody is left to send them."""
+    stopped, or ``PENDING_AT_STOP`` before, are exempt: nobody is left to send them, or
+    the bridge was still holding them for a live stream (ClusterD loses a fault reported
+    with no live subscriber) when the stop came."""
     problems = misdelivered(obs.journal, obs.job_id)
     problems += [f"ClusterD recorded a protocol violation: {v}" for v in obs.sim_violations]
     until = min([t for t in (obs.stop_requested_at, *obs.bridge_stops) if t is not None], default=float("inf"))
@@ -182,7 +188,8 @@ def reports_in_cycle(obs: Observation) -> list[str]:
                  for e in obs.journal if e.kind == "rpc" and e.name == "ReportProcessFault"
                  and e.job_id == obs.job_id and e.code == 0]
     for record in obs.records:
-        if record.kind != "callback" or record.name != "report_fault_ranks" or record.t >= until or not record.args:
+        if record.kind != "callback" or record.name != "report_fault_ranks" or not record.args \
+                or record.t >= until - PENDING_AT_STOP:
             continue
         if any(kill > record.t for kill in obs.kills):
             continue  # lost with the controller that a SIGKILL took: its ranks restart with the next one

@@ -84,6 +84,10 @@ class Run:
         self.kills: list[float] = []
         self.exits: list[tuple[int | None, float, float]] = []
         self.terminated = False
+        #: SIGTERM and SIGKILL-and-restart one at a time: a SIGTERM that lands while the
+        #: restarted bridge is still importing meets Python's default handler, not the
+        #: bridge's (systemd does not stop a unit mid-restart either)
+        self.lifecycle = asyncio.Lock()
 
     # ------------------------------------------------------------------ the events
 
@@ -142,13 +146,17 @@ class Run:
         elif kind == "slow_destroy":
             h.set_destroy_delay(float(a["delay"]))
         elif kind == "sigterm":
-            self.bridge_stops.append(time.monotonic())
-            code, seconds = await h.request_stop()
-            self.exits.append((code, seconds, h.stop_budget))
-            self.terminated = True
+            async with self.lifecycle:
+                self.bridge_stops.append(time.monotonic())
+                code, seconds = await h.request_stop()
+                self.exits.append((code, seconds, h.stop_budget))
+                self.terminated = True
         elif kind == "sigkill_restart":
-            self.kills.append(time.monotonic())
-            await h.sigkill_restart()
+            async with self.lifecycle:
+                if self.terminated:
+                    return False
+                self.kills.append(time.monotonic())
+                await h.sigkill_restart()
         return True
 
     async def replay_signal(self) -> bool:
