@@ -227,6 +227,23 @@ class DaemonHarness(InProcessStub, Harness):
             self.store.cleanup()
 
 
+def scaled_seed_config(config: Any) -> Any:
+    """The seed API's own clock, scaled like everything else in a schedule.
+
+    A launcher cannot tune the seed API: its keep-alive watchdog and its retry backoff
+    keep the real defaults (seconds), sized for ClusterD's real 5 s keep-alives and a
+    controller waiting 30 s or more. Against a ClusterD and a controller wait scaled down
+    50 times, those unscaled waits alone would outlast the controller's wait (a report
+    refused with ``qps exceeded`` retried 1.5 s, then 2.8 s later), so the harness
+    scales them the way the daemon's config is scaled, before the subscription starts."""
+    from dataclasses import replace
+
+    clusterd = replace(config.clusterd, keepalive_interval=CLUSTERD_TIMINGS.keepalive_interval,
+                       watchdog_intervals=WATCHDOG_INTERVALS, reconnect_initial=0.02, reconnect_max=0.5,
+                       rpc_timeout=2.0)
+    return replace(config, clusterd=clusterd)
+
+
 class SeedHarness(InProcessStub, Harness):
     entry = "seed"
     stop_budget = 15.0  # DLRecoverManager.close's own bound (10 s) plus the destroy
@@ -258,6 +275,7 @@ class SeedHarness(InProcessStub, Harness):
 
         info = pb.ClientInfo(ip="", port="", taskId=JOB, role="master agent")
         self.manager = DLRecoverManager(info, address, secure_conn=False)
+        self.manager.config = scaled_seed_config(self.manager.config)
         self.manager.init_clusterd()
         if self.manager.register(info).code != 0:
             raise RuntimeError("the simulated ClusterD refused Register")
