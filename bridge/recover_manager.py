@@ -225,11 +225,19 @@ class DLRecoverManager:
         with _current_lock:
             if _current is self:
                 _current = None
+        if self._loop.is_closed():
+            return
         try:
             self._run(self._shutdown(), timeout)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout)
+            if not self._thread.is_alive():
+                # The loop's default executor (the link's to_thread calls) and its selector
+                # outlive a loop that is only stopped: a launcher that closes a manager per
+                # job incarnation would keep a thread and three descriptors of each.
+                self._loop.run_until_complete(self._loop.shutdown_default_executor())
+                self._loop.close()
 
     async def _shutdown(self) -> None:
         if self.link is not None:

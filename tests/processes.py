@@ -17,14 +17,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def spawn_bridge(*argv: str, code: str | None = None, env: dict[str, str] | None = None,
-                 quiet: bool = False) -> subprocess.Popen[str]:
+                 quiet: bool = False, stdin: int | None = None) -> subprocess.Popen[str]:
     """``python -m bridge.cli ARGV`` (or ``python -c CODE ARGV``) from the repository root,
     with the repository on PYTHONPATH (``code`` may import ``tests.*``) and stdout and
     stderr merged into one text pipe, or thrown away with ``quiet``: a process whose
-    output nobody reads must not write into a pipe, it would block once the pipe is full."""
+    output nobody reads must not write into a pipe, it would block once the pipe is full.
+    ``stdin=subprocess.PIPE`` gives the test a pipe to command the process through."""
     command = [sys.executable, "-c", code] if code is not None else [sys.executable, "-m", "bridge.cli"]
     output = subprocess.DEVNULL if quiet else subprocess.PIPE
-    return subprocess.Popen([*command, *argv], cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, text=True,
+    return subprocess.Popen([*command, *argv], cwd=ROOT, stdin=stdin, stdout=output, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 

@@ -46,6 +46,7 @@ from bridge import faults as codec
 from bridge.sim.clusterd import JournalEntry, SimJob
 from bridge.sim.scenario import SimulatedJob, free_port
 
+from .chaos.invariants import misdelivered
 from .conftest import eventually
 from . import simjobs
 from .simjobs import start_job
@@ -194,35 +195,9 @@ async def kill_clusterd(job: SimulatedJob, down: float = 0.1,
 
 def misdelivered_reports(job: SimulatedJob) -> list[str]:
     """Cycle-bound reports that reached ClusterD on a stream (or a server incarnation)
-    other than the one that carried the signal they answer, or twice for one signal.
-
-    A signal opens one answer of its kind; a stream-open (every subscribe resets
-    ClusterD's job and its report slots) or a restart closes every open answer. A
-    report refused at the door (``qps exceeded``) never reached the job and is ignored.
-    """
-    problems: list[str] = []
-    open_answers: dict[str, JournalEntry] = {}
-    for entry in job.sim.journal:
-        if entry.job_id not in (JOB, ""):
-            continue
-        if entry.kind == "stream-open" or (entry.kind == "state" and entry.name == "clusterd-restarted"):
-            open_answers.clear()
-        elif entry.kind == "signal" and entry.job_id == JOB and entry.detail.get("jobId") == JOB:
-            if entry.detail.get("duplicate"):
-                continue
-            if entry.name == "changeStrategy" and entry.detail.get("changeStrategy") == "exit":
-                continue  # an exit decision or notice: the controller reports nothing
-            for rpc, (_, answers) in CYCLE_REPORTS.items():
-                if entry.name in answers:
-                    open_answers[rpc] = entry
-        elif entry.kind in ("rpc", "report-late") and entry.name in CYCLE_REPORTS:
-            if entry.detail.get("grpc_status") or (entry.kind == "rpc" and entry.code is None):
-                continue  # refused at the door, or the caller gave up while blocked (journaled again if late)
-            answered = open_answers.pop(entry.name, None)
-            if answered is None:
-                problems.append(f"#{entry.seq} {entry.kind} {entry.name} code={entry.code} answers no signal of "
-                                f"its stream: {job.sim.journal.format(entry)}")
-    return problems
+    other than the one that carried the signal they answer, or twice for one signal
+    (the chaos runner's invariant, tests/chaos/invariants.py)."""
+    return misdelivered(job.sim.journal, JOB)
 
 
 def assert_journal_clean(job: SimulatedJob) -> None:

@@ -251,3 +251,31 @@ def test_a_missing_certificate_is_an_error_not_plaintext(tmp_path: Path) -> None
     with pytest.raises(CertificateError, match="both client_cert and client_key"):
         DLRecoverManager(pb.ClientInfo(taskId=JOB), "127.0.0.1:1", cert_path=str(unreadable),
                          client_cert=str(unreadable))
+
+
+def test_a_closed_manager_leaves_no_thread_or_descriptor_behind(server: ServerThread, training) -> None:  # type: ignore[no-untyped-def]
+    """A launcher creates a manager per job incarnation: each one's loop, its executor
+    thread and its selector must go with close(), not pile up in the launcher."""
+    import os
+
+    from .conftest import eventually_sync
+
+    def in_use() -> tuple[int, int]:
+        return threading.active_count(), len(os.listdir("/proc/self/fd"))
+
+    def one_manager() -> None:
+        info = pb.ClientInfo(taskId=JOB, role="agent")
+        manager = DLRecoverManager(info, server.address, secure_conn=False, controller_module="stub")
+        manager.init_clusterd()
+        assert manager.register(info).code == 0
+        manager.start_subscribe()
+        assert report_process_fault({3: 0}, {3: ""}, wait=5) == Code.OK  # the report path's thread too
+        manager.close()
+        manager.close()  # a second close is harmless
+
+    one_manager()  # gRPC's process-wide threads start with the first channel
+    before = in_use()
+    for _ in range(3):
+        one_manager()
+    eventually_sync(lambda: in_use()[0] <= before[0] and in_use()[1] <= before[1], 10,
+                    what=f"threads and descriptors back to {before}")

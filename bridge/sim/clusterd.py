@@ -193,6 +193,7 @@ class SimClusterD:
         self._fail_next = 0
         self._delay_next = 0.0
         self._duplicate_next = False
+        self.keepalives_silent_until = 0.0  # loop time; see silence_keepalives
         self._server: grpc.aio.Server | None = None
         self._host = "127.0.0.1"
         self._port = 0
@@ -335,6 +336,12 @@ class SimClusterD:
     def delay_next_signal(self, seconds: float) -> None:
         """Hold the next non-keep-alive signal ``seconds`` before writing it."""
         self._delay_next = seconds
+
+    def silence_keepalives(self, seconds: float) -> None:
+        """Write no keep-alive on any stream for ``seconds`` (signals still go out), then
+        resume at the usual cadence: a ClusterD whose keep-alive goroutine stalled a while.
+        Unlike a longer ``keepalive_interval``, the silence ends on time."""
+        self.keepalives_silent_until = asyncio.get_running_loop().time() + seconds
 
     def duplicate_next_signal(self) -> None:
         """Write the next non-keep-alive signal twice."""

@@ -76,6 +76,8 @@ class Host(Protocol):
     """What a controller needs from the server that owns it."""
 
     timings: Timings
+    #: monotonic time until which no keep-alive is written (``SimClusterD.silence_keepalives``)
+    keepalives_silent_until: float
     rng: random.Random
     release: Release
 
@@ -214,9 +216,11 @@ class JobController:
     async def _keepalive(self) -> None:
         """Every interval, a keep-alive carrying the uuid of the moment ("" when idle)."""
         signals = self.gen.signals
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.host.timings.keepalive_interval)
-            await signals.put(Outgoing(make_signal(self.job_id, self.uuid, "keep-alive")))
+            if loop.time() >= self.host.keepalives_silent_until:
+                await signals.put(Outgoing(make_signal(self.job_id, self.uuid, "keep-alive")))
 
     # ------------------------------------------------------------------ reports
 

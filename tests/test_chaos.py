@@ -1,0 +1,227 @@
+"""The chaos runner (tests/chaos/) in the suite: a fixed set of seeds on every entry
+point, and for every invariant a known-bad behaviour that it must report.
+
+The seeds are fixed so a failure here is a schedule anyone can replay with the command
+the assertion prints; the long randomized runs are ``python -m tests.chaos --schedules N``
+(docs/testing-chaos.md). The self-checks break one thing on purpose -- a bridge that
+drops globalFault ranks, one that never forwards the strategy, a report answered into the
+wrong cycle, an undocumented exit code, a leaking thread -- and assert that the matching
+invariant names it: an invariant that cannot fail proves nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from bridge.sim.clusterd import JournalEntry
+from bridge.sim.mindio_ttp import Record
+
+from .chaos import invariants
+from .chaos.harness import Harness
+from .chaos.runner import replay_command, run_schedule, shrink
+from .chaos.schedule import Event, Schedule, generate, judged, recovery_path
+from .processes import ROOT
+
+pytestmark = pytest.mark.timeout(180)
+
+#: The seeds CI runs, per entry point: about three minutes on the 2-core machine. A seed
+#: here is a schedule as drawn by ``generate(seed, entry)``: changing the generator
+#: changes what they cover, so the set is wide rather than hand-picked.
+DAEMON_SEEDS = list(range(1, 29))
+SEED_API_SEEDS = list(range(1, 13))
+PROCESS_SEEDS = list(range(1, 9))
+FIXED = ([("daemon", s) for s in DAEMON_SEEDS] + [("seed", s) for s in SEED_API_SEEDS]
+         + [("process", s) for s in PROCESS_SEEDS])
+
+
+@pytest.mark.parametrize(("entry", "seed"), FIXED, ids=[f"{e}-{s}" for e, s in FIXED])
+async def test_fixed_schedule_keeps_every_invariant(entry: str, seed: int) -> None:
+    schedule = generate(seed, entry)
+    outcome = await run_schedule(schedule)
+    assert not outcome.failed, (f"seed {seed} on {entry}: {outcome.violations}\nreplay with:\n"
+                                f"  {replay_command(schedule)}")
+
+
+async def test_a_pod_sized_fault_off_rank_0_reaches_on_global_rank_whole_on_both_entry_points() -> None:
+    """ClusterD's globalFault names the faulty pod's ranks (4..7 for rank 5); a bridge
+    that passes on fewer leaves the controller repairing too few ranks."""
+    for entry in ("daemon", "seed"):
+        schedule = judged(Schedule(0, entry, (Event("fault", 0.1, "start", {"ranks": {"5": 1}}),)))
+        outcome = await run_schedule(schedule)
+        assert not outcome.failed, f"{entry}: {outcome.violations}"
+        assert outcome.injected == {"fault": 1}
+
+
+# --------------------------------------------------------------------------- the schedules
+
+def test_a_schedule_round_trips_through_its_replay_json() -> None:
+    for seed in range(40):
+        schedule = generate(seed)
+        assert Schedule.from_json(schedule.to_json()) == schedule
+        assert any(e.kind in ("fault", "pod_fault", "burst") and e.trigger == "start" for e in schedule.events)
+
+
+def test_the_generator_covers_every_event_kind_and_entry_point() -> None:
+    from .chaos.schedule import ENTRIES, KINDS
+
+    drawn = [generate(seed) for seed in range(300)]
+    assert {s.entry for s in drawn} == set(ENTRIES)
+    assert {e.kind for s in drawn for e in s.events} == set(KINDS)
+    assert any(not s.recoverable for s in drawn) and any(s.recoverable for s in drawn)
+
+
+def test_a_clusterd_down_past_half_the_wait_leaves_no_recovery_path() -> None:
+    assert recovery_path([Event("clusterd_restart", 0, args={"down": 0.5})]) == (True, "")
+    ok, why = recovery_path([Event("clusterd_freeze", 0, args={"seconds": 3.0})])
+    assert not ok and "frozen 3.0 s" in why
+
+
+def test_a_bad_replay_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="unknown chaos event kind 'nap'"):
+        Schedule.from_json('{"entry": "daemon", "events": [{"kind": "nap", "at": 0}]}')
+    with pytest.raises(ValueError, match="needs the process entry point"):
+        Schedule.from_json('{"entry": "daemon", "events": [{"kind": "sigkill_restart", "at": 0}]}')
+    done = subprocess.run([sys.executable, "-m", "tests.chaos", "--replay", '{"entry": "moon", "events": []}'],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unknown entry point 'moon'" in done.stderr
+
+
+# --------------------------------------------------------------------------- every invariant can fail
+
+def patch_notify(name: str, replacement: Any) -> Any:
+    """A sabotage: the stub's ``tft_notify_controller_<name>`` replaced while the schedule
+    runs (the harness puts the original back when it closes)."""
+    from bridge.sim.mindio_ttp import controller_ttp as ttp
+
+    def sabotage(harness: Harness) -> None:
+        original = getattr(ttp, f"tft_notify_controller_{name}")
+        setattr(ttp, f"tft_notify_controller_{name}", lambda *args, **kwargs: replacement(original, *args, **kwargs))
+
+    return sabotage
+
+
+ONE_POD_FAULT = judged(Schedule(0, "daemon", (Event("fault", 0.1, "start", {"ranks": {"5": 1}}),)))
+
+
+async def test_global_ranks_forwarded_fails_when_the_bridge_drops_ranks() -> None:
+    """The seed API's failure, made on the daemon: on_global_rank gets ``{}``."""
+    outcome = await run_schedule(ONE_POD_FAULT, patch_notify("on_global_rank", lambda f, ranks, *a: f({}, *a)))
+    assert "global-ranks-forwarded" in outcome.violations
+    assert "lacks ranks [4, 5, 6, 7]" in outcome.violations["global-ranks-forwarded"][0]
+
+
+async def test_never_killed_fails_when_the_strategy_never_reaches_the_controller() -> None:
+    outcome = await run_schedule(ONE_POD_FAULT, patch_notify("change_strategy", lambda f, strategy, *a: 0))
+    assert "never-killed" in outcome.violations
+    assert "the controller entered EXIT" in outcome.violations["never-killed"][0]
+
+
+async def test_a_failure_shrinks_to_the_event_that_matters_and_replays() -> None:
+    noisy = judged(Schedule(3, "daemon", (
+        Event("rank_table", 0.0, "start", {"version": 1}),
+        Event("fault", 0.1, "start", {"ranks": {"5": 1}}),
+        Event("duplicate_signal", 0.0, "start"),
+    )))
+    sabotage = patch_notify("on_global_rank", lambda f, ranks, *a: f({}, *a))
+    failed = await run_schedule(noisy, sabotage)
+    assert "global-ranks-forwarded" in failed.violations
+    shrunk = await shrink(failed, sabotage)
+    assert [e.kind for e in shrunk.schedule.events] == ["fault"]
+    assert "global-ranks-forwarded" in shrunk.violations
+    assert Schedule.from_json(replay_command(shrunk.schedule).split("'")[1]) == shrunk.schedule
+
+
+def entry(kind: str, name: str, seq: int, at: float = 0.0, code: int | None = None, **detail: Any) -> JournalEntry:
+    return JournalEntry(seq, at, kind, name, "j", code, {"jobId": "j", **detail})
+
+
+def observation(**kwargs: Any) -> invariants.Observation:
+    kwargs.setdefault("journal", [])
+    kwargs.setdefault("records", [])
+    return invariants.Observation(schedule=ONE_POD_FAULT, job_id="j", **kwargs)
+
+
+def test_reports_in_cycle_fails_on_a_report_answering_another_stream() -> None:
+    journal = [entry("stream-open", "Subscribe", 0), entry("signal", "stopTrain", 1, uuid="u1"),
+               entry("stream-open", "Subscribe", 2),
+               entry("rpc", "ReportStopComplete", 3, code=0)]  # answers the first stream's stopTrain
+    problems = invariants.reports_in_cycle(observation(journal=journal))
+    assert problems and "ReportStopComplete" in problems[0] and "answers no signal of its stream" in problems[0]
+    # a restarted ClusterD that has no such job yet answers 400: no cycle's slot took it
+    unregistered = [*journal[:3], entry("rpc", "ReportStopComplete", 3, code=400)]
+    assert invariants.reports_in_cycle(observation(journal=unregistered)) == []
+    journal.insert(3, entry("signal", "stopTrain", 3, uuid="u2"))
+    assert invariants.reports_in_cycle(observation(journal=journal)) == []
+
+
+def test_reports_in_cycle_fails_on_a_fault_that_never_reached_clusterd() -> None:
+    reported = Record(5.0, "callback", "report_fault_ranks", ({5: 1}, {5: ""}))
+    before = entry("rpc", "ReportProcessFault", 1, at=4.0, code=0, faults={5: 1})
+    problems = invariants.reports_in_cycle(observation(journal=[before], records=[reported]))
+    assert problems and "fault {5: 1}" in problems[0]
+    after = entry("rpc", "ReportProcessFault", 2, at=5.5, code=0, faults={5: 1, 4: 1})
+    assert invariants.reports_in_cycle(observation(journal=[before, after], records=[reported])) == []
+    assert invariants.reports_in_cycle(observation(journal=[before], records=[reported], kills=[6.0])) == []
+    # held for a live stream when a requested stop came a moment later: nobody left to send it
+    assert invariants.reports_in_cycle(observation(journal=[before], records=[reported], stop_requested_at=5.5)) == []
+    assert invariants.reports_in_cycle(observation(journal=[before], records=[reported], stop_requested_at=9.0))
+
+
+def test_documented_exit_fails_on_an_unknown_code_or_a_stop_past_its_budget() -> None:
+    assert invariants.documented_exit(observation(exits=[(0, 1.0, 10.0), (76, 2.0, 10.0), (None, 1.0, 10.0)])) == []
+    assert "undocumented code 3" in invariants.documented_exit(observation(exits=[(3, 1.0, 10.0)]))[0]
+    assert "expected 0" in invariants.documented_exit(observation(exits=[(1, 1.0, 10.0)]))[0]
+    assert "past its budget" in invariants.documented_exit(observation(exits=[(0, 12.5, 10.0)]))[0]
+
+
+def test_cycles_agree_fails_when_a_count_differs_from_clusterds_journal() -> None:
+    result = Record(1.0, "callback", "report_result", (0, "Mindio do repair operation ok", {}, "recover"))
+    answered = entry("rpc", "ReportRecoverStatus", 1, at=1.1, code=0, status={"code": 0, "info": "ok"},
+                     strategy="recover")
+    same = {"journal": 1.0, "metrics": 1.0, "recorder": 1.0}
+    assert invariants.cycles_agree(observation(records=[result], journal=[answered], successes=same)) == []
+    problems = invariants.cycles_agree(observation(records=[result], journal=[answered],
+                                                   successes={**same, "recorder": 0.0}))
+    assert problems and problems[0].startswith("recorder counts 0 successful cycles; the controller reported 1")
+    # ClusterD restarted under the result: it never saw it, the bridge still counts the repair
+    lost = {"journal": 0.0, "metrics": 1.0, "recorder": 1.0}
+    assert invariants.cycles_agree(observation(records=[result], successes=lost)) == []
+    # a verdict without a result that reached it: the journal disagrees
+    assert "ClusterD's journal has 1 successful cycles, but 0" in invariants.cycles_agree(
+        observation(records=[result], successes=same))[0]
+
+
+def test_stub_clean_and_never_killed_read_the_stubs_log() -> None:
+    assert invariants.stub_clean(observation(stub_violations=["destroy from a callback"]))
+    killed = [Record(3.0, "state", "EXIT")]
+    assert invariants.never_killed(observation(records=killed))
+    assert invariants.never_killed(observation(records=killed, stop_requested_at=2.0)) == []
+    assert "job hung" in invariants.never_killed(observation(unsettled="the controller is in REPAIR"))[0]
+    # a fault landing while a repair runs fails it by design: no recovery path left
+    during_repair = [Record(1.0, "callback", "report_strategies", ({5: 1}, ["recover"])),
+                     Record(1.5, "training", "fault", ({9: 1}, {})), *killed]
+    assert invariants.lost_recovery_path(observation(records=during_repair))
+    assert invariants.never_killed(observation(records=during_repair)) == []
+
+
+def test_resource_growth_fails_on_a_leaked_thread() -> None:
+    before = invariants.resources()
+    release = threading.Event()
+    leaked = [threading.Thread(target=release.wait, daemon=True) for _ in range(invariants.SLACK + 1)]
+    for thread in leaked:
+        thread.start()
+    try:
+        problems = invariants.resource_growth({"warm": before, "end": invariants.resources()})
+        assert problems and problems[0].startswith("threads grew")
+    finally:
+        release.set()
+        for thread in leaked:
+            thread.join(5)
+    assert invariants.resource_growth({"warm": before, "end": invariants.resources()}) == []
+    grown = invariants.Resources(before.threads, before.fds, before.rss_kb + invariants.RSS_GROWTH_KB + 1)
+    assert "RSS grew" in invariants.resource_growth({"warm": before, "end": grown})[0]
