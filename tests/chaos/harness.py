@@ -43,6 +43,23 @@ def job_spec() -> SimJob:
     return SimJob(JOB, world_size=WORLD_SIZE, devices_per_pod=DEVICES_PER_POD)
 
 
+
+def recorded_successes(state_dir: str) -> int:
+    """The successful retry/recover cycles the flight recorder under ``state_dir`` holds
+    (0 when it has no store yet): what ``tft-bridge history`` would show an operator."""
+    from bridge.recorder.history import find_store
+    from bridge.recorder.store import last_cycles, open_reader
+
+    try:
+        db = open_reader(find_store(state_dir, None))
+    except FileNotFoundError:
+        return 0
+    try:
+        return sum(1 for row in last_cycles(db, 10_000)
+                   if row.outcome == "success" and row.strategy in ("retry", "recover"))
+    finally:
+        db.close()
+
 class SlowNotifies:
     """Wraps the stub's ``tft_notify_controller_*`` functions (the bridge looks them up on
     the module at each call, so does the seed API): the next ``count`` notifies block
@@ -199,21 +216,9 @@ class DaemonHarness(InProcessStub, Harness):
         return run.result() if run is not None and run.done() and not run.cancelled() else None
 
     def success_counts(self) -> dict[str, float | None]:
-        from bridge.history import find_store
-        from bridge.recorder_store import last_cycles, open_reader
-
         metric = sum(self.job.metrics.sample("tft_bridge_recovery_cycles_total", {"strategy": s, "outcome": "success"})
                      for s in ("retry", "recover"))
-        try:
-            db = open_reader(find_store(self.store.name, None))
-            try:
-                recorded = sum(1 for row in last_cycles(db, 10_000)
-                               if row.outcome == "success" and row.strategy in ("retry", "recover"))
-            finally:
-                db.close()
-        except FileNotFoundError:
-            recorded = 0
-        return {"metrics": metric, "recorder": float(recorded)}
+        return {"metrics": metric, "recorder": float(recorded_successes(self.store.name))}
 
     async def close(self) -> None:
         self.slow.remove()

@@ -25,7 +25,7 @@ from bridge.sim.mindio_ttp import Record
 from bridge.sim.scenario import free_port
 
 from ..processes import reap, spawn_bridge
-from .harness import CLUSTERD_TIMINGS, JOB, WATCHDOG_INTERVALS, Harness, start_proxied_sim
+from .harness import CLUSTERD_TIMINGS, JOB, WATCHDOG_INTERVALS, Harness, recorded_successes, start_proxied_sim
 from .schedule import WAIT, WORLD_SIZE
 
 #: The bridge's controller.destroy_timeout here: a slow destroy past it must still end
@@ -209,18 +209,7 @@ directory = "{self.dir.name}/recorder"
         await self._spawn()
 
     def success_counts(self) -> dict[str, float | None]:
-        from bridge.history import find_store
-        from bridge.recorder_store import last_cycles, open_reader
-
-        try:
-            db = open_reader(find_store(f"{self.dir.name}/recorder", None))
-            try:
-                recorded = sum(1 for row in last_cycles(db, 10_000)
-                               if row.outcome == "success" and row.strategy in ("retry", "recover"))
-            finally:
-                db.close()
-        except FileNotFoundError:
-            recorded = 0
+        recorded = recorded_successes(f"{self.dir.name}/recorder")
         return {"metrics": None if self.metrics_lost else self.metric_successes, "recorder": float(recorded)}
 
     async def close(self) -> None:
