@@ -43,6 +43,8 @@ from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
+from child_server import ChildServer  # bench/ is this script's directory: on sys.path
+
 #: The reply of every Report* handler: ClusterD's code 0 (docs/clusterd.md section 3).
 REPORTS = ("ReportProcessFault", "ReportStopComplete", "ReportRecoverStrategy", "ReportRecoverStatus")
 
@@ -55,34 +57,26 @@ class Stamp:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-class FastClusterD:
+class FastClusterD(ChildServer):
     """Parent side: start the child, ask for its stamps, switch cycles on or off."""
 
     def __init__(self, listen: str, job: str, keepalive: float = 1.0) -> None:
-        self.argv = [sys.executable, __file__, "--child", "--listen", listen, "--job", job,
-                     "--keepalive", str(keepalive)]
+        super().__init__([sys.executable, __file__, "--child", "--listen", listen, "--job", job,
+                          "--keepalive", str(keepalive)])
         self.address = listen
         self.events: list[Stamp] = []  # sent eagerly by the child: stream open/end, cycle done
         self._changed = asyncio.Event()
         self._dumps: asyncio.Queue[list[Stamp]] = asyncio.Queue()
-        self._process: asyncio.subprocess.Process | None = None
-        self._reader: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        self._process = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=64 * 1024 * 1024)
-        self._reader = asyncio.create_task(self._read())
+    async def wait_listening(self) -> None:
         await self.wait_event(lambda e: e.kind == "listening", 20)
 
-    async def _read(self) -> None:
-        assert self._process is not None and self._process.stdout is not None
-        async for line in self._process.stdout:
-            data = json.loads(line)
-            if "dump" in data:
-                await self._dumps.put([Stamp(*item) for item in data["dump"]])
-                continue
-            self.events.append(Stamp(data["at"], data["kind"], data["name"], data.get("detail", {})))
-            self._changed.set()
+    async def on_line(self, data: dict[str, Any]) -> None:
+        if "dump" in data:
+            await self._dumps.put([Stamp(*item) for item in data["dump"]])
+            return
+        self.events.append(Stamp(data["at"], data["kind"], data["name"], data.get("detail", {})))
+        self._changed.set()
 
     async def wait_event(self, predicate: Callable[[Stamp], bool], timeout: float, after: int = 0) -> Stamp:
         """The first eager event at index >= ``after`` matching ``predicate``."""
@@ -102,29 +96,10 @@ class FastClusterD:
             except asyncio.TimeoutError:
                 pass
 
-    async def command(self, line: str) -> None:
-        assert self._process is not None and self._process.stdin is not None
-        self._process.stdin.write(line.encode() + b"\n")
-        await self._process.stdin.drain()
-
     async def dump(self) -> list[Stamp]:
         """Every RPC stamp since the last dump, in arrival order."""
         await self.command("dump")
         return await asyncio.wait_for(self._dumps.get(), 20)
-
-    async def stop(self) -> None:
-        if self._process is None:
-            return
-        if self._process.returncode is None:
-            assert self._process.stdin is not None
-            self._process.stdin.close()
-            try:
-                await asyncio.wait_for(self._process.wait(), 10)
-            except asyncio.TimeoutError:
-                self._process.kill()
-                await self._process.wait()
-        if self._reader is not None:
-            await asyncio.gather(self._reader, return_exceptions=True)
 
 
 # --------------------------------------------------------------------------- child

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from child_server import ChildServer  # bench/ is this script's directory: on sys.path
+
 
 #: The job's strategies unless a bench asks for others: no ``retry``, because the
 #: latency benches report type-0 (UCE) maps over and over and rely on them starting no
@@ -41,7 +43,7 @@ class Entry:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-class RemoteSim:
+class RemoteSim(ChildServer):
     """Parent side: start the child, collect its journal, send commands."""
 
     #: The child's nice value (``os.nice`` before it starts a thread). A negative value
@@ -58,38 +60,31 @@ class RemoteSim:
     def __init__(self, listen: str, job: str, world_size: int, devices_per_pod: int = 8,
                  keepalive: float = 1.0, phase_delay: float = 0.05, dump_exit_repeat: float = 0.5,
                  rank_sets: bool = True, strategies: tuple[str, ...] = MEASURING_STRATEGIES) -> None:
-        self.argv = [sys.executable, __file__, "--child", "--listen", listen, "--job", job,
-                     "--world-size", str(world_size), "--devices-per-pod", str(devices_per_pod),
-                     "--keepalive", str(keepalive), "--phase-delay", str(phase_delay),
-                     "--dump-exit-repeat", str(dump_exit_repeat), "--strategies", ",".join(strategies)]
+        argv = [sys.executable, __file__, "--child", "--listen", listen, "--job", job,
+                "--world-size", str(world_size), "--devices-per-pod", str(devices_per_pod),
+                "--keepalive", str(keepalive), "--phase-delay", str(phase_delay),
+                "--dump-exit-repeat", str(dump_exit_repeat), "--strategies", ",".join(strategies)]
         if RemoteSim.nice:
-            self.argv += ["--nice", str(RemoteSim.nice)]
+            argv += ["--nice", str(RemoteSim.nice)]
         if RemoteSim.fifo:
-            self.argv += ["--fifo", str(RemoteSim.fifo)]
+            argv += ["--fifo", str(RemoteSim.fifo)]
         if not rank_sets:
             # A fault report's rank list, parsed from JSON on the measured process's
             # event loop, holds the GIL ~9 ms per 100 000 ranks: only when asked for.
-            self.argv.append("--no-rank-sets")
+            argv.append("--no-rank-sets")
+        super().__init__(argv)
         self.entries: list[Entry] = []
         self._changed = asyncio.Event()
-        self._process: asyncio.subprocess.Process | None = None
-        self._reader: asyncio.Task[None] | None = None
         self.violations: list[str] = []
 
-    async def start(self) -> None:
-        self._process = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=64 * 1024 * 1024)
-        self._reader = asyncio.create_task(self._read())
+    async def wait_listening(self) -> None:
         await self.wait_for(lambda e: e.kind == "listening", timeout=20)
 
-    async def _read(self) -> None:
-        assert self._process is not None and self._process.stdout is not None
-        async for line in self._process.stdout:
-            data = json.loads(line)
-            if data["kind"] == "violation":
-                self.violations.append(data["name"])
-            self.entries.append(Entry(data["seq"], data["at"], data["kind"], data["name"], data.get("detail", {})))
-            self._changed.set()
+    async def on_line(self, data: dict[str, Any]) -> None:
+        if data["kind"] == "violation":
+            self.violations.append(data["name"])
+        self.entries.append(Entry(data["seq"], data["at"], data["kind"], data["name"], data.get("detail", {})))
+        self._changed.set()
 
     async def wait_for(self, predicate: Callable[[Entry], bool], timeout: float = 10.0, after: int = -1) -> Entry:
         """The first entry with ``seq > after`` matching ``predicate``."""
@@ -117,25 +112,6 @@ class RemoteSim:
     @property
     def last_seq(self) -> int:
         return self.entries[-1].seq if self.entries else -1
-
-    async def command(self, line: str) -> None:
-        assert self._process is not None and self._process.stdin is not None
-        self._process.stdin.write(line.encode() + b"\n")
-        await self._process.stdin.drain()
-
-    async def stop(self) -> None:
-        if self._process is None:
-            return
-        if self._process.returncode is None:
-            assert self._process.stdin is not None
-            self._process.stdin.close()
-            try:
-                await asyncio.wait_for(self._process.wait(), 10)
-            except asyncio.TimeoutError:
-                self._process.kill()
-                await self._process.wait()
-        if self._reader is not None:
-            await asyncio.gather(self._reader, return_exceptions=True)
 
 
 # --------------------------------------------------------------------------- child
