@@ -21,7 +21,7 @@ import pytest
 from bridge.sim.clusterd import JournalEntry
 from bridge.sim.mindio_ttp import Record
 
-from .chaos import invariants
+from .chaos import invariants, runner
 from .chaos.harness import Harness
 from .chaos.runner import replay_command, run_schedule, shrink
 from .chaos.schedule import Event, Schedule, generate, judged, recovery_path
@@ -108,11 +108,16 @@ def patch_notify(name: str, replacement: Any) -> Any:
 ONE_POD_FAULT = judged(Schedule(0, "daemon", (Event("fault", 0.1, "start", {"ranks": {"5": 1}}),)))
 
 
-async def test_global_ranks_forwarded_fails_when_the_bridge_drops_ranks() -> None:
-    """The seed API's failure, made on the daemon: on_global_rank gets ``{}``."""
+async def test_global_ranks_forwarded_fails_when_the_bridge_drops_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seed API's failure, made on the daemon: on_global_rank gets ``{}``. The stub
+    punishes it as the real controller does: the node agent restarts the pod under a
+    repair told none of its ranks, and the repair hangs (never-killed sees a job that
+    does not settle; a short settle time is enough to see it)."""
+    monkeypatch.setattr(runner, "SETTLE", 5.0)
     outcome = await run_schedule(ONE_POD_FAULT, patch_notify("on_global_rank", lambda f, ranks, *a: f({}, *a)))
     assert "global-ranks-forwarded" in outcome.violations
     assert "lacks ranks [4, 5, 6, 7]" in outcome.violations["global-ranks-forwarded"][0]
+    assert "the controller is in REPAIR" in outcome.violations["never-killed"][0]
 
 
 async def test_never_killed_fails_when_the_strategy_never_reaches_the_controller() -> None:
@@ -121,7 +126,8 @@ async def test_never_killed_fails_when_the_strategy_never_reaches_the_controller
     assert "the controller entered EXIT" in outcome.violations["never-killed"][0]
 
 
-async def test_a_failure_shrinks_to_the_event_that_matters_and_replays() -> None:
+async def test_a_failure_shrinks_to_the_event_that_matters_and_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "SETTLE", 5.0)  # the sabotaged job never settles: no need to wait 30 s each try
     noisy = judged(Schedule(3, "daemon", (
         Event("rank_table", 0.0, "start", {"version": 1}),
         Event("fault", 0.1, "start", {"ranks": {"5": 1}}),

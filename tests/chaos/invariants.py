@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from bridge.sim.clusterd import JournalEntry
 from bridge.sim.mindio_ttp import Record
 
-from .schedule import Schedule
+from .schedule import DEVICES_PER_POD, Schedule
 
 #: The exit codes docs/runbook.md ("Exit codes of the unit") and bridge/daemon.py document.
 DOCUMENTED_EXIT_CODES = frozenset({0, 1, 2, 75, 76})
@@ -57,9 +57,23 @@ class Observation:
     #: successful cycles by source: "journal" (ClusterD), "metrics", "recorder"
     successes: dict[str, float | None] = field(default_factory=dict)
 
+    @property
+    def stop_at(self) -> float:
+        """When the runner first asked the bridge to stop (or a ``sigterm`` event did)."""
+        return min([t for t in (self.stop_requested_at, *self.bridge_stops) if t is not None], default=float("inf"))
+
+    @property
+    def ended_at(self) -> float:
+        """When the bridge had stopped. It serves on while it stops (the session and the
+        outbox run until the controller is destroyed, after up to ``rank_loss_wait`` for
+        connected ranks to go): a result reported meanwhile still reaches ClusterD."""
+        if self.stop_requested_at is None or not self.exits:
+            return self.stop_at
+        return self.stop_requested_at + self.exits[-1][1]
+
 
 def _killed_at(obs: Observation) -> Record | None:
-    until = min([t for t in (obs.stop_requested_at, *obs.bridge_stops) if t is not None], default=float("inf"))
+    until = obs.stop_at
     for record in obs.records:
         if record.kind == "state" and record.name in KILLED_STATES and record.t < until:
             return record
@@ -70,6 +84,29 @@ def _killed_at(obs: Observation) -> Record | None:
 REPAIRS = ("retry", "recover")
 
 
+def repair_hang_by_design(obs: Observation) -> str | None:
+    """Why the controller hangs in a repair no client could have prevented, or None.
+
+    A process fault that lands after ClusterD's globalFault on a pod that globalFault
+    did not name: the controller merges it into the repair itself, the node agent
+    restarts that rank's whole pod, and the pod's other ranks are restarted under a
+    repair nobody told about them, which hangs until ClusterD gives up (the real
+    controller hangs the same way; docs/mindio-controller.md). ClusterD's globalFault
+    had already gone out, so no client could have named those ranks. A hang on ranks of
+    a pod the globalFault *did* name is the bridge's (a dropped rank) and stays a
+    violation."""
+    global_faults = _global_faults(obs)
+    for record in obs.records:
+        if record.kind == "note" and record.name == "repair hangs: ranks restarted under it" and record.args:
+            before = [s for s in global_faults if s.at <= record.t]
+            named_pods = {int(rank) // DEVICES_PER_POD for rank in before[-1].detail["faults"]} if before else set()
+            untold_pods = {int(rank) // DEVICES_PER_POD for rank in record.args[0]}
+            if untold_pods and not untold_pods & named_pods:
+                return (f"ranks {list(record.args[0])} were restarted under the repair at {record.t:.3f} with a "
+                        f"process fault on their pod that came after ClusterD's globalFault: the repair hangs")
+    return None
+
+
 def lost_recovery_path(obs: Observation) -> str | None:
     """Why the run, as it happened, left the job no recovery path, or None.
 
@@ -78,7 +115,11 @@ def lost_recovery_path(obs: Observation) -> str | None:
     faults into the cycle, is behind it) and before it reported the repair's result fails
     that repair by design (docs/mindio-controller.md, "One cycle": a new fault before the
     first step gives ``report_result(406, "do last repair failed!")`` and a wait for dump
-    or exit), and ClusterD then ends the job with dump or exit."""
+    or exit), and ClusterD then ends the job with dump or exit; and a repair that hangs
+    by design (``repair_hang_by_design``)."""
+    hang = repair_hang_by_design(obs)
+    if hang is not None:
+        return hang
     repairing_since: float | None = None
     for record in sorted(obs.records, key=lambda r: r.t):
         if record.kind == "callback" and record.name == "report_strategies":
@@ -183,7 +224,7 @@ def reports_in_cycle(obs: Observation) -> list[str]:
     with no live subscriber) when the stop came."""
     problems = misdelivered(obs.journal, obs.job_id)
     problems += [f"ClusterD recorded a protocol violation: {v}" for v in obs.sim_violations]
-    until = min([t for t in (obs.stop_requested_at, *obs.bridge_stops) if t is not None], default=float("inf"))
+    until = obs.stop_at
     delivered = [(e.at, {int(r): int(t) for r, t in dict(e.detail.get("faults") or {}).items()})
                  for e in obs.journal if e.kind == "rpc" and e.name == "ReportProcessFault"
                  and e.job_id == obs.job_id and e.code == 0]
@@ -216,13 +257,12 @@ def documented_exit(obs: Observation) -> list[str]:
     return problems
 
 
-def controller_successes(obs: Observation) -> tuple[int, int]:
+def controller_successes(obs: Observation, until: float) -> tuple[int, int]:
     """The controller's successful repairs (``report_result(0, ..., retry|recover)``)
-    before the bridge was stopped, and how many of them reached ClusterD (a
-    ReportRecoverStatus with status 0 for that strategy, answered 0, after it). A result
-    that finds ClusterD restarted has no cycle left to answer: the bridge drops it with a
-    reason, training goes on repaired, and ClusterD never writes a verdict."""
-    until = min([t for t in (obs.stop_requested_at, *obs.bridge_stops) if t is not None], default=float("inf"))
+    before ``until``, and how many of them reached ClusterD (a ReportRecoverStatus with
+    status 0 for that strategy, answered 0, after it). A result that finds ClusterD
+    restarted has no cycle left to answer: the bridge drops it with a reason, training
+    goes on repaired, and ClusterD never writes a verdict."""
     results = [r for r in obs.records if r.kind == "callback" and r.name == "report_result" and len(r.args) >= 4
                and r.args[0] == 0 and r.args[3] in REPAIRS and r.t < until]
     answers = [e for e in obs.journal if e.kind == "rpc" and e.name == "ReportRecoverStatus" and e.code == 0
@@ -248,14 +288,18 @@ def cycles_agree(obs: Observation) -> list[str]:
     per kill."""
     journal = obs.successes.get("journal")
     problems = []
-    reported, delivered = controller_successes(obs)
+    # Counted until the bridge had stopped: it serves on while it stops. The metrics of a
+    # bridge process are scraped when its stop is asked for, so they may miss the results
+    # reported after that: at least those before the stop, at most all.
+    reported, delivered = controller_successes(obs, obs.ended_at)
+    before_stop, _ = controller_successes(obs, obs.stop_at)
     if journal is not None and journal != delivered:
         problems.append(f"ClusterD's journal has {journal:g} successful cycles, but {delivered} successful "
                         f"result(s) of the controller reached it")
     for source, count in obs.successes.items():
         if source == "journal" or count is None:
             continue
-        if not reported - len(obs.kills) <= count <= reported:
+        if not before_stop - len(obs.kills) <= count <= reported:
             problems.append(f"{source} counts {count:g} successful cycles; the controller reported {reported} "
                             f"({delivered} reached ClusterD, whose journal counts {journal:g})")
     return problems

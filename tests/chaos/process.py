@@ -80,6 +80,8 @@ world_size = {WORLD_SIZE}
 wait_mindx_time = {WAIT}
 enable_arf = true
 destroy_timeout = {DESTROY_TIMEOUT}
+# the ranks of a schedule stay connected to the end: no wait for their loss, as SimulatedJob
+rank_loss_wait = 0
 state_directory = "{self.dir.name}/state"
 [metrics]
 enabled = true

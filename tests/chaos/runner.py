@@ -232,6 +232,8 @@ class Run:
                 r.kind == "state" and r.name in invariants.KILLED_STATES for r in self.h.records()):
             return None
         if state != "NORMAL":
+            if state == "REPAIR" and invariants.repair_hang_by_design(self.observation(final=False)) is not None:
+                return None  # it would hang until ClusterD gives up: nothing left to wait for
             return f"the controller is in {state}"
         sim_state = self.h.sim.state(JOB)
         if sim_state != "INIT":
