@@ -102,10 +102,11 @@ def connection_lost(metrics: BridgeMetrics, channel: str, detail: str) -> None:
     A GOAWAY (``too_many_pings`` from a release enforcing gRPC's default ping policy, or
     a ClusterD shutting down) and a broken connection look alike to the client: the
     channel leaves READY. gRPC reconnects at the next call; a report in flight at that
-    moment fails with an unknown outcome (``Delivery.UNKNOWN``, counted by the relay)."""
-    metrics.clusterd_connection_lost.labels(channel).inc()
+    moment fails with an unknown outcome (``Delivery.UNKNOWN``, counted by the relay).
+    Logged before it is counted: whoever sees the count (an alert, a test) finds the line."""
     log.warning("ClusterD closed the %s channel's connection (%s): a GOAWAY (e.g. too_many_pings: gRPC's own log "
                 "line says which) or a lost connection; gRPC reconnects at the next call", channel, detail)
+    metrics.clusterd_connection_lost.labels(channel).inc()
 
 
 def channel_credentials(config: ClusterDConfig) -> grpc.ChannelCredentials:
