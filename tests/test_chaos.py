@@ -3,7 +3,7 @@ point, and for every invariant a known-bad behaviour that it must report.
 
 The seeds are fixed so a failure here is a schedule anyone can replay with the command
 the assertion prints; the long randomized runs are ``python -m tests.chaos --schedules N``
-(docs/testing-chaos.md). The self-checks break one thing on purpose -- a bridge that
+(docs/chaos.md). The self-checks break one thing on purpose -- a bridge that
 drops globalFault ranks, one that never forwards the strategy, a report answered into the
 wrong cycle, an undocumented exit code, a leaking thread -- and assert that the matching
 invariant names it: an invariant that cannot fail proves nothing.
@@ -187,16 +187,25 @@ def test_documented_exit_fails_on_an_unknown_code_or_a_stop_past_its_budget() ->
 
 def test_cycles_agree_fails_when_a_count_differs_from_clusterds_journal() -> None:
     result = Record(1.0, "callback", "report_result", (0, "Mindio do repair operation ok", {}, "recover"))
+    opened = entry("stream-open", "SubscribeProcessManageSignal", 0, at=0.5)
     answered = entry("rpc", "ReportRecoverStatus", 1, at=1.1, code=0, status={"code": 0, "info": "ok"},
                      strategy="recover")
     same = {"journal": 1.0, "metrics": 1.0, "recorder": 1.0}
-    assert invariants.cycles_agree(observation(records=[result], journal=[answered], successes=same)) == []
-    problems = invariants.cycles_agree(observation(records=[result], journal=[answered],
+    assert invariants.cycles_agree(observation(records=[result], journal=[opened, answered], successes=same)) == []
+    problems = invariants.cycles_agree(observation(records=[result], journal=[opened, answered],
                                                    successes={**same, "recorder": 0.0}))
     assert problems and problems[0].startswith("recorder counts 0 successful cycles; the controller reported 1")
     # ClusterD restarted under the result: it never saw it, the bridge still counts the repair
     lost = {"journal": 0.0, "metrics": 1.0, "recorder": 1.0}
     assert invariants.cycles_agree(observation(records=[result], successes=lost)) == []
+    # the result crossed its stream's end on the wire: ClusterD answered 0, had no cycle
+    # for it and wrote no verdict; the bridge still counts the repair
+    ended = entry("stream-end", "SubscribeProcessManageSignal", 1, at=1.05)
+    crossed = entry("rpc", "ReportRecoverStatus", 2, at=1.1, code=0, status={"code": 0, "info": "ok"},
+                    strategy="recover")
+    assert invariants.cycles_agree(observation(records=[result], journal=[opened, ended, crossed],
+                                               successes=lost)) == []
+    assert invariants.cycles_agree(observation(records=[result], journal=[opened, answered], successes=lost))
     # a verdict without a result that reached it: the journal disagrees
     assert "ClusterD's journal has 1 successful cycles, but 0" in invariants.cycles_agree(
         observation(records=[result], successes=same))[0]

@@ -257,6 +257,22 @@ def documented_exit(obs: Observation) -> list[str]:
     return problems
 
 
+def _stream_live(journal: list[JournalEntry], job_id: str, seq: int) -> bool:
+    """Whether the job had a live signal stream when journal entry ``seq`` was written. A
+    result sent in the moment before its stream's end reached the bridge crosses the
+    break on the wire (docs/architecture.md): ClusterD answers it 0 with no cycle to
+    give it to, writes no verdict, and the next Subscribe resets the job."""
+    live = False
+    for entry in journal:
+        if entry.seq >= seq:
+            break
+        if entry.kind == "state" and entry.name == "clusterd-restarted":
+            live = False
+        elif entry.job_id == job_id and entry.kind in ("stream-open", "stream-end"):
+            live = entry.kind == "stream-open"
+    return live
+
+
 def controller_successes(obs: Observation, until: float) -> tuple[int, int]:
     """The controller's successful repairs (``report_result(0, ..., retry|recover)``)
     before ``until``, and how many of them reached ClusterD (a ReportRecoverStatus with
@@ -267,7 +283,7 @@ def controller_successes(obs: Observation, until: float) -> tuple[int, int]:
                and r.args[0] == 0 and r.args[3] in REPAIRS and r.t < until]
     answers = [e for e in obs.journal if e.kind == "rpc" and e.name == "ReportRecoverStatus" and e.code == 0
                and e.job_id == obs.job_id and (e.detail.get("status") or {}).get("code") == 0
-               and e.detail.get("strategy") in REPAIRS]
+               and e.detail.get("strategy") in REPAIRS and _stream_live(obs.journal, obs.job_id, e.seq)]
     delivered = 0
     for result in results:
         match = next((e for e in answers if e.at >= result.t - 0.001 and e.detail.get("strategy") == result.args[3]),
