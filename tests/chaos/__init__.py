@@ -10,5 +10,5 @@ Modules: ``schedule`` (events, the generator, the recovery-path verdict), ``harn
 (the daemon and seed-API entry points), ``process`` (a real ``tft-bridge run``),
 ``runner`` (injection, settling, shrinking), ``invariants`` (the checks). The suite runs a
 fixed set of seeds and one self-check per invariant (tests/test_chaos.py); the long-run
-figures are in docs/testing-chaos.md.
+figures are in docs/chaos.md.
 """
