@@ -133,7 +133,10 @@ async def test_the_idle_timeout_the_bridge_turns_off_is_grpcs_own_option() -> No
         health = channel.unary_unary("/Recover/HealthCheck")  # the idle timer counts from a call's end
         answer = await asyncio.to_thread(health, pb.ClientInfo(jobId="x").SerializeToString(), timeout=5)
         assert pb.Status.FromString(answer).code == 0
-        await eventually(lambda: states[-1] is not grpc.ChannelConnectivity.READY, timeout=5,
+        # gRPC delivers connectivity changes on a thread of its own, possibly after the call
+        # returned: wait for READY to be seen, then for a state after it.
+        ready = grpc.ChannelConnectivity.READY
+        await eventually(lambda: ready in states and states[-1] is not ready, timeout=5,
                          what="the unused channel dropped")
     finally:
         channel.close()
