@@ -51,7 +51,7 @@ async def run(idle: float) -> int:
         job.training.inject_fault({5: 0})
         status = None
         while status is None and time.monotonic() - fault_at < 60:
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # polls the annotation (a script, not a test: no eventually())
             status = job.sim.podgroup(JOB).get("ProcessRecoverStatus")
         reports = [entry.name for entry in job.sim.journal.select(kind="rpc", job_id=JOB)
                    if entry.name.startswith("Report")]

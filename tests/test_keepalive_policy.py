@@ -212,7 +212,7 @@ class _SlowReports:
 
     async def report(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self.received += 1
-        await asyncio.sleep(self.hold)
+        await asyncio.sleep(self.hold)  # a server that holds the call: the behaviour under test
         return pb.Status(code=0, info="ok").SerializeToString()
 
     async def start(self) -> str:

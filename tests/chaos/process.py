@@ -118,7 +118,7 @@ directory = "{self.dir.name}/recorder"
             if time.monotonic() > deadline or (self.process is not None and self.process.poll() is not None):
                 raise RuntimeError(f"process entry point: {what} did not happen within {timeout} s "
                                    f"(bridge exit code {self.process.poll() if self.process else None})")
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the poll of a bounded wait (deadline above), as eventually() polls
 
     def _send(self, command: dict[str, Any]) -> None:
         assert self.process is not None and self.process.stdin is not None

@@ -259,7 +259,7 @@ class Run:
                     return None
             else:
                 quiet_since = None
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the poll of the bounded settle wait (deadline above)
         return f"not quiet {SETTLE:.0f} s after the schedule: {why}"
 
     def observation(self, final: bool = True, unsettled: str | None = None) -> invariants.Observation:
