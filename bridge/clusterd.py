@@ -147,7 +147,8 @@ class ClusterDClient:
         self._callables: dict[str, Any] = {}
         # The Report* calls go over a synchronous channel on a thread of their own
         # (bridge/rpcthread.py: grpc.aio's wake-ups on busy cores); False
-        # sends them with grpc.aio like the other calls (the A/B in bench/bench_loaded.py).
+        # sends them with grpc.aio like the other calls, the way rpcthread.py's figures
+        # were measured against (nothing in the bridge sets it).
         self.report_thread = True
         self.rpc_thread: RpcThread | None = None
         # (method, code or gRPC status, started, seconds) of every unary call: the

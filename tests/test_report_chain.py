@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from concurrent import futures
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -105,9 +107,20 @@ def limit() -> int:
     return 10_000  # the outbox's default bound
 
 
-@pytest.fixture
-async def outbox(clusterd: tuple[ClusterD, str], limit: int) -> AsyncIterator[tuple[Relay, OneCycle, BridgeMetrics]]:
-    _, address = clusterd
+@dataclass
+class Outbox:
+    """A running outbox and what it reports through, for one test."""
+
+    client: ClusterDClient
+    relay: Relay
+    session: OneCycle
+    metrics: BridgeMetrics
+
+
+@asynccontextmanager
+async def running_outbox(address: str, limit: int = 10_000) -> AsyncIterator[Outbox]:
+    """A ClusterD client with its report thread connected and a relay running over it;
+    stopped and closed on the way out (the report lane's tests build on it too)."""
     metrics = BridgeMetrics()
     client = ClusterDClient(ClusterDConfig(address=address, rpc_timeout=10.0, reconnect_initial=0.01,
                                            reconnect_max=0.02), metrics)
@@ -119,12 +132,18 @@ async def outbox(clusterd: tuple[ClusterD, str], limit: int) -> AsyncIterator[tu
     try:
         await eventually(lambda: client.rpc_thread is not None and client.rpc_thread.ready, 10,
                          what="the report channel connected")
-        yield relay, session, metrics
+        yield Outbox(client, relay, session, metrics)
     finally:
         relay.stop()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await client.close()
+
+
+@pytest.fixture
+async def outbox(clusterd: tuple[ClusterD, str], limit: int) -> AsyncIterator[tuple[Relay, OneCycle, BridgeMetrics]]:
+    async with running_outbox(clusterd[1], limit) as running:
+        yield running.relay, running.session, running.metrics
 
 
 async def fault_report_on_the_wire(fake: ClusterD, relay: Relay) -> None:

@@ -15,8 +15,6 @@ from typing import Any
 import grpc
 import pytest
 
-from bridge.clusterd import ClusterDClient
-from bridge.config import ClusterDConfig
 from bridge.codes import Code
 from bridge.fastlane import ReportLane, request
 from bridge.flow import ControllerFlow
@@ -25,7 +23,7 @@ from bridge.relay import Relay
 from bridge.reports import ControllerReport, Handoff, ReportPath
 
 from .conftest import eventually, eventually_sync
-from .test_report_chain import CYCLE, JOB, ClusterD, OneCycle, clusterd  # noqa: F401 - the fixture
+from .test_report_chain import CYCLE, JOB, ClusterD, OneCycle, clusterd, running_outbox  # noqa: F401 - the fixture
 
 
 @dataclass
@@ -46,29 +44,17 @@ class Bridge:
 @pytest.fixture(params=[True, False], ids=["lane", "no-lane"])
 async def bridge(request: pytest.FixtureRequest, clusterd: tuple[ClusterD, str]) -> AsyncIterator[Bridge]:  # noqa: F811
     fake, address = clusterd
-    metrics = BridgeMetrics()
-    client = ClusterDClient(ClusterDConfig(address=address, rpc_timeout=10.0, reconnect_initial=0.01,
-                                           reconnect_max=0.02), metrics)
-    await client.open()
-    client._start_rpc_thread()  # as the first subscribe does
-    session = OneCycle()
-    relay = Relay(JOB, client, session, metrics)  # type: ignore[arg-type]
-    flow = ControllerFlow()
-    reports = ReportPath(JOB, flow, relay, metrics)
-    loop = asyncio.get_running_loop()
-    lane = ReportLane(JOB, relay, session, client, loop, flow)  # type: ignore[arg-type]
-    handoff = Handoff(loop, reports.handle, pin_cpu=False, lane=lane if request.param else None)
-    task = asyncio.create_task(relay.run())
-    try:
-        await eventually(lambda: client.rpc_thread is not None and client.rpc_thread.ready, 10,
-                         what="the report channel connected")
-        yield Bridge(fake, relay, session, metrics, flow, lane, handoff)
-    finally:
-        handoff.close()
-        relay.stop()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await client.close()
+    async with running_outbox(address) as running:
+        relay, session = running.relay, running.session
+        flow = ControllerFlow()
+        reports = ReportPath(JOB, flow, relay, running.metrics)
+        loop = asyncio.get_running_loop()
+        lane = ReportLane(JOB, relay, session, running.client, loop, flow)  # type: ignore[arg-type]
+        handoff = Handoff(loop, reports.handle, pin_cpu=False, lane=lane if request.param else None)
+        try:
+            yield Bridge(fake, relay, session, running.metrics, flow, lane, handoff)
+        finally:
+            handoff.close()
 
 
 def with_lane(bridge: Bridge) -> bool:

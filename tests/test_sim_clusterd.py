@@ -1292,6 +1292,21 @@ async def test_the_fault_centre_of_v7_0_starts_a_cycle_4_s_after_the_report(faul
             assert waited < 0.3  # master: at once for a process fault
 
 
+async def successful_retry_cycle(client: Client, stream: Stream, faults: dict[int, int]) -> Any:
+    """A whole pure-retry cycle that succeeds: the fault report, stop-complete, the
+    strategies and result 0, each answered by its signal; the stream then ends OK.
+    Returns the cycle's stopTrain."""
+    assert await client.fault(faults) == 0
+    stop = await stream.next(5)
+    await client.stop_complete()
+    await stream.next(5)
+    await client.strategies(["retry", "recover", "dump"])
+    await stream.next(5)
+    await client.status(0, "retry")
+    assert await stream.ended() == grpc.StatusCode.OK
+    return stop
+
+
 @pytest.mark.parametrize("fault_type, repeat_delay", [(0, 0.07), (2, 0.4)])
 async def test_v7_3_repeats_a_retry_cycle_that_succeeded(fault_type: int, repeat_delay: float) -> None:
     """The fault centre still holds the retried fault: a second cycle 0.7 s (UCE) / 4 s
@@ -1299,15 +1314,7 @@ async def test_v7_3_repeats_a_retry_cycle_that_succeeded(fault_type: int, repeat
     timings = replace(T, retry_repeat_delay_uce=0.07, retry_repeat_delay_hccl=0.4, hccl_retry_pause=0.01,
                       retry_report_delay=(0.01, 0.02))
     async with own_sim(timings=timings, release=RELEASES["7.3"]) as (sim, client):
-        stream = await client.session(sim)
-        assert await client.fault({3: fault_type}) == 0
-        first = await stream.next(5)
-        await client.stop_complete()
-        await stream.next(5)
-        await client.strategies(["retry", "recover", "dump"])
-        await stream.next(5)
-        await client.status(0, "retry")
-        assert await stream.ended() == grpc.StatusCode.OK
+        first = await successful_retry_cycle(client, await client.session(sim), {3: fault_type})
         ended = sim.journal.select("stream-end", "SubscribeProcessManageSignal", JOB)[-1]
         stream = await client.subscribe(sim)
         again = await stream.next(5)
@@ -1327,13 +1334,5 @@ async def test_v7_3_repeats_a_retry_cycle_that_succeeded(fault_type: int, repeat
 async def test_master_does_not_repeat_a_retry_cycle_that_succeeded() -> None:
     timings = replace(T, retry_report_delay=(0.01, 0.02))
     async with own_sim(timings=timings) as (sim, client):
-        stream = await client.session(sim)
-        assert await client.fault({3: 0}) == 0
-        await stream.next(5)
-        await client.stop_complete()
-        await stream.next(5)
-        await client.strategies(["retry", "recover", "dump"])
-        await stream.next(5)
-        await client.status(0, "retry")
-        assert await stream.ended() == grpc.StatusCode.OK
+        await successful_retry_cycle(client, await client.session(sim), {3: 0})
         assert sim.journal.select("fault-centre", "retry-repeat", JOB) == []
