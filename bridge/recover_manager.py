@@ -28,6 +28,9 @@ What differs from the old client, on purpose:
   over (it is dropped, never handed to the next cycle), ``Code.WaitReportTimeout``
   (507) when ``wait`` ran out, ``Code.ServerInnerError`` (599) when it was not sent.
 * ``report_process_fault`` accepts the controller's second dict (fault codes).
+* The controller's wait (``MINDIO_WAIT_MINDX_TIME``, read from this process's
+  environment as the controller reads it) bounds the reconnect back-off at half of it,
+  as the daemon's configuration does, and a wait of 11 s or less is logged as a warning.
 * The fault ranks of ClusterD's signals reach the controller as ClusterD named them.
   The caller initialised the controller, and the real module cannot be asked its world
   size, so this path knows none (``ControllerHost.world_size`` is None) and checks no
@@ -61,7 +64,7 @@ from . import faults as codec
 from ._proto import recover_pb2
 from .clusterd import RpcFailure, client_info
 from .codes import Code
-from .config import build_config
+from .config import ClusterDConfig, build_config, config_warnings
 from .controller import ControllerHost, load_controller_module, wait_time_from_environment
 from .flow import ControllerFlow
 from .link import Link
@@ -150,13 +153,21 @@ class DLRecoverManager:
                 raise CertificateError("mutual TLS needs both client_cert and client_key")
         self.rpc_timeout = rpc_timeout
         self.controller_module = controller_module
+        # The controller the caller starts reads its wait from this process's environment;
+        # the daemon's rule that one reconnect back-off sleep is at most half that wait
+        # (config.py) holds here too, and a wait ClusterD cannot meet is warned about.
+        wait = wait_time_from_environment()
         self.config = build_config({
             "job_id": self.job_id,
             "clusterd": {"address": server_addr, "role": self.role, "rpc_timeout": rpc_timeout, "tls": secure_conn,
                          "ca_file": cert_path if secure_conn else "", "cert_file": client_cert if secure_conn else "",
-                         "key_file": client_key if secure_conn else ""},
+                         "key_file": client_key if secure_conn else "",
+                         "reconnect_max": min(ClusterDConfig.reconnect_max, wait / 2)},
+            "controller": {"wait_mindx_time": wait},
             "metrics": {"enabled": False},
         }, env={})
+        for warning in config_warnings(self.config):
+            log.warning("configuration: %s", warning)
         self.metrics = BridgeMetrics()
         self.link: Link | None = None  # from start_subscribe() on
         self._loop = asyncio.new_event_loop()

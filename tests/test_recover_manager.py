@@ -182,6 +182,29 @@ def test_init_errors_are_documented_exceptions(training) -> None:  # type: ignor
         DLRecoverManager(pb.ClientInfo(), "127.0.0.1:1", secure_conn=False)
 
 
+@pytest.mark.parametrize("wait, cap, warned", [("12", 6.0, False), ("8", 4.0, True), ("600", 10.0, False),
+                                                 (None, 10.0, False), ("+20", 10.0, False)])
+def test_the_controllers_wait_bounds_the_reconnect_back_off(monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture, wait: str | None,
+                                                            cap: float, warned: bool) -> None:
+    """The controller the launcher starts reads MINDIO_WAIT_MINDX_TIME (digits in 1..3600,
+    else 30); one back-off sleep must leave most of that wait for the re-subscription,
+    as the daemon's configuration requires, and a wait ClusterD cannot meet for a process
+    fault (11 s or less) is warned about on this entry point too."""
+    if wait is None:
+        monkeypatch.delenv("MINDIO_WAIT_MINDX_TIME", raising=False)
+    else:
+        monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", wait)
+    with caplog.at_level("WARNING", logger="bridge.recover_manager"):
+        manager = DLRecoverManager(pb.ClientInfo(taskId=JOB), "127.0.0.1:1", secure_conn=False)
+    try:
+        assert manager.config.clusterd.reconnect_max == cap
+        assert manager.config.controller.wait_mindx_time == (int(wait) if wait and wait.isdigit() else 30)
+        assert any("wait_mindx_time" in record.getMessage() for record in caplog.records) is warned
+    finally:
+        manager.close()
+
+
 # --------------------------------------------------------------------------- TLS
 
 trustme = pytest.importorskip("trustme")
