@@ -16,8 +16,9 @@ Phases:
   handlers only decode, stamp and answer), the bridge and the synchronous client
   alternating round by round, plus a second synchronous client (the A/A control: the
   measurement's own noise floor). Per way: callback block time and callback -> server
-  received; for the bridge where the time goes (callback -> event loop, callback -> the
-  report thread puts the request on the wire, wire -> server received), for the
+  received; for the bridge where the time goes (callback -> the hand-off thread, -> the
+  report thread when the report lane took it, -> event loop, -> the report thread puts
+  the request on the wire; wire -> server received), for the
   synchronous client callback -> send and send -> server received: the server's own
   share, which the real ClusterD takes 0.6-1.1 ms for on loopback, its logging included.
 * ``signals``: ClusterD signal -> controller notify (pause_train -> stop_train(pause)),
@@ -28,7 +29,7 @@ Phases:
   server playing the cycle: every report hop (callback -> server received) and the
   critical path, the controller's 2nd ``report_fault_ranks`` callback -> server received
   the ``ReportRecoverStrategy`` that follows it; for the bridge, each report's callback ->
-  loop and callback -> wire. ClusterD must have answered the 2nd fault report before the
+  the same places as in ``hops``. ClusterD must have answered the 2nd fault report before the
   strategy report leaves (docs/clusterd.md: a fault report during a cycle joins it, and
   two HTTP/2 streams give no order between their handlers), so that hop counts from the
   later of the strategies callback and that answer reaching the client: the synchronous
@@ -159,11 +160,28 @@ class StampedSync(SyncRelay):
 
 @dataclass
 class BridgeStamps:
-    """Where a bridge's report was when: reached the loop, went on the wire."""
+    """Where a bridge's report was when: reached the hand-off thread, the report thread
+    (a report the lane took, bridge/fastlane.py), the loop, the wire."""
 
+    handoff: list[tuple[str, float]] = field(default_factory=list)  # (first callback of the batch, at)
+    taken: list[tuple[str, float]] = field(default_factory=list)  # (callback, at): the report thread began it
     loop: list[tuple[str, float]] = field(default_factory=list)  # (callback, at)
     wire: list[tuple[str, float]] = field(default_factory=list)  # (method, at)
     answered: list[tuple[str, float]] = field(default_factory=list)  # (method, at): the answer is back
+
+    def clear(self) -> None:
+        for stamped in (self.handoff, self.taken, self.loop, self.wire, self.answered):
+            stamped.clear()
+
+    PLACES = ("cb->hand-off", "cb->report thread", "cb->loop", "cb->wire")
+
+    def split(self, callback: str, method: str, called: float) -> dict[str, float]:
+        """Callback -> each place the report reached, for those it reached (the report
+        thread only when the lane took it)."""
+        reached = (after(self.handoff, callback, called), after(self.taken, callback, called),
+                   after(self.loop, callback, called), after(self.wire, method, called))
+        places = dict(zip(self.PLACES, reached))
+        return {label: at - called for label, at in places.items() if at is not None}
 
 
 def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
@@ -181,6 +199,19 @@ def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
         handle(reports)
 
     link.handoff._handle = stamped
+    lane = link.lane
+    dispatch, prepare = lane.dispatch, lane._prepare
+
+    def stamped_dispatch(reports: list[ControllerReport], post: Any) -> None:
+        stamps.handoff.append((reports[0].callback, time.monotonic()))
+        dispatch(reports, post)
+
+    def stamped_prepare(callback: str, args: tuple[Any, ...]) -> bytes | None:
+        stamps.taken.append((callback, time.monotonic()))
+        return prepare(callback, args)
+
+    lane.dispatch = stamped_dispatch  # type: ignore[method-assign]
+    lane._prepare = stamped_prepare  # type: ignore[method-assign]
     rpc = link.client.rpc_thread
     assert rpc is not None, "the report thread starts with the subscription"
     for method in THREADED:
@@ -264,16 +295,16 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
                 for size in sizes:
                     blocks: dict[str, list[float]] = {name: [] for name in ways}
                     latency: dict[str, list[float]] = {name: [] for name in ways}
-                    split: dict[str, list[float]] = {"cb->loop": [], "cb->wire": [], "wire->srv": [],
-                                                     "sync send->srv": [], "sync cb->send": []}
+                    split: dict[str, list[float]] = {"cb->hand-off": [], "cb->report thread": [], "cb->loop": [],
+                                                     "cb->wire": [], "wire->srv": [], "sync send->srv": [],
+                                                     "sync cb->send": []}
                     await server.dump()
                     for i in range(rounds[size]):
                         for k, (name, callback) in enumerate(ways.items()):  # alternate: same conditions
                             faults = fault_map(size, len(ways) * i + k)
                             if name == "bridge":
                                 delivered.clear()
-                                stamps.loop.clear()
-                                stamps.wire.clear()
+                                stamps.clear()
                                 result = controller.call(callback, faults, {})
                                 await asyncio.wait_for(delivered.wait(), 30)
                             else:
@@ -292,12 +323,11 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
                             blocks[name].append(block)
                             latency[name].append(received - called)
                             if name == "bridge":
-                                loop_at = after(stamps.loop, "report_fault_ranks", called)
-                                wire_at = after(stamps.wire, "ReportProcessFault", called)
-                                if loop_at is not None and wire_at is not None:
-                                    split["cb->loop"].append(loop_at - called)
-                                    split["cb->wire"].append(wire_at - called)
-                                    split["wire->srv"].append(received - wire_at)
+                                reached = stamps.split("report_fault_ranks", "ReportProcessFault", called)
+                                for label, took in reached.items():
+                                    split[label].append(took)
+                                if "cb->wire" in reached:
+                                    split["wire->srv"].append(received - called - reached["cb->wire"])
                             elif name == "sync":
                                 sent = syncs["sync"].sent[-1]
                                 split["sync cb->send"].append(sent - called)
@@ -357,7 +387,7 @@ CRITICAL = "2nd fault cb -> strategy srv"
 @dataclass
 class CycleFigures:
     hops: dict[str, list[float]] = field(default_factory=lambda: {label: [] for label, *_ in REPORT_HOPS})
-    split: dict[str, list[float]] = field(default_factory=dict)  # "<callback> cb->loop" / "cb->wire" (bridge)
+    split: dict[str, list[float]] = field(default_factory=dict)  # "<callback> #<n> <place>" (bridge, BridgeStamps.PLACES)
     critical: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -382,9 +412,7 @@ async def one_cycle(server: FastClusterD, training: Any, index: int, ready: Call
         training.events.clear()
         training.callback_durations.clear()
     if stamps is not None:
-        stamps.loop.clear()
-        stamps.wire.clear()
-        stamps.answered.clear()
+        stamps.clear()
     await server.dump()
     mark = len(server.events)
     training.inject_fault({(index * 5 + 1) % CYCLE_WORLD: 0})
@@ -417,11 +445,8 @@ async def one_cycle(server: FastClusterD, training: Any, index: int, ready: Call
             raise RuntimeError(f"no {rpc} after the {callback} callback")
         figures.hops[label].append(got - at)
         if stamps is not None:
-            loop_at = after(stamps.loop, callback, at)
-            wire_at = after(stamps.wire, rpc, at)
-            if loop_at is not None and wire_at is not None:
-                figures.split.setdefault(f"{callback} #{nth + 1} cb->loop", []).append(loop_at - calls[nth].t)
-                figures.split.setdefault(f"{callback} #{nth + 1} cb->wire", []).append(wire_at - calls[nth].t)
+            for place, took in stamps.split(callback, rpc, calls[nth].t).items():
+                figures.split.setdefault(f"{callback} #{nth + 1} {place}", []).append(took)
     second = training.callbacks("report_fault_ranks")[1].t
     strategy = after(received, "ReportRecoverStrategy", second)
     assert strategy is not None
@@ -514,8 +539,8 @@ async def cycles_phase(loads: list[int], cycles: int, misses: list[str]) -> None
             check_p50(f"cycles, {load} busy, {label}", bridge.hops[label], sync.hops[label], misses)
         print(f"    {CRITICAL:<36} bridge {stats(bridge.critical, 1e-3, 'ms')}")
         print(f"    {'':<36} sync   {stats(sync.critical, 1e-3, 'ms')}")
-        for label, values in bridge.split.items():
-            print(f"      bridge {label:<34} {stats(values, 1e-3, 'ms')}")
+        for label, values in sorted(bridge.split.items(), key=lambda item: _split_order(item[0])):
+            print(f"      bridge {label:<42} {stats(values, 1e-3, 'ms')}")
         for name, figures in (("bridge", bridge), ("sync", sync)):
             for failure in figures.failures:
                 print(f"    {name}: FAILED {failure}")
@@ -523,6 +548,14 @@ async def cycles_phase(loads: list[int], cycles: int, misses: list[str]) -> None
         if bridge.critical and sync.critical and pct(bridge.critical, 0.5) > pct(sync.critical, 0.5):
             misses.append(f"cycles, {load} busy, {CRITICAL}: p50 {pct(bridge.critical, 0.5) * 1e3:.3f} ms > sync "
                           f"{pct(sync.critical, 0.5) * 1e3:.3f} ms")
+
+
+def _split_order(label: str) -> tuple[int, int]:
+    """"<callback> #<n> <place>" in the cycle's order of reports, then the path's order."""
+    callback, nth, place = label.split(" ", 2)
+    hops = [f"{name} #{n + 1}" for _, name, n, _ in REPORT_HOPS]
+    report = f"{callback} {nth}"
+    return (hops.index(report) if report in hops else len(hops), BridgeStamps.PLACES.index(place))
 
 
 # --------------------------------------------------------------------------- targets
