@@ -25,6 +25,7 @@ import pytest
 
 from bridge.sim import mindio_ttp
 from bridge.sim.mindio_ttp import FAST_TIMINGS, REAL_TIMINGS, Training, training
+from bridge.sim.scenario import free_port
 from .conftest import eventually_sync
 
 pytestmark = pytest.mark.timeout(20)
@@ -54,14 +55,6 @@ def sim(monkeypatch: pytest.MonkeyPatch) -> Iterator[Training]:
 @pytest.fixture
 def m() -> Any:
     return importlib.import_module("mindio_ttp.controller_ttp")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    assert 1024 <= port <= 65535
-    return port
 
 
 class Bridge:
