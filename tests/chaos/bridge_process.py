@@ -22,7 +22,8 @@ from typing import Any
 from bridge import cli
 from bridge.sim import mindio_ttp
 
-WORLD_SIZE = 16
+from .schedule import DEVICES_PER_POD, WORLD_SIZE
+
 FLUSH_INTERVAL = 0.02
 
 
@@ -72,6 +73,9 @@ def main(argv: list[str]) -> int:
     training = mindio_ttp.training
     training.use_timings(mindio_ttp.FAST_TIMINGS)
     training.auto_step = True
+    # The node agent restarts whole pods, the simulated ClusterD's (harness.sim_job), as
+    # on the other entry points: a controller told fewer ranks than ClusterD named hangs.
+    training.devices_per_pod = DEVICES_PER_POD
     threading.Thread(target=write_records, args=(records,), name="chaos-records", daemon=True).start()
     threading.Thread(target=drive_training, name="chaos-training", daemon=True).start()
     return cli.main(["run", "--config", config])
