@@ -20,6 +20,7 @@ from bridge.config import ClusterDConfig, ControllerConfig
 from bridge.controller import make_callback
 from bridge.metrics import BridgeMetrics
 from bridge.reports import THREAD, WAKE, ControllerReport, Handoff
+from bridge.sim.scenario import free_port
 
 from .conftest import eventually, recover_server
 
@@ -172,9 +173,7 @@ async def test_a_report_that_reached_a_server_that_never_answers_ends_at_its_dea
 
 
 async def test_a_report_to_nobody_provably_never_arrived() -> None:
-    with __import__("socket").socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    address = f"127.0.0.1:{free_port()}"  # a port nothing listens on
     client = ClusterDClient(ClusterDConfig(address=address, rpc_timeout=2.0), BridgeMetrics())
     await client.open()
     client._start_rpc_thread()

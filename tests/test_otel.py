@@ -26,6 +26,7 @@ from bridge.metrics import BridgeMetrics  # noqa: E402
 from bridge.recorder.otel import OtlpExporter  # noqa: E402
 from bridge.recorder import ErrorLog  # noqa: E402
 from bridge.recorder.config import OtelConfig  # noqa: E402
+from bridge.sim.scenario import free_port  # noqa: E402
 
 from .conftest import eventually_sync  # noqa: E402
 from .simjobs import annotation  # noqa: E402
@@ -160,12 +161,7 @@ class socket_port:
     """A free TCP port, held closed (nothing listens) for the block."""
 
     def __enter__(self) -> int:
-        import socket
-
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
+        self.port = free_port()  # never one an outgoing connection or another listener takes
         return self.port
 
     def __exit__(self, *exc: Any) -> None:
