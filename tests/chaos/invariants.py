@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from bridge.sim.clusterd import JournalEntry
 from bridge.sim.mindio_ttp import Record
 
-from .schedule import DEVICES_PER_POD, Schedule
+from .schedule import Schedule
 
 #: The exit codes docs/runbook.md ("Exit codes of the unit") and bridge/daemon.py document.
 DOCUMENTED_EXIT_CODES = frozenset({0, 1, 2, 75, 76})
@@ -87,23 +87,26 @@ REPAIRS = ("retry", "recover")
 def repair_hang_by_design(obs: Observation) -> str | None:
     """Why the controller hangs in a repair no client could have prevented, or None.
 
-    A process fault that lands after ClusterD's globalFault on a pod that globalFault
-    did not name: the controller merges it into the repair itself, the node agent
-    restarts that rank's whole pod, and the pod's other ranks are restarted under a
-    repair nobody told about them, which hangs until ClusterD gives up (the real
-    controller hangs the same way; docs/mindio-controller.md). ClusterD's globalFault
-    had already gone out, so no client could have named those ranks. A hang on ranks of
-    a pod the globalFault *did* name is the bridge's (a dropped rank) and stays a
-    violation."""
+    Ranks restarted under the repair that ClusterD's globalFault did not name: the node
+    agent restarts the whole pod of a rank with a process fault, and the controller,
+    told of that fault only by the rank itself, merges it into the repair but not its
+    pod's other ranks, so the repair hangs until ClusterD gives up (the real controller
+    hangs the same way; docs/mindio-controller.md). ClusterD names a pod's ranks only
+    for a process fault it knew of when it sent the globalFault: one that lands after
+    it, or one the controller held back for its second report while a cycle was already
+    under way (faults found during ABNORMAL go into that report, after the globalFault),
+    leaves them unnamed, and no client could have named them. A hang on ranks the
+    globalFault *did* name is the bridge's (a dropped rank) and stays a violation
+    (``global-ranks-forwarded`` sees the dropped ranks too)."""
     global_faults = _global_faults(obs)
     for record in obs.records:
         if record.kind == "note" and record.name == "repair hangs: ranks restarted under it" and record.args:
             before = [s for s in global_faults if s.at <= record.t]
-            named_pods = {int(rank) // DEVICES_PER_POD for rank in before[-1].detail["faults"]} if before else set()
-            untold_pods = {int(rank) // DEVICES_PER_POD for rank in record.args[0]}
-            if untold_pods and not untold_pods & named_pods:
-                return (f"ranks {list(record.args[0])} were restarted under the repair at {record.t:.3f} with a "
-                        f"process fault on their pod that came after ClusterD's globalFault: the repair hangs")
+            named = {int(rank) for rank in before[-1].detail["faults"]} if before else set()
+            untold = {int(rank) for rank in record.args[0]}
+            if untold and not untold & named:
+                return (f"ranks {sorted(untold)} were restarted under the repair at {record.t:.3f}, and ClusterD's "
+                        f"globalFault had not named them (it named {sorted(named)}): the repair hangs")
     return None
 
 
