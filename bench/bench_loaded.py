@@ -169,11 +169,12 @@ class BridgeStamps:
     wire: list[tuple[str, float]] = field(default_factory=list)  # (method, at)
     answered: list[tuple[str, float]] = field(default_factory=list)  # (method, at): the answer is back
 
+    #: the places ``split`` names, in the path's order
+    PLACES = ("cb->hand-off", "cb->report thread", "cb->loop", "cb->wire")
+
     def clear(self) -> None:
         for stamped in (self.handoff, self.taken, self.loop, self.wire, self.answered):
             stamped.clear()
-
-    PLACES = ("cb->hand-off", "cb->report thread", "cb->loop", "cb->wire")
 
     def split(self, callback: str, method: str, called: float) -> dict[str, float]:
         """Callback -> each place the report reached, for those it reached (the report
@@ -295,9 +296,8 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
                 for size in sizes:
                     blocks: dict[str, list[float]] = {name: [] for name in ways}
                     latency: dict[str, list[float]] = {name: [] for name in ways}
-                    split: dict[str, list[float]] = {"cb->hand-off": [], "cb->report thread": [], "cb->loop": [],
-                                                     "cb->wire": [], "wire->srv": [], "sync send->srv": [],
-                                                     "sync cb->send": []}
+                    split: dict[str, list[float]] = {label: [] for label in (*BridgeStamps.PLACES, "wire->srv",
+                                                                              "sync send->srv", "sync cb->send")}
                     await server.dump()
                     for i in range(rounds[size]):
                         for k, (name, callback) in enumerate(ways.items()):  # alternate: same conditions
@@ -539,8 +539,11 @@ async def cycles_phase(loads: list[int], cycles: int, misses: list[str]) -> None
             check_p50(f"cycles, {load} busy, {label}", bridge.hops[label], sync.hops[label], misses)
         print(f"    {CRITICAL:<36} bridge {stats(bridge.critical, 1e-3, 'ms')}")
         print(f"    {'':<36} sync   {stats(sync.critical, 1e-3, 'ms')}")
-        for label, values in sorted(bridge.split.items(), key=lambda item: _split_order(item[0])):
-            print(f"      bridge {label:<42} {stats(values, 1e-3, 'ms')}")
+        for _, callback, nth, _ in REPORT_HOPS:  # in the cycle's order of reports, then the path's
+            for place in BridgeStamps.PLACES:
+                label = f"{callback} #{nth + 1} {place}"
+                if label in bridge.split:
+                    print(f"      bridge {label:<42} {stats(bridge.split[label], 1e-3, 'ms')}")
         for name, figures in (("bridge", bridge), ("sync", sync)):
             for failure in figures.failures:
                 print(f"    {name}: FAILED {failure}")
@@ -548,14 +551,6 @@ async def cycles_phase(loads: list[int], cycles: int, misses: list[str]) -> None
         if bridge.critical and sync.critical and pct(bridge.critical, 0.5) > pct(sync.critical, 0.5):
             misses.append(f"cycles, {load} busy, {CRITICAL}: p50 {pct(bridge.critical, 0.5) * 1e3:.3f} ms > sync "
                           f"{pct(sync.critical, 0.5) * 1e3:.3f} ms")
-
-
-def _split_order(label: str) -> tuple[int, int]:
-    """"<callback> #<n> <place>" in the cycle's order of reports, then the path's order."""
-    callback, nth, place = label.split(" ", 2)
-    hops = [f"{name} #{n + 1}" for _, name, n, _ in REPORT_HOPS]
-    report = f"{callback} {nth}"
-    return (hops.index(report) if report in hops else len(hops), BridgeStamps.PLACES.index(place))
 
 
 # --------------------------------------------------------------------------- targets

@@ -49,7 +49,7 @@ def free_port() -> int:
     every outgoing connection takes its source port from: between this probe and the
     listener's bind, a gRPC channel or a metrics scrape of a busy test run took such a
     port, and the stub controller's bind then failed (SystemExit 2, a start-up failure
-    on a loaded machine). Outgoing connections never take a port below the range, so
+    on a loaded machine). Outgoing connections never take a port outside the range, so
     this picks one there at random, checks it binds, and never hands it out twice."""
     low, high = _ephemeral_range()
     spans = [(10000, low - 1), (high + 1, 65535)]  # 10000: clear of the ports services listen on
