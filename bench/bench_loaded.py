@@ -390,6 +390,7 @@ class CycleFigures:
     split: dict[str, list[float]] = field(default_factory=dict)  # "<callback> #<n> <place>" (bridge, BridgeStamps.PLACES)
     critical: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    lane: tuple[int, int] | None = None  # the bridge's reports sent by its report lane, and of those chained
 
 
 async def run_cycles(server: FastClusterD, training: Any, cycles: int,
@@ -485,7 +486,10 @@ async def cycles_bridge(cycles: int) -> CycleFigures:
                     raise RuntimeError("the bridge did not subscribe again")
                 await asyncio.sleep(0.002)
 
-        return await run_cycles(server, job.training, cycles, ready, stamps)
+        figures = await run_cycles(server, job.training, cycles, ready, stamps)
+        lane = job.bridge.link.lane
+        figures.lane = (lane.taken, lane.chained)
+        return figures
     finally:
         await job.stop()
         await server.stop()
@@ -539,6 +543,8 @@ async def cycles_phase(loads: list[int], cycles: int, misses: list[str]) -> None
             check_p50(f"cycles, {load} busy, {label}", bridge.hops[label], sync.hops[label], misses)
         print(f"    {CRITICAL:<36} bridge {stats(bridge.critical, 1e-3, 'ms')}")
         print(f"    {'':<36} sync   {stats(sync.critical, 1e-3, 'ms')}")
+        if bridge.lane is not None:
+            print(f"      bridge reports sent by the report lane: {bridge.lane[0]}, of which chained: {bridge.lane[1]}")
         for _, callback, nth, _ in REPORT_HOPS:  # in the cycle's order of reports, then the path's
             for place in BridgeStamps.PLACES:
                 label = f"{callback} #{nth + 1} {place}"

@@ -321,6 +321,10 @@ class Session:
         # be consumed as the new cycle's answer. Report* calls use a connection of their
         # own (rpcthread.py), so nothing else orders the two.
         self.before_subscribe: Callable[[], Awaitable[Any]] | None = None
+        # Runs on the loop before it reacts to anything from ClusterD (a message, a
+        # stream's end, a Subscribe): the report lane hands over the controller's reports
+        # that left before the loop saw them (bridge/fastlane.py).
+        self.catch_up: Callable[[], None] = lambda: None
         self.state = SessionState.CONNECTING
         self.live = asyncio.Event()  # set while a subscription is live
         self.init_answered = asyncio.Event()
@@ -414,6 +418,7 @@ class Session:
                 if await self._sleep(backoff.next()):
                     break
                 continue
+            self.catch_up()
             if self.before_subscribe is not None:
                 await self.before_subscribe()
             reason = await self._subscribe_once()
@@ -443,6 +448,7 @@ class Session:
                     log.warning("ClusterD signal stream silent for %.0f s (no keep-alive): treating it as dead", silence)
                     reason = "keepalive_timeout"
                     break
+                self.catch_up()
                 if item is grpc.aio.EOF:
                     reason = "cycle_end"
                     break
@@ -469,6 +475,7 @@ class Session:
         finally:
             call.cancel()
             self._call = None
+            self.catch_up()
             self._end_cycle()
             self.live.clear()
             self.metrics.subscription_up.set(0)

@@ -75,6 +75,7 @@ class Link:
         self.lane = ReportLane(config.job_id, self.relay, self.session, self.client, loop, flow)
         self.handoff = Handoff(loop, self.reports.handle, config.controller.handoff,
                                pin_cpu=config.controller.pin_cpu, lane=self.lane)
+        self.session.catch_up = self.lane.flush
         if (pin := self.handoff.pin) is not None:
             metrics.bind_controller_cpu(lambda: pin.handoff_cpu)
         self.loop_priority = LoopPriority(config.controller.realtime_priority)  # held from start to stop
@@ -139,6 +140,7 @@ class Link:
         # Every report the controller put so far reaches the outbox before the drain looks
         # at it (a callback during the destroy may still be waiting in the hand-off).
         await asyncio.to_thread(self.handoff.close)
+        self.lane.flush()  # and those the report lane still holds
         if self.session.live.is_set() and len(self.relay):
             await self.relay.drain(timeout=min(5.0, self.config.clusterd.rpc_timeout))
         self.session.stop()

@@ -9,9 +9,10 @@ against the simulated ClusterD on their own.
 Delivery rules, each from a way the real ClusterD punishes a careless client:
 
 * Reports go out in callback order, by one task; the one exception, a report the
-  hand-off thread gives the report thread while this outbox is idle (``fastlane.py``),
-  is decided under ``lane_lock`` so that nothing can be queued before or beside it, and
-  is adopted as the head (``presend``) before anything else is sent.
+  hand-off thread gives the report thread while this outbox is idle (``fastlane.py``,
+  with the cycle reports chained right behind it there), is decided under ``lane_lock``
+  so that nothing can be queued before or beside it, and is adopted at the head
+  (``presend``, in callback order) before anything else is sent.
 * Fault reports wait for a live subscription (ClusterD loses faults reported while no
   stream is open), survive reconnects, and consecutive ones are merged into one request
   with ClusterD's own rule. Resending a fault report is harmless: ClusterD merges faults.
@@ -80,6 +81,7 @@ class Pending:
     sending: bool = False  # on the wire now: nothing may merge into it any more
     waiters: list[Future[int]] = field(default_factory=list)  # callers waiting for the outcome
     chained: Call | None = None  # queued on the report thread behind the request on the wire
+    lane: bool = False  # sent by the report lane before the loop saw it (bridge/fastlane.py)
 
     def resolve(self, code: int) -> None:
         for waiter in self.waiters:
@@ -118,10 +120,20 @@ class Relay:
         return len(self._queue)
 
     # ------------------------------------------------------------------ submission (event loop)
-    def idle(self) -> bool:
+    def idle(self, lane: bool = False) -> bool:
         """Nothing queued, on the wire or waiting for adoption, and not stopping: a report
-        the lane queues now is the next on the wire (called under ``lane_lock``)."""
-        return not self._queue and self.presend_pending == 0 and not self._stopping
+        the lane queues now is the next on the wire (called under ``lane_lock``). With
+        ``lane``: the lane's own calls waiting for adoption aside (one chained to them)."""
+        return not self._queue and (lane or self.presend_pending == 0) and not self._stopping
+
+    def _adopt(self, pending: Pending) -> None:
+        """A lane's report into the outbox: behind the lane's reports adopted before it
+        (its call was chained to theirs), ahead of anything the loop queued meanwhile."""
+        pending.lane = True
+        at = 0
+        while at < len(self._queue) and self._queue[at].lane:
+            at += 1
+        self._queue.insert(at, pending)
 
     def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None,
                       presend: Call | None = None) -> None:
@@ -142,7 +154,7 @@ class Relay:
             head = Pending("fault", faults=faults, sending=True, chained=presend)
             if waiter is not None:
                 head.waiters.append(waiter)
-            self._queue.appendleft(head)  # anything queued since went in behind it
+            self._adopt(head)
             self._record(self.sent, "fault")
             self._wakeup.set()
             return
@@ -175,7 +187,7 @@ class Relay:
                 self.presend_pending -= 1
             presend.adopted = True
             pending.sending, pending.chained = True, presend
-            self._queue.appendleft(pending)  # anything queued since went in behind it
+            self._adopt(pending)
             self._record(self.sent, kind)
             self._unsettle()
             presend.future.add_done_callback(lambda _: self._chain_ended(pending, presend))

@@ -157,6 +157,8 @@ class Handoff:
             return
         self.mode = THREAD
         self.pin = ControllerPin(pin_cpu)
+        if lane is not None:
+            lane.deliver = self._handle_posted  # what the loop runs on a batch it takes from the lane
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         # The callbacks' sink: the C method itself, no Python frame on the controller's thread.
         self.put = self._queue.put

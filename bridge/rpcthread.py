@@ -73,7 +73,7 @@ class Call:
     __slots__ = (
         "adopted",
         "after",
-        "before_send",
+        "after_call",
         "cancelled",
         "cycle",
         "future",
@@ -100,9 +100,10 @@ class Call:
         self.started = time.monotonic()  # when it went on the wire (set by the thread)
         self.was_ready = False  # the channel was connected when it went on the wire
         # The report lane's (bridge/fastlane.py): the payload, made on this thread (None:
-        # not to be sent), and what must happen before the call blocks, sent or not.
+        # not to be sent), and what must happen once the call is over, sent or not,
+        # before its outcome is posted to the loop.
         self.prepare: Callable[[], bytes | None] | None = None
-        self.before_send: Callable[[], None] | None = None
+        self.after_call: Callable[[Call], None] | None = None
         self.cycle: str | None = None  # the cycle the lane bound a cycle-bound report to
         self.adopted = False  # the outbox took charge of it (a lane's call)
 
@@ -150,15 +151,15 @@ class RpcThread:
 
     def submit_from(self, loop: asyncio.AbstractEventLoop, method: str, payload: bytes, timeout: float,
                     after: Call | None = None, prepare: Callable[[], bytes | None] | None = None,
-                    before_send: Callable[[], None] | None = None) -> Call:
+                    after_call: Callable[[Call], None] | None = None) -> Call:
         """``submit`` from any thread (the hand-off thread's report lane, bridge/fastlane.py):
         the future belongs to ``loop`` and is only ever resolved there. ``prepare`` makes
         the payload on this thread (None: the call is not made, ``ChainBroken``);
-        ``before_send`` runs on this thread once the call is taken, before it blocks,
-        whether it is sent or not. Neither may raise."""
+        ``after_call`` runs on this thread once the call is over (answered, failed, or
+        found not to be sent), before its outcome is posted to the loop. Neither may raise."""
         call = Call(method, payload, timeout, loop.create_future(), loop, after)
         call.prepare = prepare
-        call.before_send = before_send
+        call.after_call = after_call
         self._queue.put(call)
         return call
 
@@ -193,20 +194,20 @@ class RpcThread:
                 prepared = call.prepare()
                 send = prepared is not None
                 payload = prepared or b""
-            if call.before_send is not None:
-                call.before_send()
-            outcome: tuple[Any, BaseException | None]
+            outcome: tuple[Any, BaseException | None] | None = None
             if not send:
                 outcome = (None, ChainBroken(call.method))
-            elif call.future.cancelled():  # its caller stopped waiting (racy, harmless: the call is just made)
-                continue
-            else:
+            elif not call.future.cancelled():  # else its caller stopped waiting (racy, harmless: the call is just made)
                 call.started, call.was_ready = time.monotonic(), self.ready
                 try:
                     outcome = (self._callable(call.method)(payload, timeout=call.timeout), None)
                 except Exception as error:  # noqa: BLE001 - grpc.RpcError, or anything else: the caller's to classify
                     outcome = (None, error)
                 answered_ok = outcome[1] is None and getattr(outcome[0], "code", None) == 0
+            if call.after_call is not None:
+                call.after_call(call)
+            if outcome is None:
+                continue
             try:
                 call.loop.call_soon_threadsafe(_resolve, call.future, outcome)
             except RuntimeError:  # the loop is closed: nobody waits any more

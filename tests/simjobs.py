@@ -18,6 +18,8 @@ from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 from bridge.systemd import Notifier
 
+from .conftest import eventually
+
 
 async def start_job(jobs: list[SimulatedJob], spec: SimJob, *, subscribed: bool = True,
                     **kwargs: Any) -> SimulatedJob:
@@ -36,9 +38,25 @@ async def start_job(jobs: list[SimulatedJob], spec: SimJob, *, subscribed: bool 
 async def annotation(job: SimulatedJob, value: str = "recover-success", timeout: float = 15) -> JournalEntry:
     """Wait for the simulated ClusterD to write PodGroup annotation ProcessRecoverStatus
     = ``value``: the real server's own verdict on a cycle, the end of it a test can see
-    from outside the bridge."""
-    return await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
-                                  and e.detail.get("value") == value, timeout=timeout)
+    from outside the bridge; then for the bridge to have handled the reports that led
+    to it (``reports_handled``)."""
+    entry = await job.sim.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
+                                   and e.detail.get("value") == value, timeout=timeout)
+    await reports_handled(job)
+    return entry
+
+
+async def reports_handled(job: SimulatedJob, timeout: float = 10) -> None:
+    """Wait until the bridge's event loop has handled every report the controller gave
+    (its metrics and flight recorder then show them). ClusterD may act on a report --
+    queue it, end the cycle, write its verdict -- before it answers the call, and the
+    report lane hands a report to the loop only once its call is answered (or when the
+    loop catches up before reacting to ClusterD: bridge/fastlane.py)."""
+    if job.bridge is None:
+        return
+    lane = job.bridge.link.lane
+    await eventually(lambda: lane.held is None and lane.unhandled == 0, timeout,
+                     what="the bridge's loop handled every controller report")
 
 
 class RecordingNotifier(Notifier):

@@ -223,3 +223,60 @@ def test_the_lane_encodes_a_fault_report_as_the_event_loop_does() -> None:
     path.on_report(ControllerReport("report_fault_ranks", ({3: 0, 9: 1},), 0.0))
     assert request(JOB, "report_fault_ranks", ({3: 0, 9: 1},)) == codec.encode_process_fault_request(
         JOB, capture.faults[0])
+
+
+async def test_a_cycle_report_behind_the_lanes_call_goes_out_the_moment_it_answers(bridge: Bridge) -> None:
+    bridge.flow.answering = CYCLE
+    bridge.callback({2: 0})  # held by ClusterD
+    bridge.handoff.put(("report_strategies", ({2: 0}, ["retry", "exit"]), 0.0, None))
+    await eventually(lambda: bridge.fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    if with_lane(bridge):  # chained to the lane's call on the report thread
+        await eventually(lambda: bridge.lane.chained == 1, 10, "the strategy report chained")
+    else:  # chained by the outbox (relay.py)
+        await eventually(lambda: len(bridge.relay) == 2 and bridge.relay._queue[1].chained is not None, 10,
+                         "the strategy report chained")
+    assert bridge.fake.log == ["ReportProcessFault"]  # not before its predecessor is answered
+    bridge.fake.release.set()
+    # The loop is held still (a blocking wait on its own thread): the report thread sends it alone.
+    eventually_sync(lambda: bridge.fake.seen("ReportRecoverStrategy") == 1, 5, what="the strategy report sent")
+    await eventually(lambda: len(bridge.relay) == 0, 10, "both answered and adopted")
+    await asyncio.sleep(0.05)  # the behaviour under test: code 0 is never resent
+    assert bridge.fake.log == ["ReportProcessFault", "ReportRecoverStrategy"]
+    assert bridge.metrics.reports_sent.labels("strategy")._value.get() == 1
+    assert await bridge.relay.settle(1)
+
+
+async def test_a_cycle_report_chained_to_a_failed_report_goes_after_its_retry(bridge: Bridge) -> None:
+    bridge.flow.answering = CYCLE
+    bridge.fake.fault_answers = [grpc.StatusCode.INTERNAL]
+    bridge.callback({4: 0})
+    bridge.handoff.put(("report_stop_complete", (0, "stopped", {}), 0.0, None))
+    await eventually(lambda: bridge.fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    if with_lane(bridge):
+        await eventually(lambda: bridge.lane.chained == 1, 10, "the stop-complete chained")
+    bridge.fake.release.set()
+    await eventually(lambda: len(bridge.relay) == 0 and bridge.fake.seen("ReportStopComplete") == 1, 10,
+                     "the fault report retried, then the stop-complete sent")
+    await asyncio.sleep(0.05)  # the behaviour under test: nothing is sent twice
+    assert bridge.fake.log == ["ReportProcessFault", "ReportProcessFault", "ReportStopComplete"]
+    assert bridge.metrics.reports_sent.labels("stop_complete")._value.get() == 1
+
+
+async def test_a_lane_report_reaches_the_loop_when_it_catches_up_and_is_never_resent(bridge: Bridge) -> None:
+    def handled() -> float:
+        return bridge.metrics.callbacks.labels("report_fault_ranks")._value.get()
+
+    bridge.callback({6: 0})  # held by ClusterD
+    await eventually(lambda: bridge.fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    if with_lane(bridge):  # the loop learns of it once the call is over, unless it catches up first
+        await asyncio.sleep(0.05)  # the behaviour under test: the call is out, the loop not told
+        assert handled() == 0 and len(bridge.relay) == 0
+        bridge.lane.flush()  # what the session does before it reacts to ClusterD
+    else:
+        await eventually(lambda: handled() == 1, 10, "the report handled by the loop")
+    assert handled() == 1 and len(bridge.relay) == 1  # the outbox's head: on the wire, not sent again
+    bridge.fake.release.set()
+    await eventually(lambda: len(bridge.relay) == 0, 10, "the report answered")
+    await asyncio.sleep(0.05)  # the behaviour under test: code 0 is never resent
+    assert bridge.fake.log == ["ReportProcessFault"]
+    assert handled() == 1 and bridge.metrics.reports_sent.labels("fault")._value.get() == 1

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from bridge._proto import recover_pb2 as pb
 from bridge.clusterd import Session
 from bridge.codes import Code
 from bridge.config import ClusterDConfig
@@ -126,3 +127,40 @@ async def test_the_next_subscribe_waits_for_the_report_of_the_ended_stream() -> 
         for task in (session_task, relay_task):
             task.cancel()
         await asyncio.gather(session_task, relay_task, return_exceptions=True)
+
+
+class OneSignalStream:
+    """A stream that carries one signal, then ends; each read logged."""
+
+    def __init__(self, log: list[str], signal: pb.ProcessManageSignal) -> None:
+        self.log = log
+        self.items: list[Any] = [(signal, signal.SerializeToString()), grpc.aio.EOF]
+
+    async def read(self) -> Any:
+        self.log.append("read")
+        return self.items.pop(0) if self.items else grpc.aio.EOF
+
+    def cancel(self) -> None:
+        pass
+
+
+async def test_the_session_catches_up_with_the_reports_before_it_reacts_to_clusterd() -> None:
+    """The report lane sends a report before the loop knows it (bridge/fastlane.py); the
+    loop must know it before it handles whatever ClusterD sent after that report."""
+    client = GatedClient(config=ClusterDConfig(reconnect_initial=0.01, reconnect_max=0.02))
+    log = client.log
+    signal = pb.ProcessManageSignal(jobId=JOB, uuid="uuid-1", signalType="stopTrain", actions=["stop_train"])
+    client.subscribe = lambda job_id, role: (log.append("Subscribe"), OneSignalStream(log, signal))[1]  # type: ignore[method-assign]
+    session = Session(JOB, client, BridgeMetrics(),  # type: ignore[arg-type]
+                      on_signal=lambda signal, raw, token: log.append(f"signal {signal.signalType}"))
+    session.catch_up = lambda: log.append("catch up")
+    task = asyncio.create_task(session.run())
+    try:
+        await eventually(lambda: log.count("Subscribe") >= 2, what="the stream ended and the next one opened")
+    finally:
+        session.stop()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    first = log[:log.index("Subscribe", log.index("Subscribe") + 1) + 1]
+    assert first == ["catch up", "Subscribe", "read", "catch up", "signal stopTrain", "read", "catch up",
+                     "catch up", "catch up", "Subscribe"]
