@@ -136,7 +136,6 @@ class ReportLane:
         self.unhandled = 0  # batches posted (or held) and not handled by the loop yet (under ``lock``)
         self.held: list[list[ControllerReport]] | None = None  # the lane's batch and those behind it
         self.last: Call | None = None  # the lane's latest call while ``held`` (under ``lock``)
-        self.covering = False  # every held report so far is the lane's: the next may be chained
         self.taken = 0  # reports sent this way (tests and benchmarks read it)
         self.chained = 0  # ... of which chained to the lane's call before them
         self._post: Post | None = None
@@ -149,8 +148,10 @@ class ReportLane:
             self._post = post
             self.unhandled += 1
             if self.held is not None:  # the lane's batch has not reached the loop: keep the order
+                covered = all(report.presend is not None for batch in self.held for report in batch)
                 self.held.append(reports)
-                self._chain(reports, 0)
+                if covered:
+                    self._chain(reports, 0)
                 return
             first = reports[0]
             kind = KINDS.get(first.callback)
@@ -158,7 +159,6 @@ class ReportLane:
                 cycle = None if kind == "fault" else self.flow.answering
                 if (kind == "fault" or self.session.cycle_alive(cycle)) and self._take(reports, 0, kind, cycle):
                     self.held = [reports]  # before the lock is free: ``_release`` needs it
-                    self.covering = True
                     self._chain(reports, 1)
                     return
         # Nothing is held, so every batch ``_release`` posts is already posted: this one
@@ -192,20 +192,19 @@ class ReportLane:
         return True
 
     def _chain(self, reports: list[ControllerReport], start: int) -> None:
-        """Chain the batch's reports from ``start`` on to the lane's latest call while
-        every held report before each was the lane's (``covering``): a cycle-bound
+        """Chain the batch's reports from ``start`` on to the lane's latest call, every
+        held report before ``start`` being the lane's, until one cannot be: a cycle-bound
         report of the live cycle, sent on the report thread the moment the call before it
         answers code 0, as the outbox chains one (relay.py). Never a fault report (the
         outbox merges those instead), and nothing once the loop queued a report of its
         own (under ``lock``)."""
         for index in range(start, len(reports)):
-            if not self.covering:
-                return
             kind = KINDS.get(reports[index].callback)
             cycle = self.flow.answering
-            self.covering = (kind is not None and kind != "fault" and self.relay.idle(lane=True)
-                             and self.session.live.is_set() and self.session.cycle_alive(cycle)
-                             and self._take(reports, index, kind, cycle))
+            if not (kind is not None and kind != "fault" and self.relay.idle(lane=True)
+                    and self.session.live.is_set() and self.session.cycle_alive(cycle)
+                    and self._take(reports, index, kind, cycle)):
+                return
 
     def _prepare(self, callback: str, args: tuple[Any, ...]) -> bytes | None:
         """On the report thread: the request, or None when an argument is bad (the loop
@@ -223,7 +222,7 @@ class ReportLane:
         with self.lock:
             if self.held is None or call is not self.last:
                 return
-            held, self.held, self.last, self.covering = self.held, None, None, False
+            held = self._unhold()
             post = self._post
             for reports in held:
                 try:
@@ -238,9 +237,15 @@ class ReportLane:
         ClusterD's answer to a report before it knows the report (see the module
         docstring)."""
         with self.lock:
-            held, self.held, self.last, self.covering = self.held or [], None, None, False
+            held = self._unhold()
         for reports in held:
             self.deliver(reports)
+
+    def _unhold(self) -> list[list[ControllerReport]]:
+        """The held batches, taken: from now on batches go straight to the loop (under
+        ``lock``)."""
+        held, self.held, self.last = self.held or [], None, None
+        return held
 
     def handled(self) -> None:
         """The loop handled a batch: its reports are in the outbox (loop)."""
