@@ -1,4 +1,4 @@
-"""A report from the hand-off thread to the report thread, ahead of the event loop.
+"""A report from the hand-off thread straight to ClusterD, ahead of the event loop.
 
 Every report crossed controller thread -> hand-off thread -> event loop -> report
 thread, and the loop did all of its bookkeeping (validate, flow, metrics, recorder,
@@ -11,53 +11,69 @@ A report's request needs nothing of the loop's state but, for a stop-complete, s
 or result report, the cycle it answers. That is ``ControllerFlow.answering``, which the
 loop sets *before* it makes the notify the controller answers (``flow.notified``), so it
 is already the right one when the controller's callback runs. So when the outbox is
-idle, the hand-off thread binds the report (under the outbox's lock) and gives it to
-the report thread with the batch it came in: the report thread encodes it, makes the
-call and only *after the call* posts the batch to the loop, ahead of the call's
+idle, the hand-off thread binds the report (under the outbox's lock), encodes it and
+makes the call itself, on the report thread's channel (``RpcThread.make``), and only
+*once it has nothing left to dispatch* posts the batch to the loop, ahead of the call's
 outcome. The loop then does its bookkeeping and adopts the call as the outbox's head
 (``Relay.submit_faults`` / ``submit_cycle_report`` with ``presend``), learning its
 outcome as for a chained call: a failure is retried (a fault report) or, when it
 provably never left, sent the ordinary way; code 0 is never resent; a cycle-bound one
 counts as on the wire for ``Relay.settle``, and is withdrawn if its cycle ended before
-the report thread took it.
+the call was made.
 
-**Why after the call.** Posted before it, the batch woke the loop while the request was
-on its way, and on a node's few cores the loop's bookkeeping then ran exactly when the
-server (ClusterD on loopback, or the kernel's network work) needed a core: measured,
-callback -> server received took ~0.1-0.3 ms longer than the wire stamp alone explains.
-Posted after it, nothing of the bridge runs while the request travels, as for the
-synchronous client. The price is that the loop learns of the report late, and it must
-never react to ClusterD's answer to a report it does not know yet (the globalFault that
-follows a stop-complete, say). So the loop *catches up* before it reacts to anything
-from ClusterD: before it handles a message of the stream, when a stream ends and
-before a Subscribe (``Session.catch_up``), and before it stops; ``flush`` hands it the
-held batches there and then, in order, and the report thread's post then finds nothing
-left to post.
+**Why the hand-off thread makes the call.** Handed to the report thread, a report
+waited for that thread's wake-up on another CPU: measured in the cycles phase, the
+callback -> wire time fell from 0.22 to 0.15 ms for a first fault report and from 0.14
+to 0.09 ms for a stop-complete when the thread that already has the report sends it.
+Waking the report thread from the callback instead (no hand-off thread) saved nothing:
+that wake-up crosses CPUs too, and the callback's own thread still holds the GIL. While
+it waits for ClusterD's answer the hand-off thread runs ``SCHED_FIFO``, as the report
+thread does, so the answer wakes it at once on busy cores; before it waits for the next
+callback it goes back to ``SCHED_BATCH``, so that a callback's wake-up never preempts
+the controller's thread (``realtime.py``). A callback that comes during the call waits
+in the hand-off's queue, which the controller's put never blocks on; the stop bounds
+the hand-off's end by the call's deadline (``Link.stop``).
+
+**Why the loop learns of it after the call.** Posted before it, the batch woke the loop
+while the request was on its way, and on a node's few cores the loop's bookkeeping then
+ran exactly when the server (ClusterD on loopback, or the kernel's network work)
+needed a core: measured, callback -> server received took ~0.1-0.3 ms longer than the
+wire stamp alone explains. Posted after it, nothing of the bridge runs while the
+request travels, as for the synchronous client. The price is that the loop learns of
+the report late, and it must never react to ClusterD's answer to a report it does not
+know yet (the globalFault that follows a stop-complete, say). So the loop *catches up*
+before it reacts to anything from ClusterD: before it handles a message of the stream,
+when a stream ends and before a Subscribe (``Session.catch_up``), and before it stops;
+``flush`` hands it the held batches there and then, in order, and ``release`` then
+finds nothing left to post.
 
 **Chained on the lane.** A report that comes while the lane's call is out (the
 strategy report right behind the cycle's second fault report, the recovery's critical
 path) is held behind it; the loop, not knowing either yet, could not chain it as the
 outbox chains one (relay.py). So the lane does: a cycle-bound report of the live
 cycle, every held report before it the lane's own and nothing queued by the loop, is
-queued on the report thread *chained* to the lane's latest call (``rpcthread.py``,
-"Chained calls": sent only right after that call answered code 0). The last of the
-chain posts the held batches; the outbox adopts the chain in order (``Relay._adopt``).
-A fault report is never chained (the outbox merges those instead).
+made *chained* to the lane's latest call (``rpcthread.py``, "Chained calls": sent only
+right after that call answered code 0), by the hand-off thread the moment it has
+dispatched it, which is right after the answer when it came during the call. The
+outbox adopts the chain in order (``Relay._adopt``). A fault report is never chained
+(the outbox merges those instead).
 
-Where the work runs is measured, not chosen for symmetry: done on the hand-off thread,
-it made the controller wait (that thread runs under ``SCHED_BATCH``; busy processes
-preempt it while it holds the GIL, and a callback then waits for the GIL: block p99
-0.05-1.8 ms at two busy processes against 0.03-0.05 ms). The report thread runs
-realtime (``realtime.py``).
+Where the work runs is measured, not chosen for symmetry. The hand-off thread runs
+only once the controller's callback has returned (``SCHED_BATCH``, on the controller's
+CPU: ``affinity.py``); the callback itself still only queues. But a callback that
+comes while this thread holds the GIL waits for it, and under ``SCHED_BATCH`` busy
+processes preempt it mid-work (block p99 0.05-1.8 ms at two busy processes, when the
+encoding was done there under that policy). So only the routing runs under
+``SCHED_BATCH``; the encoding and the call run under ``SCHED_FIFO`` (``_send``).
 
 The outbox's rules hold because the lane opens only when taking it cannot reorder
 anything (decided under ``lock``, which the outbox also holds when it queues a report):
 the outbox is empty, no pre-sent report waits for adoption, it is not stopping, no
 earlier batch is still on its way to the loop (callback order), the subscription is
 live (ClusterD loses a fault reported while no stream is open), a cycle-bound report's
-cycle is the live one, and the report thread exists. While the lane's batch has not
-reached the loop, every later batch waits behind it and is posted after it
-(``_release``) or handed over with it (``flush``): the loop sees the callbacks in their
+cycle is the live one, and the report thread's channel exists. While the lane's batch
+has not reached the loop, every later batch waits behind it and is posted after it
+(``release``) or handed over with it (``flush``): the loop sees the callbacks in their
 order. A report with a bad fault entry or a malformed argument is not sent this way
 (``prepare`` returns None): the loop logs and counts it, answers a malformed one 499
 and sends what it would have sent.
@@ -71,12 +87,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import faults as codec
+from . import realtime
 from .relay import METHODS
 from .reports import status_code
 
 if TYPE_CHECKING:
     from .clusterd import ClusterDClient, Session
-    from .rpcthread import Call
+    from .rpcthread import Call, RpcThread
     from .flow import ControllerFlow
     from .relay import Relay
     from .reports import ControllerReport
@@ -121,8 +138,9 @@ Post = Callable[["list[ControllerReport]"], None]
 
 class ReportLane:
     """On the hand-off thread: route each batch, straight to the loop or, led by a
-    report the lane may take, through the report thread first. On the loop: hand over
-    what is held before reacting to ClusterD, and count handled batches."""
+    report the lane may take, to ClusterD first (this thread makes the call). On the
+    loop: hand over what is held before reacting to ClusterD, and count handled
+    batches."""
 
     def __init__(self, job_id: str, relay: Relay, session: Session, client: ClusterDClient,
                  loop: asyncio.AbstractEventLoop, flow: ControllerFlow) -> None:
@@ -136,6 +154,8 @@ class ReportLane:
         self.unhandled = 0  # batches posted (or held) and not handled by the loop yet (under ``lock``)
         self.held: list[list[ControllerReport]] | None = None  # the lane's batch and those behind it
         self.last: Call | None = None  # the lane's latest call while ``held`` (under ``lock``)
+        self._outgoing: list[tuple[RpcThread, Call]] = []  # taken under ``lock``, made after it
+        self._boosted = False  # the hand-off thread runs SCHED_FIFO for the lane's calls
         self.taken = 0  # reports sent this way (tests and benchmarks read it)
         self.chained = 0  # ... of which chained to the lane's call before them
         self._post: Post | None = None
@@ -143,7 +163,15 @@ class ReportLane:
         self.deliver: Post = lambda reports: None
 
     def dispatch(self, reports: list[ControllerReport], post: Post) -> None:
-        """Route one batch (hand-off thread). Never raises but ``post``'s RuntimeError."""
+        """Route one batch (hand-off thread), and make the calls the lane took for it.
+        Never raises but ``post``'s RuntimeError."""
+        try:
+            self._route(reports, post)
+        finally:
+            calls, self._outgoing = self._outgoing, []
+            self._send(calls)
+
+    def _route(self, reports: list[ControllerReport], post: Post) -> None:
         with self.lock:
             self._post = post
             self.unhandled += 1
@@ -158,10 +186,10 @@ class ReportLane:
             if kind is not None and self._open():
                 cycle = None if kind == "fault" else self.flow.answering
                 if (kind == "fault" or self.session.cycle_alive(cycle)) and self._take(reports, 0, kind, cycle):
-                    self.held = [reports]  # before the lock is free: ``_release`` needs it
+                    self.held = [reports]  # before the lock is free: ``release`` needs it
                     self._chain(reports, 1)
                     return
-        # Nothing is held, so every batch ``_release`` posts is already posted: this one
+        # Nothing is held, so every batch ``release`` posts is already posted: this one
         # comes after them. Outside the lock: the loop takes it too, and must never wait
         # for this thread (SCHED_BATCH) to be scheduled again.
         post(reports)
@@ -171,19 +199,21 @@ class ReportLane:
                 and self.relay.idle() and self.session.live.is_set())
 
     def _take(self, reports: list[ControllerReport], index: int, kind: str, cycle: str | None) -> bool:
-        """Queue ``reports[index]`` on the report thread (under ``lock``), chained to the
-        lane's latest call if there is one; False when that failed (the ordinary way is
-        always open)."""
+        """Make ``reports[index]`` one of the lane's calls (under ``lock``), chained to the
+        lane's latest call if there is one; the hand-off thread makes it once the lock is
+        free (``dispatch``). False when that failed (the ordinary way is always open)."""
         report = reports[index]
+        rpc = self.client.rpc_thread
         try:
             callback, args = report.callback, report.args
-            call = self.client.rpc_thread.submit_from(  # type: ignore[union-attr]
+            call = rpc.submit_from(  # type: ignore[union-attr]
                 self.loop, METHODS[kind], b"", self.client.config.rpc_timeout, after=self.last,
-                prepare=lambda: self._prepare(callback, args), after_call=self._release)
+                prepare=lambda: self._prepare(callback, args), queued=False)
         except Exception:  # noqa: BLE001 - the ordinary way is always open
             log.exception("the report lane failed; the report goes through the event loop")
             return False
         call.cycle = cycle
+        self._outgoing.append((rpc, call))  # type: ignore[arg-type]
         self.relay.presend_pending += 1
         self.taken += 1
         self.chained += self.last is not None
@@ -194,7 +224,7 @@ class ReportLane:
     def _chain(self, reports: list[ControllerReport], start: int) -> None:
         """Chain the batch's reports from ``start`` on to the lane's latest call, every
         held report before ``start`` being the lane's, until one cannot be: a cycle-bound
-        report of the live cycle, sent on the report thread the moment the call before it
+        report of the live cycle, sent by the hand-off thread the moment the call before it
         answers code 0, as the outbox chains one (relay.py). Never a fault report (the
         outbox merges those instead), and nothing once the loop queued a report of its
         own (under ``lock``)."""
@@ -207,29 +237,42 @@ class ReportLane:
                 return
 
     def _prepare(self, callback: str, args: tuple[Any, ...]) -> bytes | None:
-        """On the report thread: the request, or None when an argument is bad (the loop
+        """Where the call is made: the request, or None when an argument is bad (the loop
         answers a malformed report 499 and logs and counts bad fault entries; the outbox
         then sends what it would have sent the ordinary way)."""
         try:
             return request(self.job_id, callback, args)
-        except Exception:  # noqa: BLE001 - never kill the report thread
+        except Exception:  # noqa: BLE001 - never kill the thread making the call
             return None
 
-    def _release(self, call: Call) -> None:
-        """On the report thread, once a lane's call is over: the held batches to the
-        loop, in order, unless a call chained to this one will do it (or the loop took
-        them already, ``flush``); from now on batches go straight there again."""
+    def _send(self, calls: list[tuple[RpcThread, Call]]) -> None:
+        """On the hand-off thread, outside ``lock``: make the lane's calls, one after the
+        other, under ``SCHED_FIFO`` (``realtime.py``): the answer must wake this thread at
+        once on busy cores, as it wakes the report thread. ``release`` puts it back."""
+        if calls and not self._boosted:
+            self._boosted = realtime.promote(self.client.realtime_priority, realtime.REPORT)
+        for rpc, call in calls:
+            if not rpc.make(call):
+                return  # the loop is closed: the bridge is gone
+
+    def release(self) -> None:
+        """On the hand-off thread, with no callback left to dispatch: the held batches to
+        the loop, in order (unless the loop took them already, ``flush``), and the thread
+        back under ``SCHED_BATCH`` before it waits for the next callback, whose wake-up
+        must never preempt the controller's thread. From now on batches go straight to
+        the loop again."""
         with self.lock:
-            if self.held is None or call is not self.last:
-                return
             held = self._unhold()
             post = self._post
-            for reports in held:
-                try:
-                    if post is not None:
-                        post(reports)
-                except RuntimeError:  # the loop is closed: the bridge is gone
-                    log.error("dropped %d controller report(s): the event loop is closed", len(reports))
+        for reports in held:
+            try:
+                if post is not None:
+                    post(reports)
+            except RuntimeError:  # the loop is closed: the bridge is gone
+                log.error("dropped %d controller report(s): the event loop is closed", len(reports))
+        if self._boosted:
+            self._boosted = False
+            realtime.batch_policy()
 
     def flush(self) -> None:
         """On the loop, before it reacts to ClusterD (a signal, a stream's start or end,

@@ -138,8 +138,9 @@ class Link:
         if self.controller.started and self.controller.owned:
             await asyncio.to_thread(self.controller.destroy, self.config.controller.destroy_timeout)
         # Every report the controller put so far reaches the outbox before the drain looks
-        # at it (a callback during the destroy may still be waiting in the hand-off).
-        await asyncio.to_thread(self.handoff.close)
+        # at it (a callback during the destroy may still be waiting in the hand-off, behind
+        # a report lane call the hand-off thread makes: that call's deadline bounds it).
+        await asyncio.to_thread(self.handoff.close, 2.0 + self.config.clusterd.rpc_timeout)
         self.lane.flush()  # and those the report lane still holds
         if self.session.live.is_set() and len(self.relay):
             await self.relay.drain(timeout=min(5.0, self.config.clusterd.rpc_timeout))

@@ -16,8 +16,10 @@ Which threads, and why not the hand-off thread: a woken realtime thread goes to 
 it last ran on whatever runs there. The hand-off thread is woken by the controller's
 own thread, from inside the callback; realtime, it preempted that thread, which then
 waited behind the busy processes for its CPU back while holding the GIL: callback block
-p99 0.05-3.6 ms against 8-12 us under ``SCHED_BATCH`` (A/B, same run). So it stays
-``SCHED_BATCH`` (``reports.Handoff``). The loop and the report thread are woken by the
+p99 0.05-3.6 ms against 8-12 us under ``SCHED_BATCH`` (A/B, same run). So it waits for
+callbacks under ``SCHED_BATCH`` (``reports.Handoff``), and is realtime only while it
+makes a report lane call itself and waits for ClusterD's answer (``fastlane.py``): no
+callback wakes it then, and the answer must. The loop and the report thread are woken by the
 hand-off thread, by each other and by the network, not from inside a callback (except
 under the opt-in WAKE hand-off, whose callback wakes the loop itself and pays for it:
 block p99 over 50 us at every load in bench_loaded).
@@ -60,6 +62,7 @@ _FIFO = getattr(os, "SCHED_FIFO", None)
 _RESET_ON_FORK = getattr(os, "SCHED_RESET_ON_FORK", 0)
 
 _refused_logged = False
+_batch_refused_logged = False
 _lock = threading.Lock()
 
 
@@ -85,6 +88,25 @@ def promote(priority: int, thread: str) -> bool:
         os.sched_setscheduler(0, _FIFO | _RESET_ON_FORK, os.sched_param(priority))
     except OSError as error:
         _log_refusal(priority, thread, error)
+        return False
+    return True
+
+
+def batch_policy() -> bool:
+    """Put the calling thread under ``SCHED_BATCH``: woken, it never preempts the running
+    thread (Linux, no privilege needed). False where that is not available, which costs
+    latency, not correctness; said once per process."""
+    policy = getattr(os, "SCHED_BATCH", None)
+    if policy is None or not hasattr(os, "sched_setscheduler"):
+        return False
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: this thread, on Linux
+    except OSError as error:
+        global _batch_refused_logged
+        if not _batch_refused_logged:
+            _batch_refused_logged = True
+            log.warning("the hand-off thread keeps the default scheduling policy (%s): controller callbacks "
+                        "may block longer when they wake it", error)
         return False
     return True
 

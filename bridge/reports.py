@@ -14,7 +14,7 @@ The peer facts behind the rules here:
   until it returns; an exception kills the job. So the callback only queues a tuple
   (``controller.make_callback``) and wakes the event loop (``Handoff``), which does
   everything else (validation, copying, encoding) -- but for a report that comes while
-  the outbox is idle, which the report thread encodes and sends before the loop's
+  the outbox is idle, which the hand-off thread encodes and sends before the loop's
   bookkeeping (``fastlane.py``).
 * A stop-complete, strategy or result report answers the cycle whose notify the
   controller last accepted (``ControllerFlow.answering``); it is bound to that cycle's
@@ -48,6 +48,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import faults as codec
+from . import realtime
 from .affinity import ControllerPin
 from .clusterd import SessionState
 from .codes import Code
@@ -124,8 +125,9 @@ class Handoff:
     had to wait behind the busy processes for its CPU back while holding the GIL (block
     p99 0.05-3.6 ms against 8-12 us as SCHED_BATCH, bench_loaded A/B at one and two busy
     processes). Also the fall back where WAKE is unavailable (no eventfd/ctypes).
-    With ``lane`` (``bridge/fastlane.py``) a batch may go to the report thread first,
-    which sends its first report and then posts the batch to the loop.
+    With ``lane`` (``bridge/fastlane.py``) this thread may send a batch's report to
+    ClusterD itself first (running ``SCHED_FIFO`` for the call), and posts the batch to
+    the loop once no callback is left to dispatch (``ReportLane.release``).
     With ``pin_cpu`` the thread, after each batch, moves to the CPU the controller's
     thread is pinned to by its first callback (``bridge/affinity.py``): woken there, it
     runs as soon as the controller's thread goes back to waiting instead of behind a
@@ -209,7 +211,7 @@ class Handoff:
             log.exception("the controller hand-off thread failed")
 
     def _serve(self) -> None:
-        self.batch_policy = _no_wakeup_preemption()
+        self.batch_policy = realtime.batch_policy()
         pin = self.pin
         assert pin is not None
         while True:
@@ -223,12 +225,16 @@ class Handoff:
             reports = [_as_report(item) for item in batch if item is not self._STOP]
             if reports:
                 try:
-                    if self.lane is not None:  # led by a fault report, it may go to the report thread first
+                    if self.lane is not None:  # led by a report the lane may take, it may go to ClusterD first
                         self.lane.dispatch(reports, self._post)
                     else:
                         self._post(reports)
                 except RuntimeError:  # the loop is closed: the bridge is gone
                     log.error("dropped %d controller report(s): the event loop is closed", len(reports))
+            if self.lane is not None and (stop or self._queue.empty()):
+                # Callbacks that came during the lane's call are dispatched first: one
+                # chained to it goes out now, from this thread (fastlane.py).
+                self.lane.release()
             if stop:
                 return
             pin.follow()  # after the batch is on its way: a migration never delays it
@@ -325,21 +331,6 @@ def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _no_wakeup_preemption() -> bool:
-    """Put the calling thread under SCHED_BATCH (Linux, no privilege needed); False
-    where that is not available, which costs latency, not correctness."""
-    policy = getattr(os, "SCHED_BATCH", None)
-    if policy is None or not hasattr(os, "sched_setscheduler"):
-        return False
-    try:
-        os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: this thread, on Linux
-    except OSError as error:
-        log.warning("hand-off thread keeps the default scheduling policy (%s): controller callbacks "
-                    "may block longer when they wake it", error)
-        return False
-    return True
 
 
 class RecoveryClock:

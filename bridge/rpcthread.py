@@ -39,6 +39,12 @@ busy cores (the end-to-end report path under load). So the outbox may queue the 
 answered code 0, and never sends it otherwise (``ChainBroken``: it provably never left).
 Until this thread takes a chained call, ``cancel`` withdraws it for good (its cycle
 ended); once taken it is on the wire, like any call in flight.
+
+**Calls made by the hand-off thread.** The report lane's calls (``fastlane.py``) are not
+queued here: the hand-off thread, already awake with the report, makes them itself
+(``make``) on this channel, which saves the wake-up of this thread between the callback
+and the wire. Calls are made one at a time whichever of the two threads makes them
+(``_calling``), so a chained call follows the very call it names, as above.
 """
 
 from __future__ import annotations
@@ -73,7 +79,6 @@ class Call:
     __slots__ = (
         "adopted",
         "after",
-        "after_call",
         "cancelled",
         "cycle",
         "future",
@@ -99,11 +104,9 @@ class Call:
         self.taken = False  # the thread took it: from then on it is (being) sent
         self.started = time.monotonic()  # when it went on the wire (set by the thread)
         self.was_ready = False  # the channel was connected when it went on the wire
-        # The report lane's (bridge/fastlane.py): the payload, made on this thread (None:
-        # not to be sent), and what must happen once the call is over, sent or not,
-        # before its outcome is posted to the loop.
+        # The report lane's (bridge/fastlane.py): the payload, made by the thread that
+        # makes the call (None: not to be sent).
         self.prepare: Callable[[], bytes | None] | None = None
-        self.after_call: Callable[[Call], None] | None = None
         self.cycle: str | None = None  # the cycle the lane bound a cycle-bound report to
         self.adopted = False  # the outbox took charge of it (a lane's call)
 
@@ -124,6 +127,9 @@ class RpcThread:
         self._callables: dict[str, Any] = {}
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._take = threading.Lock()  # a chained call is either taken or cancelled, never both
+        self._calling = threading.Lock()  # one call at a time, on this thread or the hand-off's
+        self._last: Call | None = None  # the call made before the next one
+        self._answered_ok = False  # ... and it answered code 0: a call chained to it may follow
         self.state = grpc.ChannelConnectivity.IDLE
         channel.subscribe(self._on_state, try_to_connect=True)  # connect now: the first report must not wait
         self._thread = threading.Thread(target=self._serve, name="tft-rpc", daemon=True)
@@ -151,16 +157,16 @@ class RpcThread:
 
     def submit_from(self, loop: asyncio.AbstractEventLoop, method: str, payload: bytes, timeout: float,
                     after: Call | None = None, prepare: Callable[[], bytes | None] | None = None,
-                    after_call: Callable[[Call], None] | None = None) -> Call:
+                    queued: bool = True) -> Call:
         """``submit`` from any thread (the hand-off thread's report lane, bridge/fastlane.py):
         the future belongs to ``loop`` and is only ever resolved there. ``prepare`` makes
-        the payload on this thread (None: the call is not made, ``ChainBroken``);
-        ``after_call`` runs on this thread once the call is over (answered, failed, or
-        found not to be sent), before its outcome is posted to the loop. Neither may raise."""
+        the payload on the thread that makes the call (None: the call is not made,
+        ``ChainBroken``); it may not raise. ``queued=False``: not queued here; the caller
+        makes it with ``make`` on its own thread."""
         call = Call(method, payload, timeout, loop.create_future(), loop, after)
         call.prepare = prepare
-        call.after_call = after_call
-        self._queue.put(call)
+        if queued:
+            self._queue.put(call)
         return call
 
     def cancel(self, call: Call) -> bool:
@@ -179,39 +185,48 @@ class RpcThread:
 
     def _serve(self) -> None:
         self.realtime = realtime.promote(self._realtime_priority, realtime.REPORT)
-        last: Call | None = None  # the call taken before this one
-        answered_ok = False  # ... and it answered code 0: a call chained to it may follow
         while True:
             call = self._queue.get()
             if call is self._STOP:
                 return
-            with self._take:
-                send = not call.cancelled and (call.after is None or (call.after is last and answered_ok))
-                call.taken = send
-            last, answered_ok = call, False
-            payload = call.payload
-            if send and call.prepare is not None:
-                prepared = call.prepare()
-                send = prepared is not None
-                payload = prepared or b""
-            outcome: tuple[Any, BaseException | None] | None = None
-            if not send:
-                outcome = (None, ChainBroken(call.method))
-            elif not call.future.cancelled():  # else its caller stopped waiting (racy, harmless: the call is just made)
-                call.started, call.was_ready = time.monotonic(), self.ready
-                try:
-                    outcome = (self._callable(call.method)(payload, timeout=call.timeout), None)
-                except Exception as error:  # noqa: BLE001 - grpc.RpcError, or anything else: the caller's to classify
-                    outcome = (None, error)
-                answered_ok = outcome[1] is None and getattr(outcome[0], "code", None) == 0
-            if call.after_call is not None:
-                call.after_call(call)
-            if outcome is None:
-                continue
+            if not self.make(call):
+                return  # the loop is closed: nobody waits any more
+
+    def make(self, call: Call) -> bool:
+        """Make one call on the calling thread: this one's own, or the hand-off thread's for
+        the report lane's calls (``submit_from(..., queued=False)``). One call at a time
+        whichever thread makes it, so "chained" keeps meaning "the very next call". False
+        when the call's loop is closed."""
+        with self._calling:
+            return self._make(call)
+
+    def _make(self, call: Call) -> bool:
+        with self._take:
+            send = not call.cancelled and (call.after is None or (call.after is self._last and self._answered_ok))
+            call.taken = send
+        self._last, self._answered_ok = call, False
+        payload = call.payload
+        if send and call.prepare is not None:
+            prepared = call.prepare()
+            send = prepared is not None
+            payload = prepared or b""
+        outcome: tuple[Any, BaseException | None] | None = None
+        if not send:
+            outcome = (None, ChainBroken(call.method))
+        elif not call.future.cancelled():  # else its caller stopped waiting (racy, harmless: the call is just made)
+            call.started, call.was_ready = time.monotonic(), self.ready
             try:
-                call.loop.call_soon_threadsafe(_resolve, call.future, outcome)
-            except RuntimeError:  # the loop is closed: nobody waits any more
-                return
+                outcome = (self._callable(call.method)(payload, timeout=call.timeout), None)
+            except Exception as error:  # noqa: BLE001 - grpc.RpcError, or anything else: the caller's to classify
+                outcome = (None, error)
+            self._answered_ok = outcome[1] is None and getattr(outcome[0], "code", None) == 0
+        if outcome is None:
+            return True
+        try:
+            call.loop.call_soon_threadsafe(_resolve, call.future, outcome)
+        except RuntimeError:
+            return False
+        return True
 
     def close(self, timeout: float = 2.0) -> None:
         """End the thread; closing the channel cancels a call in flight. Any thread."""

@@ -7,6 +7,8 @@ malformed reports the loop's to count, the same bytes as the loop would send."""
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -246,6 +248,26 @@ async def test_a_cycle_report_behind_the_lanes_call_goes_out_the_moment_it_answe
     assert await bridge.relay.settle(1)
 
 
+async def test_a_cycle_report_that_comes_during_the_lanes_call_goes_out_the_moment_it_answers(bridge: Bridge) -> None:
+    bridge.flow.answering = CYCLE
+    bridge.callback({2: 0})  # held by ClusterD
+    await eventually(lambda: bridge.fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    bridge.handoff.put(("report_strategies", ({2: 0}, ["retry", "exit"]), 0.0, None))  # while the call is out
+    await asyncio.sleep(0.05)  # the behaviour under test: nothing leaves before its predecessor is answered
+    assert bridge.fake.log == ["ReportProcessFault"]
+    bridge.fake.release.set()
+    # The loop is held still (a blocking wait on its own thread): with the lane, the
+    # hand-off thread sends it right after the answer; without, the report thread does
+    # (the outbox chained it while the call was out).
+    eventually_sync(lambda: bridge.fake.seen("ReportRecoverStrategy") == 1, 5, what="the strategy report sent")
+    if with_lane(bridge):
+        assert bridge.lane.chained == 1
+    await eventually(lambda: len(bridge.relay) == 0, 10, "both answered and adopted")
+    await asyncio.sleep(0.05)  # the behaviour under test: code 0 is never resent
+    assert bridge.fake.log == ["ReportProcessFault", "ReportRecoverStrategy"]
+    assert bridge.metrics.reports_sent.labels("strategy")._value.get() == 1
+
+
 async def test_a_cycle_report_chained_to_a_failed_report_goes_after_its_retry(bridge: Bridge) -> None:
     bridge.flow.answering = CYCLE
     bridge.fake.fault_answers = [grpc.StatusCode.INTERNAL]
@@ -280,3 +302,41 @@ async def test_a_lane_report_reaches_the_loop_when_it_catches_up_and_is_never_re
     await asyncio.sleep(0.05)  # the behaviour under test: code 0 is never resent
     assert bridge.fake.log == ["ReportProcessFault"]
     assert handled() == 1 and bridge.metrics.reports_sent.labels("fault")._value.get() == 1
+
+
+def _fifo_allowed() -> bool:
+    """Whether this process may put a thread under SCHED_FIFO (root, or RLIMIT_RTPRIO)."""
+    outcome: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+            outcome.append(True)
+        except OSError:
+            outcome.append(False)
+
+    worker = threading.Thread(target=attempt)
+    worker.start()
+    worker.join()
+    return outcome[0]
+
+
+async def test_the_hand_off_thread_is_realtime_only_while_it_makes_the_lanes_call(bridge: Bridge) -> None:
+    """Woken by a callback it must never preempt the controller's thread (SCHED_BATCH);
+    waiting for ClusterD's answer it must wake at once on busy cores (SCHED_FIFO)."""
+    if not with_lane(bridge) or not hasattr(os, "SCHED_BATCH") or not _fifo_allowed():
+        pytest.skip("needs the lane and SCHED_FIFO")
+    thread = bridge.handoff._thread
+    assert thread is not None and thread.native_id is not None
+
+    def policy() -> int:
+        return os.sched_getscheduler(thread.native_id) & ~os.SCHED_RESET_ON_FORK  # type: ignore[arg-type]
+
+    await eventually(lambda: policy() == os.SCHED_BATCH, 10, "the hand-off thread under SCHED_BATCH")
+    bridge.lane.client.realtime_priority = 1
+    bridge.callback({3: 0})  # held by ClusterD
+    await eventually(lambda: bridge.fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+    assert policy() == os.SCHED_FIFO
+    bridge.fake.release.set()
+    await eventually(lambda: len(bridge.relay) == 0, 10, "the report answered and adopted")
+    await eventually(lambda: policy() == os.SCHED_BATCH, 10, "back under SCHED_BATCH before the next callback")
