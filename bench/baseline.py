@@ -43,6 +43,21 @@ class SyncRelay:
         self.channel.close()
 
 
+class _StampedStub:
+    """A stub whose calls note their method and start time (the request already built)."""
+
+    def __init__(self, stub: Any, sent: list[tuple[str, float]]) -> None:
+        self._stub, self._sent = stub, sent
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        call = getattr(self._stub, method)
+
+        def stamped(request: Any) -> Any:
+            self._sent.append((method, time.monotonic()))
+            return call(request)
+        return stamped
+
+
 class SyncClient:
     """MindCluster's client shape around the stub controller: every callback makes its
     Report* call, blocking, with no deadline, before it returns to the controller; the
@@ -57,7 +72,8 @@ class SyncClient:
         self.ttp = ttp
         self.job_id = job_id
         self.reports = grpc.insecure_channel(address)
-        self.report_stub = recover_pb2_grpc.RecoverStub(self.reports)
+        self.sent: list[tuple[str, float]] = []  # (method, time.monotonic()) as each Report* call starts
+        self.report_stub = _StampedStub(recover_pb2_grpc.RecoverStub(self.reports), self.sent)
         self.signals = grpc.insecure_channel(address)
         self.signal_stub = recover_pb2_grpc.RecoverStub(self.signals)
         self.errors: list[str] = []

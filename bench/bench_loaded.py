@@ -17,8 +17,8 @@ Phases:
   alternating round by round, plus a second synchronous client (the A/A control: the
   measurement's own noise floor). Per way: callback block time and callback -> server
   received; for the bridge where the time goes (callback -> the hand-off thread, -> the
-  report thread when the report lane took it, -> event loop, -> the report thread puts
-  the request on the wire; wire -> server received), for the
+  lane begins encoding the request when the report lane took it, -> event loop, -> the
+  request on the wire; wire -> server received), for the
   synchronous client callback -> send and send -> server received: the server's own
   share, which the real ClusterD takes 0.6-1.1 ms for on loopback, its logging included.
 * ``signals``: ClusterD signal -> controller notify (pause_train -> stop_train(pause)),
@@ -160,17 +160,18 @@ class StampedSync(SyncRelay):
 
 @dataclass
 class BridgeStamps:
-    """Where a bridge's report was when: reached the hand-off thread, the report thread
-    (a report the lane took, bridge/fastlane.py), the loop, the wire."""
+    """Where a bridge's report was when: reached the hand-off thread, its request being
+    encoded (a report the lane took, bridge/fastlane.py: the hand-off thread makes its
+    call), the loop, the wire."""
 
     handoff: list[tuple[str, float]] = field(default_factory=list)  # (first callback of the batch, at)
-    taken: list[tuple[str, float]] = field(default_factory=list)  # (callback, at): the report thread began it
+    taken: list[tuple[str, float]] = field(default_factory=list)  # (callback, at): the lane began encoding it
     loop: list[tuple[str, float]] = field(default_factory=list)  # (callback, at)
     wire: list[tuple[str, float]] = field(default_factory=list)  # (method, at)
     answered: list[tuple[str, float]] = field(default_factory=list)  # (method, at): the answer is back
 
     #: the places ``split`` names, in the path's order
-    PLACES = ("cb->hand-off", "cb->report thread", "cb->loop", "cb->wire")
+    PLACES = ("cb->hand-off", "cb->lane encodes", "cb->loop", "cb->wire")
 
     def clear(self) -> None:
         for stamped in (self.handoff, self.taken, self.loop, self.wire, self.answered):
@@ -187,7 +188,7 @@ class BridgeStamps:
 
 def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
     """Stamp a started bridge's report path: each batch as it reaches the event loop, and
-    each report RPC as the report thread puts it on the wire (its channel callables
+    each report RPC as it goes on the wire (the report channel's callables
     wrapped: nothing of the product changes)."""
     assert job.bridge is not None
     link = job.bridge.link
@@ -221,7 +222,7 @@ def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
 
 
 class _StampedCallable:
-    """A report thread's channel callable that notes when each call goes on the wire and
+    """A report channel's callable that notes when each call goes on the wire and
     when its answer is back."""
 
     def __init__(self, call: Any, name: str, stamps: BridgeStamps) -> None:
@@ -382,6 +383,8 @@ REPORT_HOPS = (
     ("result cb -> srv", "report_result", 0, "ReportRecoverStatus"),
 )
 CRITICAL = "2nd fault cb -> strategy srv"
+#: the synchronous client's place before the wire in the cycles phase (its callback makes the call)
+SYNC_PLACES = ("cb->send",)
 
 
 @dataclass
@@ -392,9 +395,34 @@ class CycleFigures:
     failures: list[str] = field(default_factory=list)
     lane: tuple[int, int] | None = None  # the bridge's reports sent by its report lane, and of those chained
 
+    def extend(self, other: CycleFigures) -> None:
+        """Add another block's figures to these."""
+        for label, values in other.hops.items():
+            self.hops[label].extend(values)
+        for label, values in other.split.items():
+            self.split.setdefault(label, []).extend(values)
+        self.critical.extend(other.critical)
+        self.failures.extend(other.failures)
+        if other.lane is not None:
+            taken, chained = self.lane or (0, 0)
+            self.lane = (taken + other.lane[0], chained + other.lane[1])
+
+
+#: how long after the loop goes back to waiting a cycle's fault comes (``one_cycle``)
+INJECT_DELAY = 0.005
+
+#: cycles per block of one side in the cycles phase (``cycles_phase``)
+CYCLE_BLOCK = 10
+
+
+def _blocks(cycles: int) -> list[int]:
+    """``cycles`` cut into blocks of at most CYCLE_BLOCK."""
+    return [min(CYCLE_BLOCK, cycles - start) for start in range(0, cycles, CYCLE_BLOCK)]
+
 
 async def run_cycles(server: FastClusterD, training: Any, cycles: int,
-                     ready: Callable[[int], Awaitable[None]], stamps: BridgeStamps | None) -> CycleFigures:
+                     ready: Callable[[int], Awaitable[None]], stamps: BridgeStamps | list[tuple[str, float]]
+                     ) -> CycleFigures:
     """One warm-up cycle, then ``cycles`` measured; gives up after three failures."""
     figures = CycleFigures()
     for index in range(cycles + 1):
@@ -408,15 +436,21 @@ async def run_cycles(server: FastClusterD, training: Any, cycles: int,
 
 
 async def one_cycle(server: FastClusterD, training: Any, index: int, ready: Callable[[int], Awaitable[None]],
-                    stamps: BridgeStamps | None, figures: CycleFigures | None) -> None:
+                    stamps: BridgeStamps | list[tuple[str, float]], figures: CycleFigures | None) -> None:
+    """One cycle; ``stamps``: the bridge's, or the synchronous client's send stamps."""
     with training.cond:  # the stub's log is per cycle
         training.events.clear()
         training.callback_durations.clear()
-    if stamps is not None:
-        stamps.clear()
+    stamps.clear()
     await server.dump()
     mark = len(server.events)
-    training.inject_fault({(index * 5 + 1) % CYCLE_WORLD: 0})
+    # The fault comes from a thread of its own, a moment after the loop has gone back to
+    # waiting: on a node the controller learns of a fault from a rank, never from the
+    # bridge's event loop, which is then idle. Injected from the loop here, the loop (the
+    # bridge's, realtime) would still be running the benchmark's own code while the
+    # report travels, on a core the server needs.
+    injector = threading.Timer(INJECT_DELAY, training.inject_fault, ({(index * 5 + 1) % CYCLE_WORLD: 0},))
+    injector.start()
     done = await server.wait_event(lambda e: e.kind == "cycle-done", CYCLE_TIMEOUT, after=mark)
     if done.detail.get("code") != 0:
         raise RuntimeError(f"the result report carried code {done.detail.get('code')}, not 0")
@@ -439,15 +473,20 @@ async def one_cycle(server: FastClusterD, training: Any, index: int, ready: Call
             # the synchronous client's callback comes after that answer, the bridge's
             # before it; both hops count from the later of the two.
             fault_cb = training.callbacks("report_fault_ranks")[1].t
-            answered = after(stamps.answered, "ReportProcessFault", fault_cb) if stamps is not None else None
+            answered = after(stamps.answered, "ReportProcessFault", fault_cb) if isinstance(stamps, BridgeStamps) else None
             at = max(at, answered or at)
         got = after(received, rpc, at)
         if got is None:
             raise RuntimeError(f"no {rpc} after the {callback} callback")
         figures.hops[label].append(got - at)
-        if stamps is not None:
-            for place, took in stamps.split(callback, rpc, calls[nth].t).items():
-                figures.split.setdefault(f"{callback} #{nth + 1} {place}", []).append(took)
+        called = calls[nth].t
+        sent = after(stamps.wire if isinstance(stamps, BridgeStamps) else stamps, rpc, called)
+        split = stamps.split(callback, rpc, called) if isinstance(stamps, BridgeStamps) else (
+            {"cb->send": sent - called} if sent is not None else {})
+        if sent is not None:
+            split["wire->srv"] = got - sent
+        for place, took in split.items():
+            figures.split.setdefault(f"{callback} #{nth + 1} {place}", []).append(took)
     second = training.callbacks("report_fault_ranks")[1].t
     strategy = after(received, "ReportRecoverStrategy", second)
     assert strategy is not None
@@ -520,7 +559,7 @@ async def cycles_sync(cycles: int) -> CycleFigures:
         async def ready(mark: int) -> None:
             await reopened(mark)
 
-        figures = await run_cycles(server, training, cycles, ready, None)
+        figures = await run_cycles(server, training, cycles, ready, client.sent)
         figures.failures += [f"client: {error}" for error in client.errors]
         return figures
     finally:
@@ -534,9 +573,14 @@ async def cycles_phase(loads: list[int], cycles: int, misses: list[str]) -> None
           "the cycle: callback -> server received, per report")
     for load in loads:
         print(f"  {load} busy process(es)")
+        bridge, sync = CycleFigures(), CycleFigures()
         with BusyProcesses(load):
-            bridge = await cycles_bridge(cycles)
-            sync = await cycles_sync(cycles)
+            # In blocks, the two in turn: a machine's speed drifts over a minute (the
+            # synchronous client's fault hop alone moved 0.44-0.83 ms between runs), and
+            # one side measured entirely before the other would carry the drift.
+            for block in _blocks(cycles):
+                bridge.extend(await cycles_bridge(block))
+                sync.extend(await cycles_sync(block))
         for label, *_ in REPORT_HOPS:
             print(f"    {label:<36} bridge {stats(bridge.hops[label], 1e-3, 'ms')}")
             print(f"    {'':<36} sync   {stats(sync.hops[label], 1e-3, 'ms')}")
@@ -546,10 +590,11 @@ async def cycles_phase(loads: list[int], cycles: int, misses: list[str]) -> None
         if bridge.lane is not None:
             print(f"      bridge reports sent by the report lane: {bridge.lane[0]}, of which chained: {bridge.lane[1]}")
         for _, callback, nth, _ in REPORT_HOPS:  # in the cycle's order of reports, then the path's
-            for place in BridgeStamps.PLACES:
-                label = f"{callback} #{nth + 1} {place}"
-                if label in bridge.split:
-                    print(f"      bridge {label:<42} {stats(bridge.split[label], 1e-3, 'ms')}")
+            for name, figures, places in (("bridge", bridge, BridgeStamps.PLACES), ("sync", sync, SYNC_PLACES)):
+                for place in (*places, "wire->srv"):
+                    label = f"{callback} #{nth + 1} {place}"
+                    if label in figures.split:
+                        print(f"      {name:<6} {label:<42} {stats(figures.split[label], 1e-3, 'ms')}")
         for name, figures in (("bridge", bridge), ("sync", sync)):
             for failure in figures.failures:
                 print(f"    {name}: FAILED {failure}")
