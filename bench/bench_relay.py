@@ -75,8 +75,14 @@ async def measure_callbacks(sim: RemoteSim, callback: Callable[..., int], size: 
         entry = await sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault", 60, after=mark)
         blocks.append(block)
         latencies.append(entry.at - called_at)
-        if wire:
-            on_wire.append(wire[-1][1] - called_at)
+        if wire is not None:
+            # The send log learns of a report the lane sent once the loop adopts it, which
+            # may be after the server logged it: wait for this round's entry (bounded).
+            deadline = time.monotonic() + 10
+            while not (wire and wire[-1][1] >= called_at) and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            if wire and wire[-1][1] >= called_at:
+                on_wire.append(wire[-1][1] - called_at)
         await asyncio.sleep(0.005)
     return blocks, latencies, on_wire
 

@@ -76,7 +76,9 @@ has not reached the loop, every later batch waits behind it and is posted after 
 (``release``) or handed over with it (``flush``): the loop sees the callbacks in their
 order. A report with a bad fault entry or a malformed argument is not sent this way
 (``prepare`` returns None): the loop logs and counts it, answers a malformed one 499
-and sends what it would have sent.
+and sends what it would have sent. Nor is one whose fault map holds more than
+``LANE_MAX_RANKS`` ranks: its encoding, not the hand-over, is then the hop's cost, and
+it must not hold the controller's CPU.
 """
 
 from __future__ import annotations
@@ -131,6 +133,25 @@ def request(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
     return None
 
 
+#: The largest fault map the lane sends. The hand-off thread shares the controller's CPU
+#: and makes the lane's calls under SCHED_FIFO: encoding 100 000 ranks there (about 9 ms)
+#: kept the controller's thread off its CPU, and callback block p99 rose from 49 to 75 us
+#: (bench/bench_relay.py). A map this large is encoded on the loop as before, where the
+#: encoding, not the hand-over, is the hop's cost.
+LANE_MAX_RANKS = 10_000
+
+
+def _ranks(report: ControllerReport) -> int:
+    """How many ranks a report's fault map holds (0 when it has none, or no map)."""
+    args = report.args
+    faults = args[0] if report.callback in ("report_fault_ranks", "report_strategies") and args else (
+        args[2] if len(args) > 2 else None)
+    try:
+        return len(faults)  # type: ignore[arg-type]
+    except TypeError:
+        return 0
+
+
 #: Posts one batch of reports to the event loop (``Handoff``); may raise RuntimeError
 #: when the loop is closed.
 Post = Callable[["list[ControllerReport]"], None]
@@ -156,6 +177,7 @@ class ReportLane:
         self.last: Call | None = None  # the lane's latest call while ``held`` (under ``lock``)
         self._outgoing: list[tuple[RpcThread, Call]] = []  # taken under ``lock``, made after it
         self._boosted = False  # the hand-off thread runs SCHED_FIFO for the lane's calls
+        self._refused = False  # ... which it may not (priority 0, or refused by the system)
         self.taken = 0  # reports sent this way (tests and benchmarks read it)
         self.chained = 0  # ... of which chained to the lane's call before them
         self._post: Post | None = None
@@ -183,7 +205,7 @@ class ReportLane:
                 return
             first = reports[0]
             kind = KINDS.get(first.callback)
-            if kind is not None and self._open():
+            if kind is not None and _ranks(first) <= LANE_MAX_RANKS and self._open():
                 cycle = None if kind == "fault" else self.flow.answering
                 if (kind == "fault" or self.session.cycle_alive(cycle)) and self._take(reports, 0, kind, cycle):
                     self.held = [reports]  # before the lock is free: ``release`` needs it
@@ -231,7 +253,8 @@ class ReportLane:
         for index in range(start, len(reports)):
             kind = KINDS.get(reports[index].callback)
             cycle = self.flow.answering
-            if not (kind is not None and kind != "fault" and self.relay.idle(lane=True)
+            if not (kind is not None and kind != "fault" and _ranks(reports[index]) <= LANE_MAX_RANKS
+                    and self.relay.idle(lane=True)
                     and self.session.live.is_set() and self.session.cycle_alive(cycle)
                     and self._take(reports, index, kind, cycle)):
                 return
@@ -248,9 +271,17 @@ class ReportLane:
     def _send(self, calls: list[tuple[RpcThread, Call]]) -> None:
         """On the hand-off thread, outside ``lock``: make the lane's calls, one after the
         other, under ``SCHED_FIFO`` (``realtime.py``): the answer must wake this thread at
-        once on busy cores, as it wakes the report thread. ``release`` puts it back."""
-        if calls and not self._boosted:
+        once on busy cores, as it wakes the report thread. ``release`` puts it back.
+
+        Every call, not only those a report waits behind: tried with the promotion (a
+        system call, 10-20 us on a thread that has just woken) only for the cycle's
+        second fault report and chained calls, a call made under ``SCHED_BATCH`` left
+        the thread waiting behind busy processes once answered, so the loop learned of
+        the report 4.2 ms after the callback at the median at two busy processes (0.9
+        ms under ``SCHED_FIFO``) and the next report waited behind it."""
+        if calls and not self._boosted and not self._refused:
             self._boosted = realtime.promote(self.client.realtime_priority, realtime.REPORT)
+            self._refused = not self._boosted  # off, or refused (logged once): not asked again
         for rpc, call in calls:
             if not rpc.make(call):
                 return  # the loop is closed: the bridge is gone

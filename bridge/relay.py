@@ -155,7 +155,7 @@ class Relay:
             if waiter is not None:
                 head.waiters.append(waiter)
             self._adopt(head)
-            self._record(self.sent, "fault")
+            self._record(self.sent, "fault", _wire_time(presend))
             self._wakeup.set()
             return
         if not faults:
@@ -188,7 +188,7 @@ class Relay:
             presend.adopted = True
             pending.sending, pending.chained = True, presend
             self._adopt(pending)
-            self._record(self.sent, kind)
+            self._record(self.sent, kind, _wire_time(presend))
             self._unsettle()
             presend.future.add_done_callback(lambda _: self._chain_ended(pending, presend))
             if not self.session.cycle_alive(cycle):
@@ -438,8 +438,8 @@ class Relay:
         pending.resolve(Code.OK)
 
     @staticmethod
-    def _record(record: list[tuple[str, float]], kind: str) -> None:
-        record.append((kind, time.monotonic()))
+    def _record(record: list[tuple[str, float]], kind: str, at: float | None = None) -> None:
+        record.append((kind, time.monotonic() if at is None else at))
         if len(record) > 1000:
             del record[:500]
 
@@ -455,3 +455,9 @@ def _retrieve(future: asyncio.Future[object]) -> None:
     """Mark an unawaited call's outcome as seen (asyncio logs an unretrieved exception)."""
     if not future.cancelled():
         future.exception()
+
+
+def _wire_time(call: Call) -> float | None:
+    """When a lane's call went on the wire, for the send log: the loop adopts it after the
+    call, so its own clock would say when it learned of it (None: not made yet, now)."""
+    return call.started if call.taken else None

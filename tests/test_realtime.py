@@ -97,9 +97,13 @@ async def test_a_running_bridge_runs_its_loop_and_report_thread_realtime_and_nev
         assert child.stdin is not None
         child.stdin.close()
         await child.wait()
-    # It recovers a job exactly as before.
+    # It recovers a job exactly as before; the hand-off thread, realtime only while it
+    # made the report lane's calls, waits for the next callback under SCHED_BATCH again.
     job.training.inject_fault({5: 1})
     await annotation(job, "recover-success")
+    assert link.lane.taken > 0
+    await eventually(lambda: _policy(link.handoff._thread.native_id) == os.SCHED_BATCH,  # type: ignore[union-attr, arg-type]
+                     what="the hand-off thread back under SCHED_BATCH")
     # Stopped, the loop's thread (here the test runner's) has its own policy back.
     jobs.remove(job)
     await job.stop()

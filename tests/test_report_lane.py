@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from bridge.codes import Code
-from bridge.fastlane import ReportLane, request
+from bridge.fastlane import LANE_MAX_RANKS, ReportLane, request
 from bridge.flow import ControllerFlow
 from bridge.metrics import BridgeMetrics
 from bridge.relay import Relay
@@ -78,6 +78,22 @@ async def test_a_fault_report_reaches_clusterd_while_the_event_loop_is_held(brid
     await asyncio.sleep(0.05)  # the behaviour under test: code 0 is never resent
     assert bridge.fake.log == ["ReportProcessFault"]
     assert bridge.metrics.reports_sent.labels("fault")._value.get() == 1
+
+
+async def test_a_map_too_large_for_the_lane_is_sent_by_the_loop(bridge: Bridge) -> None:
+    """The hand-off thread shares the controller's CPU: a huge map is encoded elsewhere."""
+    bridge.fake.release.set()
+    bridge.callback({rank: 0 for rank in range(LANE_MAX_RANKS + 1)})
+    bridge.callback({rank: 0 for rank in range(LANE_MAX_RANKS)})  # at the limit: the lane's, once the outbox is idle
+    await eventually(lambda: bridge.fake.seen("ReportProcessFault") >= 1 and len(bridge.relay) == 0
+                     and bridge.metrics.callbacks.labels("report_fault_ranks")._value.get() == 2, 10,
+                     "both reports answered")
+    assert bridge.lane.taken == 0  # the second came while the first was still the loop's
+    bridge.callback({rank: 0 for rank in range(LANE_MAX_RANKS)})
+    await eventually(lambda: len(bridge.relay) == 0 and
+                     bridge.metrics.callbacks.labels("report_fault_ranks")._value.get() == 3, 10,
+                     "the third report answered")
+    assert bridge.lane.taken == (1 if with_lane(bridge) else 0)
 
 
 async def test_a_report_behind_one_in_the_outbox_keeps_its_place(bridge: Bridge) -> None:
