@@ -277,7 +277,7 @@ class ReportLane:
         system call, 10-20 us on a thread that has just woken) only for the cycle's
         second fault report and chained calls, a call made under ``SCHED_BATCH`` left
         the thread waiting behind busy processes once answered, so the loop learned of
-        the report 4.2 ms after the callback at the median at two busy processes (0.9
+        the report 4.2 ms after the callback at the median at two busy processes (0.7
         ms under ``SCHED_FIFO``) and the next report waited behind it."""
         if calls and not self._boosted and not self._refused:
             self._boosted = realtime.promote(self.client.realtime_priority, realtime.REPORT)
