@@ -46,8 +46,10 @@ BENCHMARKS = (
               "The fast server (`bench/fast_clusterd.py`) only decodes, stamps and answers; its share of a hop is "
               "the `sync send->srv` row, against 0.6-1.1 ms from a synchronous client's send to the real Go "
               "ClusterD's log line on a loopback node (its logging included). In the cycles phase the controller "
-              "is the stub (`bridge/sim/mindio_ttp`), a Python thread in the bridge's process; the real one is "
-              "C++."),
+              "is the stub (`bridge/sim/mindio_ttp`), a Python thread in the bridge's process (the real one is "
+              "C++); the bridge and the client take turns in blocks of 10 cycles, and each cycle's fault comes "
+              "from a thread of its own, as from a rank, never from the bridge's event loop; `wire->srv` is "
+              "each side's own send -> server received."),
     Benchmark("fault codec", "ns per rank of the fault-map codec (C and Python) and of the per-item protobuf "
               "baseline", ("bench_faults.py",), ("bench_faults.py", "--quick")),
     Benchmark("relay", "callback block time up to 100 000 ranks, callback -> simulated ClusterD, signal -> notify",
