@@ -53,9 +53,14 @@ def fault_map(size: int, salt: int) -> dict[int, int]:
 
 
 async def measure_callbacks(sim: RemoteSim, callback: Callable[..., int], size: int, rounds: int, salt0: int,
-                            wire: list[tuple[str, float]] | None = None) -> tuple[list[float], list[float], list[float]]:
+                            wire: list[tuple[str, float]] | None = None, idle: Callable[[], bool] | None = None
+                            ) -> tuple[list[float], list[float], list[float]]:
     """(block times, callback->server latencies, callback->on the wire) for sequential
-    reports; the last only when ``wire`` (the relay's send log) is given."""
+    reports; the last only when ``wire`` (the relay's send log) is given. With ``idle``
+    each round starts once it says the bridge is done with the round before (its
+    outbox empty, every batch handled): a report that comes while the loop still
+    digests a 10 000-rank map is not a sequential report but a burst, which
+    ``callback_burst`` measures."""
     blocks: list[float] = []
     latencies: list[float] = []
     on_wire: list[float] = []
@@ -83,6 +88,10 @@ async def measure_callbacks(sim: RemoteSim, callback: Callable[..., int], size: 
                 await asyncio.sleep(0.001)
             if wire and wire[-1][1] >= called_at:
                 on_wire.append(wire[-1][1] - called_at)
+        if idle is not None:
+            deadline = time.monotonic() + 60
+            while not idle() and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
         await asyncio.sleep(0.005)
     return blocks, latencies, on_wire
 
@@ -204,7 +213,9 @@ async def callback_phase(quick: bool, misses: list[str], handoff: str = "") -> N
         for size in SIZES:
             relay = job.bridge.relay
             assert relay is not None
-            _, latencies, on_wire = await measure_callbacks(sim, bridge_callback, size, rounds[size], 0, relay.sent)
+            lane = job.bridge.link.lane
+            _, latencies, on_wire = await measure_callbacks(sim, bridge_callback, size, rounds[size], 0, relay.sent,
+                                                            idle=lambda: lane.unhandled == 0 and len(relay) == 0)
             sync = SyncRelay(job.config.clusterd.address, JOB)
             try:
                 sync_blocks, sync_lat, _ = await measure_callbacks(sim, sync.report_fault_ranks, size, rounds[size], 7)
