@@ -52,6 +52,16 @@ def fault_map(size: int, salt: int) -> dict[int, int]:
     return {(rank * 7 + salt) % 100_000: 0 for rank in range(size)}
 
 
+async def _until(predicate: Callable[[], bool], seconds: float) -> bool:
+    """Poll ``predicate`` every millisecond for at most ``seconds``; whether it came true."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.001)
+    return True
+
+
 async def measure_callbacks(sim: RemoteSim, callback: Callable[..., int], size: int, rounds: int, salt0: int,
                             wire: list[tuple[str, float]] | None = None, idle: Callable[[], bool] | None = None
                             ) -> tuple[list[float], list[float], list[float]]:
@@ -80,18 +90,12 @@ async def measure_callbacks(sim: RemoteSim, callback: Callable[..., int], size: 
         entry = await sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault", 60, after=mark)
         blocks.append(block)
         latencies.append(entry.at - called_at)
-        if wire is not None:
-            # The send log learns of a report the lane sent once the loop adopts it, which
-            # may be after the server logged it: wait for this round's entry (bounded).
-            deadline = time.monotonic() + 10
-            while not (wire and wire[-1][1] >= called_at) and time.monotonic() < deadline:
-                await asyncio.sleep(0.001)
-            if wire and wire[-1][1] >= called_at:
-                on_wire.append(wire[-1][1] - called_at)
+        # The send log learns of a report the lane sent once the loop adopts it, which may
+        # be after the server logged it: wait for this round's entry (bounded).
+        if wire is not None and await _until(lambda: bool(wire) and wire[-1][1] >= called_at, 10):
+            on_wire.append(wire[-1][1] - called_at)
         if idle is not None:
-            deadline = time.monotonic() + 60
-            while not idle() and time.monotonic() < deadline:
-                await asyncio.sleep(0.001)
+            await _until(idle, 60)
         await asyncio.sleep(0.005)
     return blocks, latencies, on_wire
 
