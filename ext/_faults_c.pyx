@@ -1,12 +1,14 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """C twin of ``bridge._faults_py``: same functions, same results, same exceptions.
 
-Only the per-rank loops live here (validation, formatting, strict parsing, merging,
-FaultRank encoding and decoding). Whenever an input is not on the fast path (a non-dict
-mapping, an int subclass, anything invalid) the work or the error message is handed to
-the reference module, so both implementations accept exactly the same inputs and say
-exactly the same thing about bad ones. ClusterD's duplicate rule is not restated here:
-the sticky type is read from the reference module's ``_REPLACEABLE`` at import.
+The per-rank loops live here (validation, formatting, strict parsing, merging,
+FaultRank encoding and decoding), and the report requests' other fields, which are
+written on the report's way from the controller's callback to the wire. Whenever an
+input is not on the fast path (a non-dict mapping, an int subclass, a str subclass,
+anything invalid) the work or the error message is handed to the reference module,
+so both implementations accept exactly the same inputs and say exactly the same thing
+about bad ones. ClusterD's duplicate rule is not restated here: the sticky type is read
+from the reference module's ``_REPLACEABLE`` at import.
 """
 
 from libc.stdint cimport uint32_t, uint64_t
@@ -445,23 +447,85 @@ def encode_fault_ranks(faults, field_number):
     return _framed(b"", faults, field_number, b"")
 
 
+# The head and tail fields of the report requests (job id, Status, strategy, string
+# lists). Each report the bridge sends is encoded on the thread that makes the call, between
+# the controller's callback and the wire, where every Python frame is paid for in latency;
+# so the common case (exact str and int arguments) is written here, and anything else
+# (a str subclass, an int-like, a bad value) is handed to the reference, which produces
+# the same bytes or raises its own error.
+
+cdef bytes _len_field(uint64_t number, const char* data, Py_ssize_t size):
+    """One length-delimited field: tag, length, ``size`` bytes of ``data``."""
+    cdef char head[20]
+    cdef Py_ssize_t at = _write_varint(head, number << 3 | 2)
+    at += _write_varint(head + at, <uint64_t>size)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, at + size)
+    cdef char* buffer = <char*>out
+    memcpy(buffer, head, at)
+    if size:
+        memcpy(buffer + at, data, size)
+    return out
+
+
+cdef bytes _string_field(uint64_t number, object text):
+    """A proto3 string field; the empty string is the default and is not written."""
+    cdef const char* data
+    cdef Py_ssize_t size
+    if type(text) is not str:
+        return _py._string_field(number, _py._require_str(text))
+    if not text:
+        return b""
+    data = PyUnicode_AsUTF8AndSize(text, &size)
+    return _len_field(number, data, size)
+
+
+cdef bytes _status_field(object code, object info):
+    """``Status`` as field 2, always present (``_py._status_field`` says why)."""
+    cdef char body[11]
+    cdef Py_ssize_t size = 0
+    cdef long long value
+    if type(code) is not int or type(info) is not str or not -2**31 <= code < 2**31:
+        return _py._status_field(code, info)
+    value = code
+    if value:
+        body[0] = 0x08  # field 1, varint; a negative int32 is sign-extended to ten bytes
+        size = 1 + _write_varint(body + 1, <uint64_t>value)
+    inner = PyBytes_FromStringAndSize(body, size) + _string_field(2, info)
+    return _len_field(2, <char*>inner, len(inner))
+
+
+cdef bytes _strings(uint64_t number, object values):
+    """A repeated string field: every element is written, empty ones too."""
+    cdef const char* data
+    cdef Py_ssize_t size
+    if type(values) is not list and type(values) is not tuple:
+        return _py._strings(number, values)
+    for value in values:
+        if type(value) is not str:
+            return _py._strings(number, values)  # raises the reference error
+    parts = []
+    for value in values:
+        data = PyUnicode_AsUTF8AndSize(value, &size)
+        parts.append(_len_field(number, data, size))
+    return b"".join(parts)
+
+
 def encode_process_fault_request(job_id, faults):
-    return _framed(_py._string_field(1, _py._require_str(job_id)), faults, 2, b"")
+    return _framed(_string_field(1, job_id), faults, 2, b"")
 
 
 def encode_stop_complete_request(job_id, code, info, faults):
-    head = _py._string_field(1, _py._require_str(job_id)) + _py._status_field(code, info)
+    head = _string_field(1, job_id) + _status_field(code, info)
     return _framed(head, faults, 3, b"")
 
 
 def encode_recover_strategy_request(job_id, faults, strategies):
-    head = _py._string_field(1, _py._require_str(job_id))
-    return _framed(head, faults, 2, _py._strings(3, strategies))
+    return _framed(_string_field(1, job_id), faults, 2, _strings(3, strategies))
 
 
 def encode_recover_status_request(job_id, code, info, strategy, isolate_rank_ids=()):
-    # Carries no fault map, so there is no per-rank loop to accelerate.
-    return _py.encode_recover_status_request(job_id, code, info, strategy, isolate_rank_ids)
+    return (_string_field(1, job_id) + _status_field(code, info) + _string_field(3, strategy)
+            + _strings(4, isolate_rank_ids))
 
 
 # --------------------------------------------------------------------------- decoding

@@ -146,3 +146,40 @@ def test_decode_agrees_on_arbitrary_fault_rank_strings(entries: list[tuple[str, 
 
 def test_compiled_module_is_really_compiled() -> None:
     assert compiled.__file__.endswith((".so", ".pyd"))
+
+
+class Text(str):
+    """A str subclass: not on the compiled encoders' fast path, so the reference encodes it."""
+
+
+class Index:
+    """An int-like (``__index__``) status code, as a numpy integer is."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+wild_texts = st.one_of(st.text(max_size=4), st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
+                                                       min_size=1, max_size=2),
+                       st.builds(Text, st.text(max_size=3)), st.integers(), st.none(), st.binary(max_size=2))
+wild_codes = st.one_of(st.integers(), st.booleans(), st.builds(Index, st.integers(min_value=-(2**40), max_value=2**40)),
+                       st.floats(allow_nan=False), st.text(max_size=2), st.none())
+wild_lists = st.one_of(st.lists(wild_texts, max_size=3), st.tuples(wild_texts), wild_texts,
+                       st.iterables(st.text(max_size=2), max_size=2))
+
+
+@given(wild_texts, wild_codes, wild_texts, wild_texts, wild_lists)
+def test_encoders_agree_on_arbitrary_head_arguments(
+    job_id: Any, code: Any, info: Any, strategy: Any, strings: Any
+) -> None:
+    """The compiled encoders write exact str/int arguments themselves and hand anything
+    else to the reference: the bytes or the error must be the same either way."""
+    if hasattr(strings, "__next__"):  # a one-shot iterator: each call gets the same values
+        strings = list(strings)
+    agree("encode_process_fault_request", job_id, {1: 1})
+    agree("encode_stop_complete_request", job_id, code, info, {2: 0})
+    agree("encode_recover_strategy_request", job_id, {3: 2}, strings)
+    agree("encode_recover_status_request", job_id, code, info, strategy, strings)
