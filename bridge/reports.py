@@ -214,15 +214,16 @@ class Handoff:
         self.batch_policy = realtime.batch_policy()
         pin = self.pin
         assert pin is not None
+        # Between the controller's callback and the lane's call: no exception for the
+        # empty queue, no generator, only C calls where a Python frame is not needed.
+        get, empty = self._queue.get, self._queue.empty
         while True:
-            batch = [self._queue.get()]
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(item is self._STOP for item in batch)
-            reports = [_as_report(item) for item in batch if item is not self._STOP]
+            batch = [get()]
+            while not empty():
+                batch.append(get())  # the only consumer: it is not empty until this thread takes it
+            stop = self._STOP in batch  # reports are tuples: never equal to the sentinel object
+            reports = [_as_report(item) for item in batch if item is not self._STOP] if stop else list(
+                map(_as_report, batch))
             if reports:
                 try:
                     if self.lane is not None:  # led by a report the lane may take, it may go to ClusterD first
