@@ -85,18 +85,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from functools import partial
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from . import faults as codec
 from . import realtime
 from .relay import METHODS
 from .reports import ControllerReport, status_code
+from .rpcthread import Call
 
 if TYPE_CHECKING:
     from .clusterd import ClusterDClient, Session
-    from .rpcthread import Call, RpcThread
+    from .rpcthread import RpcThread
     from .flow import ControllerFlow
     from .relay import Relay
 
@@ -189,6 +190,7 @@ class ReportLane:
         self._outgoing: list[tuple[RpcThread, Call]] = []  # taken under ``lock``, made after it
         self._boosted = False  # the hand-off thread runs SCHED_FIFO for the lane's calls
         self._refused = False  # ... which it may not (priority 0, or refused by the system)
+        self._spare: Call | None = None  # the next call, made ahead (``release``, Call.blank)
         self.taken = 0  # reports sent this way (tests and benchmarks read it)
         self.chained = 0  # ... of which chained to the lane's call before them
         self._post: Post | None = None
@@ -220,7 +222,8 @@ class ReportLane:
                 cycle = None if kind == "fault" else self.flow.answering
                 if (kind == "fault" or self.session.cycle_alive(cycle)) and self._take(reports, 0, kind, cycle):
                     self.held = [reports]  # before the lock is free: ``release`` needs it
-                    self._chain(reports, 1)
+                    if len(reports) > 1:
+                        self._chain(reports, 1)
                     return
         # Nothing is held, so every batch ``release`` posts is already posted: this one
         # comes after them. Outside the lock: the loop takes it too, and must never wait
@@ -238,9 +241,9 @@ class ReportLane:
         report = reports[index]
         rpc = self.client.rpc_thread
         try:
-            call = rpc.submit_from(  # type: ignore[union-attr]
-                self.loop, METHODS[kind], b"", self.client.config.rpc_timeout, after=self.last,
-                prepare=partial(self._prepare, report.callback, report.args), queued=False)
+            call, self._spare = self._spare or Call.blank(self.loop), None
+            call.fill(METHODS[kind], self.client.config.rpc_timeout, self.last,
+                      partial(self._prepare, report.callback, report.args))
         except Exception:  # noqa: BLE001 - the ordinary way is always open
             log.exception("the report lane failed; the report goes through the event loop")
             return False
@@ -315,6 +318,8 @@ class ReportLane:
         if self._boosted:
             self._boosted = False
             realtime.batch_policy()
+        if self._spare is None and self.taken:  # the lane's next call object, made off its path
+            self._spare = Call.blank(self.loop)
 
     def flush(self) -> None:
         """On the loop, before it reacts to ClusterD (a signal, a stream's start or end,

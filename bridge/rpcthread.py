@@ -110,6 +110,22 @@ class Call:
         self.cycle: str | None = None  # the cycle the lane bound a cycle-bound report to
         self.adopted = False  # the outbox took charge of it (a lane's call)
 
+    @classmethod
+    def blank(cls, loop: asyncio.AbstractEventLoop) -> Call:
+        """A call for the report lane to ``fill`` later (any thread). The lane makes the
+        next one ahead, after a call answered: creating it (its future asks the loop for
+        its debug mode, a Python call) cost ~15 us of a report's hop on the way to the
+        wire, where the path runs cold."""
+        return cls("", b"", 0.0, loop.create_future(), loop, None)
+
+    def fill(self, method: str, timeout: float, after: Call | None,
+             prepare: Callable[[], bytes | None]) -> Call:
+        """A ``blank`` call made into the lane's: ``prepare`` makes the payload on the
+        thread that makes the call (None: it is not made, ``ChainBroken``) and may not
+        raise; the caller makes it with ``RpcThread.make``."""
+        self.method, self.timeout, self.after, self.prepare = method, timeout, after, prepare
+        return self
+
 
 class RpcThread:
     """One thread, one synchronous channel, one call at a time."""
@@ -156,17 +172,11 @@ class RpcThread:
         return self.submit_from(asyncio.get_running_loop(), method, payload, timeout, after)
 
     def submit_from(self, loop: asyncio.AbstractEventLoop, method: str, payload: bytes, timeout: float,
-                    after: Call | None = None, prepare: Callable[[], bytes | None] | None = None,
-                    queued: bool = True) -> Call:
-        """``submit`` from any thread (the hand-off thread's report lane, bridge/fastlane.py):
-        the future belongs to ``loop`` and is only ever resolved there. ``prepare`` makes
-        the payload on the thread that makes the call (None: the call is not made,
-        ``ChainBroken``); it may not raise. ``queued=False``: not queued here; the caller
-        makes it with ``make`` on its own thread."""
+                    after: Call | None = None) -> Call:
+        """``submit`` from any thread: the future belongs to ``loop`` and is only ever
+        resolved there."""
         call = Call(method, payload, timeout, loop.create_future(), loop, after)
-        call.prepare = prepare
-        if queued:
-            self._queue.put(call)
+        self._queue.put(call)
         return call
 
     def cancel(self, call: Call) -> bool:
@@ -194,7 +204,7 @@ class RpcThread:
 
     def make(self, call: Call) -> bool:
         """Make one call on the calling thread: this one's own, or the hand-off thread's for
-        the report lane's calls (``submit_from(..., queued=False)``). One call at a time
+        the report lane's calls (``Call.fill``). One call at a time
         whichever thread makes it, so "chained" keeps meaning "the very next call". False
         when the call's loop is closed."""
         with self._calling:
