@@ -28,9 +28,11 @@ to 0.09 ms for a stop-complete when the thread that already has the report sends
 Waking the report thread from the callback instead (no hand-off thread) saved nothing:
 that wake-up crosses CPUs too, and the callback's own thread still holds the GIL. While
 it waits for ClusterD's answer the hand-off thread runs ``SCHED_FIFO``, as the report
-thread does, so the answer wakes it at once on busy cores; before it waits for the next
-callback it goes back to ``SCHED_BATCH``, so that a callback's wake-up never preempts
-the controller's thread (``realtime.py``). A callback that comes during the call waits
+thread does, so the answer wakes it at once on busy cores; it is promoted the moment
+gRPC has written the request, not before, so that ClusterD's receiving thread may take
+this CPU at once (rpcthread.py, "Once the request is written"); before it waits for the
+next callback it goes back to ``SCHED_BATCH``, so that a callback's wake-up never
+preempts the controller's thread (``realtime.py``). A callback that comes during the call waits
 in the hand-off's queue, which the controller's put never blocks on; the stop bounds
 the hand-off's end by the call's deadline (``Link.stop``).
 
@@ -62,9 +64,12 @@ Where the work runs is measured, not chosen for symmetry. The hand-off thread ru
 only once the controller's callback has returned (``SCHED_BATCH``, on the controller's
 CPU: ``affinity.py``); the callback itself still only queues. But a callback that
 comes while this thread holds the GIL waits for it, and under ``SCHED_BATCH`` busy
-processes preempt it mid-work (block p99 0.05-1.8 ms at two busy processes, when the
-encoding was done there under that policy). So only the routing runs under
-``SCHED_BATCH``; the encoding and the call run under ``SCHED_FIFO`` (``_send``).
+processes may preempt it mid-work: block p99 0.05-1.8 ms at two busy processes when
+the encoding was done there under that policy with the Python encoders of the request's
+head fields. Those are compiled now, and the routing, the encoding and the write all
+run under ``SCHED_BATCH``: block p99 10-14 us at two busy processes in
+``bench_loaded``'s hops phase, with the write no longer keeping ClusterD's receiving
+thread off this CPU (``_send``).
 
 The outbox's rules hold because the lane opens only when taking it cannot reorder
 anything (decided under ``lock``, which the outbox also holds when it queues a report):
@@ -284,8 +289,10 @@ class ReportLane:
 
     def _send(self, calls: list[tuple[RpcThread, Call]]) -> None:
         """On the hand-off thread, outside ``lock``: make the lane's calls, one after the
-        other, under ``SCHED_FIFO`` (``realtime.py``): the answer must wake this thread at
-        once on busy cores, as it wakes the report thread. ``release`` puts it back.
+        other, waiting for each answer under ``SCHED_FIFO`` (``realtime.py``): the answer
+        must wake this thread at once on busy cores, as it wakes the report thread. The
+        promotion comes once the first request is written (``_boost``, run by
+        ``RpcThread.make``); ``release`` puts it back.
 
         Every call, not only those a report waits behind: tried with the promotion (a
         system call, 10-20 us on a thread that has just woken) only for the cycle's
@@ -293,12 +300,16 @@ class ReportLane:
         the thread waiting behind busy processes once answered, so the loop learned of
         the report 4.2 ms after the callback at the median at two busy processes (0.7
         ms under ``SCHED_FIFO``) and the next report waited behind it."""
-        if calls and not self._boosted and not self._refused:
-            self._boosted = realtime.promote(self.client.realtime_priority, realtime.REPORT)
-            self._refused = not self._boosted  # off, or refused (logged once): not asked again
         for rpc, call in calls:
-            if not rpc.make(call):
+            boost = None if self._boosted or self._refused else self._boost
+            if not rpc.make(call, boost):
                 return  # the loop is closed: the bridge is gone
+
+    def _boost(self) -> None:
+        """Under ``SCHED_FIFO`` from now until ``release``: run by ``RpcThread.make`` once
+        the request is written (rpcthread.py, "Once the request is written")."""
+        self._boosted = realtime.promote(self.client.realtime_priority, realtime.REPORT)
+        self._refused = not self._boosted  # off, or refused (logged once): not asked again
 
     def release(self) -> None:
         """On the hand-off thread, with no callback left to dispatch: the held batches to

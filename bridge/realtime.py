@@ -17,9 +17,11 @@ it last ran on whatever runs there. The hand-off thread is woken by the controll
 own thread, from inside the callback; realtime, it preempted that thread, which then
 waited behind the busy processes for its CPU back while holding the GIL: callback block
 p99 0.05-3.6 ms against 8-12 us under ``SCHED_BATCH`` (A/B, same run). So it waits for
-callbacks under ``SCHED_BATCH`` (``reports.Handoff``), and is realtime only while it
-makes a report lane call itself and waits for ClusterD's answer (``fastlane.py``): no
-callback wakes it then, and the answer must. The loop and the report thread are woken by the
+callbacks under ``SCHED_BATCH`` (``reports.Handoff``), and is realtime only from the
+moment it has written a report lane call's request until it is back to waiting for a
+callback (``fastlane.py``): no callback wakes it then, and ClusterD's answer must. Not
+while it writes: a realtime writer keeps ClusterD's receiving thread, which Linux puts
+on the writer's CPU, from running there (``rpcthread.py``). The loop and the report thread are woken by the
 hand-off thread, by each other and by the network, not from inside a callback (except
 under the opt-in WAKE hand-off, whose callback wakes the loop itself and pays for it:
 block p99 over 50 us at every load in bench_loaded).

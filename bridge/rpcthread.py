@@ -45,6 +45,20 @@ queued here: the hand-off thread, already awake with the report, makes them itse
 (``make``) on this channel, which saves the wake-up of this thread between the callback
 and the wire. Calls are made one at a time whichever of the two threads makes them
 (``_calling``), so a chained call follows the very call it names, as above.
+
+**Once the request is written.** The hand-off thread runs ``SCHED_FIFO`` while it waits
+for the answer (``fastlane.py``), but it must not be realtime when it writes the request.
+Traced with the scheduler's events on a loopback node: the write wakes ClusterD's
+receiving thread with a sync hint, so Linux places it on the writer's CPU, where it
+preempts a normal-policy writer at once (the synchronous client) but cannot preempt a
+realtime one; it then went to the other CPU, which had been idle for milliseconds and
+took ~0.1 ms to wake. So ``make`` runs its ``on_sent`` (the promotion) right after
+gRPC has written the request: the proxy ``_AfterSend`` stands in for the channel object
+of each method's callable (gRPC's ``_channel``, whose ``segregated_call`` starts the
+call and writes the request, before the calling thread waits in ``next_event``). That
+is gRPC's internal structure: where a gRPC release has none of it, ``on_sent`` runs
+just before the call, as before, and ``after_send`` says so (a test fails on such a
+release, so an upgrade cannot lose it silently).
 """
 
 from __future__ import annotations
@@ -145,6 +159,8 @@ class RpcThread:
         self._take = threading.Lock()  # a chained call is either taken or cancelled, never both
         self._calling = threading.Lock()  # one call at a time, on this thread or the hand-off's
         self._last: Call | None = None  # the call made before the next one
+        self._on_sent: Callable[[], None] | None = None  # the call being made's (under ``_calling``)
+        self.after_send = True  # on_sent runs after the write (False: gRPC has no _channel to wrap)
         self._answered_ok = False  # ... and it answered code 0: a call chained to it may follow
         self.state = grpc.ChannelConnectivity.IDLE
         channel.subscribe(self._on_state, try_to_connect=True)  # connect now: the first report must not wait
@@ -189,9 +205,25 @@ class RpcThread:
 
     def _callable(self, method: str) -> Any:
         if method not in self._callables:
-            self._callables[method] = self.channel.unary_unary(
+            callable_ = self.channel.unary_unary(
                 method, request_serializer=None, response_deserializer=self._deserialize)
+            inner = getattr(callable_, "_channel", None)
+            if callable(getattr(inner, "segregated_call", None)):
+                callable_._channel = _AfterSend(inner, self._sent)
+            else:
+                self.after_send = False
+            self._callables[method] = callable_
         return self._callables[method]
+
+    def _sent(self) -> None:
+        """On the calling thread, the request written: its ``on_sent``, once. Never
+        raises into gRPC's call."""
+        action, self._on_sent = self._on_sent, None
+        if action is not None:
+            try:
+                action()
+            except Exception:  # noqa: BLE001 - the call goes on whatever the action did
+                log.exception("a report call's after-write action failed")
 
     def _serve(self) -> None:
         self.realtime = realtime.promote(self._realtime_priority, realtime.REPORT)
@@ -202,15 +234,17 @@ class RpcThread:
             if not self.make(call):
                 return  # the loop is closed: nobody waits any more
 
-    def make(self, call: Call) -> bool:
+    def make(self, call: Call, on_sent: Callable[[], None] | None = None) -> bool:
         """Make one call on the calling thread: this one's own, or the hand-off thread's for
         the report lane's calls (``Call.fill``). One call at a time
         whichever thread makes it, so "chained" keeps meaning "the very next call". False
-        when the call's loop is closed."""
+        when the call's loop is closed. ``on_sent`` runs on this thread once the request
+        is written, before the wait for the answer (see "Once the request is written"),
+        and not at all when the call is not made."""
         with self._calling:
-            return self._make(call)
+            return self._make(call, on_sent)
 
-    def _make(self, call: Call) -> bool:
+    def _make(self, call: Call, on_sent: Callable[[], None] | None = None) -> bool:
         with self._take:
             send = not call.cancelled and (call.after is None or (call.after is self._last and self._answered_ok))
             call.taken = send
@@ -225,10 +259,15 @@ class RpcThread:
             outcome = (None, ChainBroken(call.method))
         elif not call.future.cancelled():  # else its caller stopped waiting (racy, harmless: the call is just made)
             call.started, call.was_ready = time.monotonic(), self.ready
+            callable_ = self._callable(call.method)
+            self._on_sent = on_sent
+            if not self.after_send:
+                self._sent()
             try:
-                outcome = (self._callable(call.method)(payload, timeout=call.timeout), None)
+                outcome = (callable_(payload, timeout=call.timeout), None)
             except Exception as error:  # noqa: BLE001 - grpc.RpcError, or anything else: the caller's to classify
                 outcome = (None, error)
+            self._on_sent = None  # the call ended before gRPC started it: not run
             self._answered_ok = outcome[1] is None and getattr(outcome[0], "code", None) == 0
         if outcome is None:
             return True
@@ -252,6 +291,24 @@ class RpcThread:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+class _AfterSend:
+    """gRPC's channel object as one method's callable sees it, telling ``sent`` once
+    ``segregated_call`` has started the call, which writes the request; everything else
+    goes to the channel object itself."""
+
+    def __init__(self, channel: Any, sent: Callable[[], None]) -> None:
+        self._channel = channel
+        self._sent = sent
+
+    def segregated_call(self, *args: Any, **kwargs: Any) -> Any:
+        call = self._channel.segregated_call(*args, **kwargs)
+        self._sent()
+        return call
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
 
 
 def _resolve(future: asyncio.Future[Any], outcome: tuple[Any, BaseException | None]) -> None:
