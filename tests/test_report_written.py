@@ -1,5 +1,6 @@
 """A report call's ``on_sent`` runs once gRPC has written the request, before the wait
-for the answer (bridge/rpcthread.py, "Once the request is written").
+for the answer (bridge/rpcthread.py, "Once the request is written"), and the report lane
+promotes its thread there, or before encoding a big fault map (bridge/fastlane.py).
 
 The report lane promotes the hand-off thread to ``SCHED_FIFO`` there: promoted before
 the write, the thread kept ClusterD's receiving thread off its CPU. Where the request
@@ -13,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
 
 from bridge._proto import recover_pb2 as pb
 from bridge.codes import Code
+from bridge.fastlane import WRITE_FIRST_MAX_RANKS, ReportLane
 from bridge.rpcthread import Call, ChainBroken, RpcThread
 
 from .test_report_chain import ClusterD, clusterd  # noqa: F401 - the fixture
@@ -113,3 +116,38 @@ async def test_without_a_channel_object_to_wrap_on_sent_runs_just_before_the_cal
         rpc.close()
     assert not rpc.after_send
     assert events == ["on_sent", "written"]
+
+
+class _RecordingRpc:
+    """``RpcThread.make`` as the lane sees it: notes whether the lane had promoted its
+    thread before the call and whether it asked for the promotion after the write, then
+    "writes" (runs ``on_sent``)."""
+
+    def __init__(self, lane: ReportLane) -> None:
+        self.lane = lane
+        self.made: list[tuple[bool, bool]] = []  # (promoted before the call, promotion asked after the write)
+
+    def make(self, call: Call, on_sent: Any = None) -> bool:
+        self.made.append((self.lane._boosted, on_sent is not None))
+        if on_sent is not None:
+            on_sent()
+        return True
+
+
+def test_a_big_fault_map_is_encoded_and_written_under_fifo_a_small_one_written_first(monkeypatch: Any) -> None:
+    """Encoding a map over WRITE_FIRST_MAX_RANKS takes long enough that, under
+    SCHED_BATCH, the controller's thread preempted the hand-off thread holding the GIL;
+    a small map's request is written first and the thread promoted right after."""
+    promotions: list[int] = []
+    monkeypatch.setattr("bridge.fastlane.realtime.promote", lambda priority, thread: promotions.append(priority) or True)
+    monkeypatch.setattr("bridge.fastlane.realtime.batch_policy", lambda: True)
+    for ranks, expected in ((WRITE_FIRST_MAX_RANKS, (False, True)), (WRITE_FIRST_MAX_RANKS + 1, (True, False))):
+        lane = ReportLane("job", SimpleNamespace(lane_lock=threading.Lock()), None,  # type: ignore[arg-type]
+                          SimpleNamespace(realtime_priority=1), None, None)  # type: ignore[arg-type]
+        rpc = _RecordingRpc(lane)
+        lane._send([(rpc, None, ranks)])  # type: ignore[list-item]
+        assert rpc.made == [expected], ranks
+        assert lane._boosted
+        lane.release()
+        assert not lane._boosted
+    assert promotions == [1, 1]
