@@ -233,9 +233,10 @@ class ReportLane:
                 return
             first = reports[0]
             kind = KINDS.get(first.callback)
-            if kind is not None and _ranks(first) <= LANE_MAX_RANKS and self._open():
+            ranks = _ranks(first)
+            if kind is not None and ranks <= LANE_MAX_RANKS and self._open():
                 cycle = None if kind == "fault" else self.flow.answering
-                if (kind == "fault" or self.session.cycle_alive(cycle)) and self._take(reports, 0, kind, cycle):
+                if (kind == "fault" or self.session.cycle_alive(cycle)) and self._take(reports, 0, kind, cycle, ranks):
                     self.held = [reports]  # before the lock is free: ``release`` needs it
                     if len(reports) > 1:
                         self._chain(reports, 1)
@@ -249,10 +250,12 @@ class ReportLane:
         return (self.unhandled == 1 and self.client.report_thread and self.client.rpc_thread is not None
                 and self.relay.idle() and self.session.live.is_set())
 
-    def _take(self, reports: list[ControllerReport], index: int, kind: str, cycle: str | None) -> bool:
-        """Make ``reports[index]`` one of the lane's calls (under ``lock``), chained to the
-        lane's latest call if there is one; the hand-off thread makes it once the lock is
-        free (``dispatch``). False when that failed (the ordinary way is always open)."""
+    def _take(self, reports: list[ControllerReport], index: int, kind: str, cycle: str | None,
+              ranks: int) -> bool:
+        """Make ``reports[index]`` (whose fault map holds ``ranks``) one of the lane's calls
+        (under ``lock``), chained to the lane's latest call if there is one; the hand-off
+        thread makes it once the lock is free (``dispatch``). False when that failed (the
+        ordinary way is always open)."""
         report = reports[index]
         rpc = self.client.rpc_thread
         try:
@@ -263,7 +266,7 @@ class ReportLane:
             log.exception("the report lane failed; the report goes through the event loop")
             return False
         call.cycle = cycle
-        self._outgoing.append((rpc, call, _ranks(report)))  # type: ignore[arg-type]
+        self._outgoing.append((rpc, call, ranks))  # type: ignore[arg-type]
         self.relay.presend_pending += 1
         self.taken += 1
         self.chained += self.last is not None
@@ -282,10 +285,11 @@ class ReportLane:
         for index in range(start, len(reports)):
             kind = KINDS.get(reports[index].callback)
             cycle = self.flow.answering
-            if not (kind is not None and kind != "fault" and _ranks(reports[index]) <= LANE_MAX_RANKS
+            ranks = _ranks(reports[index])
+            if not (kind is not None and kind != "fault" and ranks <= LANE_MAX_RANKS
                     and self.relay.idle(lane=True)
                     and self.session.live.is_set() and self.session.cycle_alive(cycle)
-                    and self._take(reports, index, kind, cycle)):
+                    and self._take(reports, index, kind, cycle, ranks)):
                 return
 
     def _prepare(self, callback: str, args: tuple[Any, ...]) -> bytes | None:

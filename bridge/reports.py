@@ -215,15 +215,14 @@ class Handoff:
         pin = self.pin
         assert pin is not None
         # Between the controller's callback and the lane's call: no exception for the
-        # empty queue, no generator, only C calls where a Python frame is not needed.
+        # empty queue and no generator, only C calls where a Python frame is not needed.
         get, empty = self._queue.get, self._queue.empty
         while True:
             batch = [get()]
             while not empty():
                 batch.append(get())  # the only consumer: it is not empty until this thread takes it
             stop = self._STOP in batch  # reports are tuples: never equal to the sentinel object
-            reports = [_as_report(item) for item in batch if item is not self._STOP] if stop else list(
-                map(_as_report, batch))
+            reports = [_as_report(item) for item in batch if item is not self._STOP]
             if reports:
                 try:
                     if self.lane is not None:  # led by a report the lane may take, it may go to ClusterD first
