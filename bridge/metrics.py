@@ -64,7 +64,8 @@ REFUSAL_REASONS = ("foreign_job", "duplicate", "malformed", "no_actions", "stale
 #: Why the flight recorder (bridge/recorder/) lost events or writes.
 RECORDER_ERROR_REASONS = ("queue_full", "disk_full", "unwritable", "corrupt", "write_failed", "events_truncated",
                           "record_failed", "otel_export", "otel_queue_full")
-RESUME_RESULTS = ("re_reported", "rebound", "answered_stop_complete", "answered_strategies", "too_late")
+RESUME_RESULTS = ("re_reported", "rebound", "answered_stop_complete", "answered_strategies",
+                  "answered_without_repair", "too_late")
 #: Final strategies every job with process-level recovery can end a cycle with (the elastic
 #: ones appear when first used). Pre-created because a histogram child born at its first
 #: observation makes that recovery invisible to rate() and histogram_quantile() -- and the

@@ -30,6 +30,18 @@ The peer facts that force this module:
   MindX wait. While the controller is stopped the bridge then subscribes again on
   purpose (``outcome_unknown``): the reset makes the cycle's fate known, and resumable.
 
+* The controller repairs exactly the ranks it offered its strategies for, and cannot be
+  told more: a second on_global_rank while it waits for change_strategy sends it to EXIT
+  (docs/mindio-controller.md, "Outcomes after change_strategy"). The new cycle's
+  globalFault can name more ranks than the old one did: faults that joined ClusterD's
+  cache meanwhile (the controller's held second report, a fault centre's), each process
+  fault widened to its whole pod, which the node agent restarts (``fault_nodes_exit``). A
+  retry or recover answered from memory then repairs from peers restarted under it and
+  hangs until ClusterD's 15-minute report wait sends exit. So the bridge offers that cycle
+  only what repairs no rank, the controller's own ``exit`` and ``dump``
+  (``answered_without_repair``): ClusterD chooses dump when the job has it, and the
+  checkpoint is saved before the job restarts, as after any repair that cannot complete.
+
 What cannot be carried over: once the controller has had change_strategy (REPAIRING
 and later) the new ClusterD's cycle starts at a step the controller is past; its result
 is then dropped as ``no_live_cycle`` and training resumes on its own. That is counted as
@@ -57,6 +69,9 @@ PAST_RESUME = frozenset({Step.REPAIRING, Step.AWAIT_FINAL, Step.DUMPING})
 _STOP_ACCEPTED = frozenset({Step.IDLE, Step.AWAIT_STOP, Step.PAUSED})
 #: ``CycleResume.intercept``: the action was answered by the bridge, not the controller.
 RESUMED = "resumed"
+#: The controller's strategies that repair no rank: what a resumed cycle naming ranks
+#: beyond the controller's is offered (the controller's list always starts with exit).
+NO_REPAIR_STRATEGIES = ("exit", "dump")
 
 
 class CycleResume:
@@ -149,7 +164,7 @@ class CycleResume:
         if self.pending == "stop" and action == "stop_train":
             return RESUMED if self._resume_stop(step, faults, token) else None
         if self.pending == "global" and action == "on_global_rank":
-            return RESUMED if self._resume_global(step, token) else None
+            return RESUMED if self._resume_global(step, faults, token) else None
         if self.pending == "stop" and action == "on_global_rank":
             # Not the new cycle's (which starts with stopTrain): the old cycle's globalFault
             # that a reset does not stop (docs/clusterd.md section 7). A strategy report in
@@ -187,7 +202,7 @@ class CycleResume:
         self._resumed("answered_stop_complete", "stopTrain", token, f"with code {code}")
         return True
 
-    def _resume_global(self, step: Step, token: str) -> bool:
+    def _resume_global(self, step: Step, named: dict[int, int], token: str) -> bool:
         self.pending = None
         if step is Step.GLOBAL_SENT:
             self.flow.answering = token
@@ -196,10 +211,19 @@ class CycleResume:
         if step is not Step.AWAIT_STRATEGY or self.strategies_report is None:
             return False
         faults, strategies = self.strategies_report
+        result = "answered_strategies"
+        beyond = set(named) - set(faults)
+        if beyond:
+            # A repair of fewer ranks than ClusterD restarts never completes (module docstring).
+            strategies = [name for name in strategies if name in NO_REPAIR_STRATEGIES] or ["exit"]
+            result = "answered_without_repair"
+            log.error("the new cycle's globalFault (%s) names %d rank(s) the controller did not offer its "
+                      "strategies for (e.g. %s) and cannot be told of now: a repair would hang on them, so "
+                      "the cycle is offered %s only", token, len(beyond), sorted(beyond)[:5], strategies)
         self.relay.submit_cycle_report("strategy", token,
                                        codec.encode_recover_strategy_request(self.job_id, faults, strategies))
         self.flow.answering = token
-        self._resumed("answered_strategies", "globalFault", token, f"with {strategies}")
+        self._resumed(result, "globalFault", token, f"with {strategies}")
         return True
 
     def _resumed(self, result: str, signal_type: str, token: str, how: str) -> None:

@@ -343,6 +343,46 @@ async def test_between_strategy_and_change_strategy_the_bridge_answers_both_step
     assert m(job, "cycle_resumes_total", result="answered_strategies") == 1
 
 
+@pytest.mark.parametrize("disruption", DISRUPTIONS)
+async def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump_not_a_hung_repair(
+        proxies: list[FreezableProxy], running: list[SimulatedJob], disruption: str) -> None:
+    """AWAIT_STRATEGY, and while ClusterD is away a process fault on rank 9 joins the new
+    cycle from the fault centre (the controller never hears of it): the new globalFault
+    names rank 9's pod too, which the node agent restarts. A recover of the controller's
+    ranks 4-7 would hang on ranks restarted under it; the bridge offers exit and dump, and
+    the job saves its checkpoint and ends as ClusterD decides."""
+    job = await launch(running, proxies if disruption == "freeze" else None, auto_step=False)
+    joined: list[str] = []
+
+    async def fault_from_the_fault_centre() -> None:
+        joined.append(await job.sim.start_clusterd_fault(JOB, {9: 1}))
+
+    marks: list[int] = []
+    on_journal(job, TRIGGERS["after_strategy"], lambda: (marks.append(last_seq(job)), begin(disruption, job, proxies)))
+    job.training.inject_fault({5: 1})
+    await eventually(lambda: marks, 10, "ClusterD past RecoverStrategy, before changeStrategy")
+    tasks = on_journal(job, lambda e: e.seq > marks[0] and TRIGGERS["at_stop_train"](e), fault_from_the_fault_centre)
+    await finish(disruption, job, proxies)
+    await eventually(lambda: joined, 15, "rank 9's fault joining the new cycle")
+    await asyncio.gather(*tasks)
+    assert joined == ["joined"]
+    await annotation(job, "dump-success", timeout=20)
+    await eventually(lambda: m(job, "cycle_resumes_total", result="answered_without_repair") == 1, 10,
+                     "the wider cycle counted")
+    offered = [e.detail["strategies"] for e in after(job, marks[0], "rpc", "ReportRecoverStrategy") if e.code == 0]
+    assert offered == [["exit", "dump"]], offered
+    global_faults = [set(map(int, e.detail["faults"])) for e in after(job, marks[0], "signal", "globalFault")
+                     if e.detail.get("uuid")]
+    assert global_faults and global_faults[-1] >= {8, 9, 10, 11}, global_faults
+    # dump, then ClusterD's exit notice after it (dump_exit)
+    await eventually(lambda: [n.args[0] for n in job.training.notifies("change_strategy")] == ["dump", "exit"], 10,
+                     "the dump and ClusterD's exit notice")
+    assert len(job.training.notifies("on_global_rank")) == 1  # never told twice
+    assert [r.args[0] for r in job.training.callbacks("report_result")] == [0]
+    assert job.training.repair_hang_ranks == ()
+    assert m(job, "cycle_resumes_total", result="answered_strategies") == 0
+
+
 async def test_a_controller_already_repairing_is_not_re_reported(running: list[SimulatedJob]) -> None:
     """REPAIRING: the new ClusterD would restart at stopTrain, which the controller is past.
     Counted as too_late; the result is dropped (no cycle to answer) and training goes on."""
@@ -460,6 +500,33 @@ def test_awaiting_the_strategy_both_steps_are_answered_and_the_flow_rebound() ->
     assert relay.cycle_reports == [("stop_complete", "new"), ("strategy", "new")]
     assert flow.answering == "new" and resume.pending is None
     assert resume.intercept("change_strategy", {}, "new") is None
+
+
+def test_a_resumed_global_fault_naming_more_ranks_is_offered_no_repair() -> None:
+    """The controller repairs the ranks it offered its strategies for and cannot be told
+    more (a second on_global_rank sends it to EXIT): a new globalFault naming other ranks
+    gets the controller's exit and dump only, never its retry or recover."""
+    resume, relay, flow = resume_at(Step.AWAIT_STRATEGY)
+    sent: list[bytes] = []
+    relay.submit_cycle_report = lambda kind, cycle, payload, waiter=None: sent.append(payload)  # type: ignore[method-assign]
+    resume.on_subscribed({5: 1})
+    assert resume.intercept("stop_train", {5: 1, 9: 1}, "new") == "resumed"
+    assert resume.intercept("on_global_rank", {4: 1, 5: 1, 8: 1, 9: 1}, "new") == "resumed"
+    from bridge._proto import recover_pb2 as pb
+
+    strategy = pb.RecoverStrategyRequest.FromString(sent[-1])
+    assert list(strategy.strategies) == ["dump", "exit"]
+    assert flow.answering == "new"
+    counts = {result: resume.metrics.sample("tft_bridge_cycle_resumes_total", {"result": result})
+              for result in ("answered_strategies", "answered_without_repair")}
+    assert counts == {"answered_strategies": 0, "answered_without_repair": 1}
+    # the same ranks, or fewer: the controller's list as it offered it
+    resume, relay, flow = resume_at(Step.AWAIT_STRATEGY)
+    relay.submit_cycle_report = lambda kind, cycle, payload, waiter=None: sent.append(payload)  # type: ignore[method-assign]
+    resume.on_subscribed({5: 1})
+    resume.intercept("stop_train", {5: 1}, "new")
+    assert resume.intercept("on_global_rank", {5: 1}, "new") == "resumed"
+    assert list(pb.RecoverStrategyRequest.FromString(sent[-1]).strategies) == ["recover", "dump", "exit"]
 
 
 # --------------------------------------------------------------------------- a freeze shorter than the watchdog

@@ -142,6 +142,59 @@ def test_a_pod_sized_global_fault_reaches_the_controller_whole(server: ServerThr
         manager.close()
 
 
+def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump(server: ServerThread, training) -> None:  # type: ignore[no-untyped-def]
+    """The seed API carries a cycle across a reset of ClusterD's job like the daemon
+    (tests/test_clusterd_restart.py): the stream breaks while the controller waits for its
+    strategy, and the fault centre's process fault on rank 9 joins the new cycle, whose
+    globalFault then names rank 9's pod too. The controller, which offered its strategies
+    for ranks 4-7 and cannot be told more, must not be sent into a repair that hangs on
+    ranks restarted under it: the new cycle is offered exit and dump only."""
+    import mindio_ttp.controller_ttp as ttp
+
+    sim = server.sim
+    stages: list[str] = []
+
+    async def break_stream() -> None:
+        await sim.drop_subscriber(JOB)
+        sim.take_tweaks()  # a delay the old cycle's changeStrategy did not take must not hold the new stream
+
+    def listener(entry) -> None:  # type: ignore[no-untyped-def]  # on the server's loop
+        if entry.job_id != JOB:
+            return
+        if not stages and entry.kind == "state" and entry.name == "NotifyDecidedStrategyState":
+            stages.append("broken")
+            sim.delay_next_signal(30.0)  # the old cycle's changeStrategy never reaches the bridge
+            server.loop.create_task(break_stream())
+        elif stages == ["broken"] and entry.kind == "signal" and entry.name == "stopTrain":
+            stages.append(sim._controller(JOB).report_faults([("9", "1")], "fault-centre"))
+
+    sim.journal.add_listener(listener)
+    info = pb.ClientInfo(taskId=JOB, role="master agent")
+    manager = DLRecoverManager(info, server.address, secure_conn=False)
+    manager.init_clusterd()
+    assert manager.register(info).code == 0
+    manager.start_subscribe()
+    for action, callback in (("report_fault_ranks", report_process_fault), ("report_stop_complete", report_stop_complete),
+                             ("report_strategies", report_recover_strategy), ("report_result", report_recover_status)):
+        assert ttp.tft_register_mindx_callback(action, callback) == 0
+    ttp.tft_init_controller(-1, 16, False, True, False)
+    ttp.tft_start_controller("127.0.0.1", free_port(), False, "")
+    try:
+        training.connect_ranks(range(16))
+        server.wait_for(lambda e: e.kind == "signal" and e.name == "keep-alive")
+        training.inject_fault({5: 1})
+        server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "dump-success", 20)
+        assert stages == ["broken", "joined"]
+        offered = [e.detail["strategies"] for e in sim.journal.rpcs("ReportRecoverStrategy") if e.code == 0]
+        assert offered[-1] == ["exit", "dump"], offered
+        assert [n.args[0] for n in training.notifies("change_strategy")][:1] == ["dump"]
+        assert len(training.notifies("on_global_rank")) == 1
+        assert training.repair_hang_ranks == ()
+        assert manager.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "answered_without_repair"}) == 1
+    finally:
+        manager.close()
+
+
 def test_return_codes(server: ServerThread, training) -> None:  # type: ignore[no-untyped-def]
     assert report_process_fault({1: 1}) == Code.UnRegistry  # no manager subscribed yet
     info = pb.ClientInfo(taskId=JOB, role="agent")
