@@ -224,6 +224,33 @@ def test_stub_clean_and_never_killed_read_the_stubs_log() -> None:
     assert invariants.never_killed(observation(records=during_repair)) == []
 
 
+def test_never_killed_judges_a_restarted_cycle_wider_than_the_controllers_offer() -> None:
+    """A globalFault naming ranks beyond those the controller offered its strategies for,
+    while it waits for change_strategy: no repair can complete, the job may end (dump or
+    exit), but the bridge must not have offered that cycle a repair."""
+    offered = Record(1.0, "callback", "report_strategies", ({4: 1, 5: 1, 6: 1, 7: 1}, ["exit", "dump", "recover"]))
+    wider = entry("signal", "globalFault", 10, at=2.0, uuid="u2", faults={r: 1 for r in range(4, 12)})
+    killed = Record(4.0, "state", "EXIT")
+
+    def answer(*strategies: str) -> JournalEntry:
+        return entry("rpc", "ReportRecoverStrategy", 11, at=2.1, code=0, strategies=list(strategies))
+
+    dumped = observation(records=[offered, Record(2.5, "notify", "change_strategy", ("dump", "")), killed],
+                         journal=[wider, answer("exit", "dump")])
+    assert "beyond those the controller offered" in (invariants.lost_recovery_path(dumped) or "")
+    assert invariants.never_killed(dumped) == []
+    repaired = observation(records=[offered, Record(2.5, "notify", "change_strategy", ("recover", ""))],
+                           journal=[wider, answer("exit", "dump", "recover")], unsettled="the controller is in REPAIR")
+    problems = invariants.never_killed(repaired)
+    assert len(problems) == 2 and "offered ['recover']" in problems[0] and "change_strategy('recover')" in problems[1]
+    # the same ranks as offered, or a globalFault before the offer: nothing to excuse
+    same = entry("signal", "globalFault", 10, at=2.0, uuid="u2", faults={r: 1 for r in range(4, 8)})
+    assert invariants.lost_recovery_path(observation(records=[offered, killed], journal=[same])) is None
+    early = entry("signal", "globalFault", 9, at=0.5, uuid="u1", faults={r: 1 for r in range(4, 12)})
+    assert invariants.lost_recovery_path(observation(records=[offered, killed], journal=[early])) is None
+    assert invariants.never_killed(observation(records=[offered, killed], journal=[early]))
+
+
 def test_resource_growth_fails_on_a_leaked_thread() -> None:
     before = invariants.resources()
     release = threading.Event()

@@ -110,6 +110,69 @@ def repair_hang_by_design(obs: Observation) -> str | None:
     return None
 
 
+def _wider_cycle(obs: Observation) -> tuple[JournalEntry, set[int], set[int]] | None:
+    """The first globalFault that came while the controller waited for change_strategy and
+    named ranks beyond those it offered its strategies for: (signal, offered, beyond)."""
+    events = sorted([(r.t, "record", r) for r in obs.records if (r.kind, r.name) in (
+        ("callback", "report_strategies"), ("notify", "change_strategy"))]
+        + [(e.at, "signal", e) for e in _global_faults(obs)], key=lambda item: item[0])
+    offered: set[int] | None = None
+    for _, kind, item in events:
+        if kind == "record" and item.name == "report_strategies":
+            offered = {int(rank) for rank in (item.args[0] if item.args else {})}
+        elif kind == "record":
+            offered = None
+        elif offered is not None:
+            beyond = {int(rank) for rank in item.detail["faults"]} - offered
+            if beyond:
+                return item, offered, beyond
+    return None
+
+
+def cycle_wider_than_offered(obs: Observation) -> str | None:
+    """Why a cycle ClusterD restarted could not be repaired, or None: its globalFault came
+    while the controller waited for change_strategy (so the bridge answered it from the
+    controller's strategies, bridge/resume.py) and named ranks beyond those the controller
+    offered them for. A controller cannot be told more ranks then (a second on_global_rank
+    sends it to EXIT; docs/mindio-controller.md), and a repair of fewer ranks than the node
+    agent restarts hangs: the job can only end, by dump or exit. The extra ranks joined
+    ClusterD's cache while it was away or frozen (a fault the controller held for its
+    second report, a whole pod's process fault). ``never_killed`` still checks that the
+    bridge offered that cycle no repair (``repair_offered_to_wider_cycle``)."""
+    wider = _wider_cycle(obs)
+    if wider is None:
+        return None
+    signal, offered, beyond = wider
+    return (f"ClusterD's globalFault #{signal.seq} at {signal.at:.3f} named ranks {sorted(beyond)} beyond those the "
+            f"controller offered its strategies for ({sorted(offered)}), while it waited for change_strategy: it "
+            f"cannot be told of them, and no repair of its ranks completes")
+
+
+def repair_offered_to_wider_cycle(obs: Observation) -> list[str]:
+    """The bridge's answer to a cycle wider than the controller's offer (``_wider_cycle``)
+    must offer no repair: a retry or recover would hang on ranks restarted under it until
+    ClusterD's report wait runs out (15 minutes on the real server), then exit."""
+    wider = _wider_cycle(obs)
+    if wider is None:
+        return []
+    signal, _, _ = wider
+    problems = []
+    for rpc in obs.journal:
+        if (rpc.kind == "rpc" and rpc.name == "ReportRecoverStrategy" and rpc.job_id == obs.job_id
+                and rpc.at >= signal.at and rpc.code == 0):
+            repairs = [name for name in rpc.detail.get("strategies", ()) if name in REPAIRS]
+            if repairs:
+                problems.append(f"ReportRecoverStrategy #{rpc.seq} offered {repairs} for globalFault #{signal.seq}, "
+                                f"which names ranks the controller cannot be told of: the repair would hang")
+            break
+    for notify in obs.records:
+        if notify.kind == "notify" and notify.name == "change_strategy" and notify.t >= signal.at \
+                and notify.args and notify.args[0] in REPAIRS:
+            problems.append(f"change_strategy({notify.args[0]!r}) at {notify.t:.3f} for a cycle wider than the "
+                            f"controller's (globalFault #{signal.seq})")
+    return problems
+
+
 def lost_recovery_path(obs: Observation) -> str | None:
     """Why the run, as it happened, left the job no recovery path, or None.
 
@@ -119,10 +182,11 @@ def lost_recovery_path(obs: Observation) -> str | None:
     that repair by design (docs/mindio-controller.md, "One cycle": a new fault before the
     first step gives ``report_result(406, "do last repair failed!")`` and a wait for dump
     or exit), and ClusterD then ends the job with dump or exit; and a repair that hangs
-    by design (``repair_hang_by_design``)."""
-    hang = repair_hang_by_design(obs)
-    if hang is not None:
-        return hang
+    by design (``repair_hang_by_design``); and a restarted cycle wider than the one the
+    controller offered its strategies for (``cycle_wider_than_offered``)."""
+    for judged in (repair_hang_by_design(obs), cycle_wider_than_offered(obs)):
+        if judged is not None:
+            return judged
     repairing_since: float | None = None
     for record in sorted(obs.records, key=lambda r: r.t):
         if record.kind == "callback" and record.name == "report_strategies":
@@ -140,8 +204,10 @@ def never_killed(obs: Observation) -> list[str]:
     entering EXIT/FINAL before the bridge was stopped, or a job that never settles). A
     SIGKILLed bridge takes its controller with it (no EXIT is recorded) and the next one
     serves the restarted ranks: checked on both sides of it."""
-    if not obs.schedule.recoverable or lost_recovery_path(obs):
+    if not obs.schedule.recoverable:
         return []
+    if lost_recovery_path(obs):
+        return repair_offered_to_wider_cycle(obs)
     problems = []
     killed = _killed_at(obs)
     if killed is not None:
