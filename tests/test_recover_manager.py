@@ -166,7 +166,11 @@ def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump(server: Ser
             sim.delay_next_signal(30.0)  # the old cycle's changeStrategy never reaches the bridge
             server.loop.create_task(break_stream())
         elif stages == ["broken"] and entry.kind == "signal" and entry.name == "stopTrain":
-            stages.append(sim._controller(JOB).report_faults([("9", "1")], "fault-centre"))
+            stages.append("stopped again")
+            server.loop.create_task(join_rank_9())
+
+    async def join_rank_9() -> None:
+        stages.append(await sim.start_clusterd_fault(JOB, {9: 1}))
 
     sim.journal.add_listener(listener)
     info = pb.ClientInfo(taskId=JOB, role="master agent")
@@ -184,7 +188,7 @@ def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump(server: Ser
         server.wait_for(lambda e: e.kind == "signal" and e.name == "keep-alive")
         training.inject_fault({5: 1})
         server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "dump-success", 20)
-        assert stages == ["broken", "joined"]
+        assert stages == ["broken", "stopped again", "joined"]
         offered = [e.detail["strategies"] for e in sim.journal.rpcs("ReportRecoverStrategy") if e.code == 0]
         assert offered[-1] == ["exit", "dump"], offered
         assert [n.args[0] for n in training.notifies("change_strategy")][:1] == ["dump"]
