@@ -243,12 +243,17 @@ def test_never_killed_judges_a_restarted_cycle_wider_than_the_controllers_offer(
                            journal=[wider, answer("exit", "dump", "recover")], unsettled="the controller is in REPAIR")
     problems = invariants.never_killed(repaired)
     assert len(problems) == 2 and "offered ['recover']" in problems[0] and "change_strategy('recover')" in problems[1]
-    # the same ranks as offered, or a globalFault before the offer: nothing to excuse
+    # not a restarted cycle: the same ranks as offered, a repeat of the offered cycle's
+    # globalFault (ClusterD answers it with the strategy report it holds), a globalFault
+    # before the offer, or one for the next controller after a SIGKILL
+    first = entry("signal", "globalFault", 9, at=0.5, uuid="u1", faults={r: 1 for r in range(4, 8)})
     same = entry("signal", "globalFault", 10, at=2.0, uuid="u2", faults={r: 1 for r in range(4, 8)})
-    assert invariants.lost_recovery_path(observation(records=[offered, killed], journal=[same])) is None
+    repeat = entry("signal", "globalFault", 10, at=2.0, uuid="u1", faults={r: 1 for r in range(4, 12)})
     early = entry("signal", "globalFault", 9, at=0.5, uuid="u1", faults={r: 1 for r in range(4, 12)})
-    assert invariants.lost_recovery_path(observation(records=[offered, killed], journal=[early])) is None
-    assert invariants.never_killed(observation(records=[offered, killed], journal=[early]))
+    for journal, kills in (([same], []), ([first, repeat], []), ([early], []), ([first, wider], [1.5])):
+        judged = observation(records=[offered, killed], journal=journal, kills=kills)
+        assert invariants.lost_recovery_path(judged) is None, journal
+        assert invariants.never_killed(judged), journal
 
 
 def test_resource_growth_fails_on_a_leaked_thread() -> None:

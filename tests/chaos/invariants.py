@@ -30,6 +30,11 @@ CYCLE_REPORTS = {
 #: stream when the stop comes: the bridge's watchdog (10 keep-alive intervals, 1 s here)
 #: is how long it may wait for the stream to speak before subscribing again.
 PENDING_AT_STOP = 1.0
+#: The report RPCs' deadline in every entry point's configuration (``rpc_timeout``): the
+#: bridge counts a result once its report's call ended, so a result reported this shortly
+#: before a bridge process's metrics were scraped (ClusterD away, the call waiting for the
+#: connection) may not be counted in that scrape yet.
+REPORT_DEADLINE = 2.0
 #: Status.code of a report for a job this ClusterD has no controller for (not registered).
 UN_REGISTRY = 400
 #: Controller states that mean the job was killed (it tells every rank to exit).
@@ -111,18 +116,27 @@ def repair_hang_by_design(obs: Observation) -> str | None:
 
 
 def _wider_cycle(obs: Observation) -> tuple[JournalEntry, set[int], set[int]] | None:
-    """The first globalFault that came while the controller waited for change_strategy and
-    named ranks beyond those it offered its strategies for: (signal, offered, beyond)."""
+    """The first globalFault of a new cycle (a uuid other than that of the cycle the
+    controller offered its strategies in) that came while the controller waited for
+    change_strategy and named ranks beyond those it offered them for: (signal, offered,
+    beyond). Only the bridge's cycle resume answers such a signal (with the controller's
+    remembered strategies); a repeat within the offered cycle is ClusterD's own, answered
+    by the strategy report it already holds. A SIGKILL ends the controller that offered."""
+    signals = _global_faults(obs)
     events = sorted([(r.t, "record", r) for r in obs.records if (r.kind, r.name) in (
         ("callback", "report_strategies"), ("notify", "change_strategy"))]
-        + [(e.at, "signal", e) for e in _global_faults(obs)], key=lambda item: item[0])
+        + [(at, "kill", None) for at in obs.kills]
+        + [(e.at, "signal", e) for e in signals], key=lambda item: item[0])
     offered: set[int] | None = None
-    for _, kind, item in events:
+    offered_in = ""
+    for at, kind, item in events:
         if kind == "record" and item.name == "report_strategies":
             offered = {int(rank) for rank in (item.args[0] if item.args else {})}
-        elif kind == "record":
+            before = [s for s in signals if s.at <= at]
+            offered_in = before[-1].detail["uuid"] if before else ""
+        elif kind != "signal":
             offered = None
-        elif offered is not None:
+        elif offered is not None and item.detail["uuid"] != offered_in:
             beyond = {int(rank) for rank in item.detail["faults"]} - offered
             if beyond:
                 return item, offered, beyond
@@ -375,9 +389,10 @@ def cycles_agree(obs: Observation) -> list[str]:
     problems = []
     # Counted until the bridge had stopped: it serves on while it stops. The metrics of a
     # bridge process are scraped when its stop is asked for, so they may miss the results
-    # reported after that: at least those before the stop, at most all.
+    # reported after that, and those whose report call was still under way: at least those
+    # reported a report deadline before the stop, at most all.
     reported, delivered = controller_successes(obs, obs.ended_at)
-    before_stop, _ = controller_successes(obs, obs.stop_at)
+    before_stop, _ = controller_successes(obs, obs.stop_at - REPORT_DEADLINE)
     if journal is not None and journal != delivered:
         problems.append(f"ClusterD's journal has {journal:g} successful cycles, but {delivered} successful "
                         f"result(s) of the controller reached it")
