@@ -209,6 +209,11 @@ def test_cycles_agree_fails_when_a_count_differs_from_clusterds_journal() -> Non
     # a verdict without a result that reached it: the journal disagrees
     assert "ClusterD's journal has 1 successful cycles, but 0" in invariants.cycles_agree(
         observation(records=[result], successes=same))[0]
+    # ... unless a SIGKILL took the stub's last records with it: one result per kill
+    assert invariants.cycles_agree(observation(records=[result], journal=[opened, answered], kills=[1.2],
+                                               successes={**same, "journal": 2.0, "metrics": 2.0})) == []
+    assert invariants.cycles_agree(observation(records=[result], journal=[opened, answered], kills=[1.2],
+                                               successes={**same, "journal": 3.0, "metrics": 2.0}))
 
 
 def test_stub_clean_and_never_killed_read_the_stubs_log() -> None:
