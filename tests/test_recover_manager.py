@@ -111,12 +111,10 @@ def test_a_script_written_against_the_seed_runs_unchanged(server: ServerThread, 
         manager.close()
 
 
-def test_a_pod_sized_global_fault_reaches_the_controller_whole(server: ServerThread, training) -> None:  # type: ignore[no-untyped-def]
-    """A launcher hosting the controller itself: the seed API never learns the world size
-    (the controller was initialised by the launcher), and its notify guard used to drop
-    every fault rank but 0, so ClusterD's globalFault for rank 5's pod, {4, 5, 6, 7}, became
-    on_global_rank({}); the controller then repaired rank 5 alone while the node agent
-    restarted 4..7 under it, and hung until ClusterD gave up."""
+def hosting_the_controller(server: ServerThread, training) -> DLRecoverManager:  # type: ignore[no-untyped-def]
+    """A launcher that hosts the stub controller itself through the seed API: manager
+    subscribed, the four callbacks registered, the controller started, the 16 ranks
+    connected and the stream live. The caller closes the manager."""
     import mindio_ttp.controller_ttp as ttp
 
     info = pb.ClientInfo(taskId=JOB, role="master agent")
@@ -129,9 +127,19 @@ def test_a_pod_sized_global_fault_reaches_the_controller_whole(server: ServerThr
         assert ttp.tft_register_mindx_callback(action, callback) == 0
     ttp.tft_init_controller(-1, 16, False, True, False)
     ttp.tft_start_controller("127.0.0.1", free_port(), False, "")
+    training.connect_ranks(range(16))
+    server.wait_for(lambda e: e.kind == "signal" and e.name == "keep-alive")
+    return manager
+
+
+def test_a_pod_sized_global_fault_reaches_the_controller_whole(server: ServerThread, training) -> None:  # type: ignore[no-untyped-def]
+    """A launcher hosting the controller itself: the seed API never learns the world size
+    (the controller was initialised by the launcher), and its notify guard used to drop
+    every fault rank but 0, so ClusterD's globalFault for rank 5's pod, {4, 5, 6, 7}, became
+    on_global_rank({}); the controller then repaired rank 5 alone while the node agent
+    restarted 4..7 under it, and hung until ClusterD gave up."""
+    manager = hosting_the_controller(server, training)
     try:
-        training.connect_ranks(range(16))
-        server.wait_for(lambda e: e.kind == "signal" and e.name == "keep-alive")
         training.inject_fault({5: 1})
         server.wait_for(lambda e: e.kind == "signal" and e.name == "globalFault")
         server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "recover-success")
@@ -149,8 +157,6 @@ def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump(server: Ser
     globalFault then names rank 9's pod too. The controller, which offered its strategies
     for ranks 4-7 and cannot be told more, must not be sent into a repair that hangs on
     ranks restarted under it: the new cycle is offered exit and dump only."""
-    import mindio_ttp.controller_ttp as ttp
-
     sim = server.sim
     stages: list[str] = []
 
@@ -173,19 +179,8 @@ def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump(server: Ser
         stages.append(await sim.start_clusterd_fault(JOB, {9: 1}))
 
     sim.journal.add_listener(listener)
-    info = pb.ClientInfo(taskId=JOB, role="master agent")
-    manager = DLRecoverManager(info, server.address, secure_conn=False)
-    manager.init_clusterd()
-    assert manager.register(info).code == 0
-    manager.start_subscribe()
-    for action, callback in (("report_fault_ranks", report_process_fault), ("report_stop_complete", report_stop_complete),
-                             ("report_strategies", report_recover_strategy), ("report_result", report_recover_status)):
-        assert ttp.tft_register_mindx_callback(action, callback) == 0
-    ttp.tft_init_controller(-1, 16, False, True, False)
-    ttp.tft_start_controller("127.0.0.1", free_port(), False, "")
+    manager = hosting_the_controller(server, training)
     try:
-        training.connect_ranks(range(16))
-        server.wait_for(lambda e: e.kind == "signal" and e.name == "keep-alive")
         training.inject_fault({5: 1})
         server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "dump-success", 20)
         assert stages == ["broken", "stopped again", "joined"]
