@@ -21,12 +21,9 @@ Phases:
   request on the wire; wire -> server received), for the
   synchronous client callback -> send and send -> server received: the server's own
   share, which the real ClusterD takes 0.6-1.1 ms for on loopback, its logging included.
-  The benchmark learns that a synchronous callback returned from the controller thread
-  (after the server's answer), never by polling: the event loop it shares with the
-  bridge runs ``SCHED_FIFO``, and waking it every millisecond while a request travels
-  preempted the busy processes and gave the server's receipt a free CPU on the
-  synchronous side only (with two busy processes, 11% of its requests waited > 3 ms
-  at the server against 30% of the bridge's; awaited, 6-11% against 9-13%).
+  The event loop, which the benchmark shares with the bridge, sleeps ``HOP_WAIT`` after
+  each callback on both sides, so it never wakes while a request travels (``HOP_WAIT``
+  says what polling did to the figures).
 * ``signals``: ClusterD signal -> controller notify (pause_train -> stop_train(pause)),
   the bridge as configured against the synchronous client's reader (notify inline on
   the stream thread), against the simulated ClusterD (the signal needs its state
@@ -65,7 +62,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,30 +117,26 @@ class BusyProcesses:
 class ControllerThread:
     """The controller's state-machine thread: it calls a callback when told to and does
     nothing else (the real controller is C++: after a callback returns it touches
-    neither Python nor any event loop, so nothing here wakes the loop either, unless
-    the call asks for it with ``done``)."""
+    neither Python nor any event loop, so nothing here wakes the loop either)."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[..., int], tuple[Any, ...], list[float],
-                                            Callable[[], object] | None] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., int], tuple[Any, ...], list[float]] | None] = \
+            queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="bench-controller", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            callback, args, result, done = job
+            callback, args, result = job
             result.append(time.monotonic())  # the callback starts: latencies count from here
             start = time.perf_counter()
             callback(*args)
             result.append(time.perf_counter() - start)
-            if done is not None:
-                done()
 
-    def call(self, callback: Callable[..., int], *args: Any, done: Callable[[], object] | None = None) -> list[float]:
-        """Start a call; the list gets (started, seconds it blocked) once it returned,
-        then ``done`` runs on this thread."""
+    def call(self, callback: Callable[..., int], *args: Any) -> list[float]:
+        """Start a call; the list gets (started, seconds it blocked) once it returned."""
         result: list[float] = []
-        self._jobs.put((callback, args, result, done))
+        self._jobs.put((callback, args, result))
         return result
 
     def close(self) -> None:
@@ -273,13 +265,21 @@ def after(stamps: list[tuple[str, float]] | list[Stamp], name: str, at: float) -
 
 # --------------------------------------------------------------------------- hops
 
+#: How long the hops phase leaves the event loop asleep after each callback, on both
+#: sides, before it looks at the outcome (a slower hop is then polled every ms). The loop
+#: runs ``SCHED_FIFO`` and is shared with the bridge: polling it every millisecond while
+#: the synchronous client's request travelled preempted a busy process each time and
+#: gave the server's receipt a free CPU on that side only, and waking it from the
+#: client's thread instead left the bridge's next callbacks blocked up to 2 ms, 5% of
+#: them. Beyond every hop's p99 (5-10 ms at two busy processes).
+HOP_WAIT = 0.010
+
 async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int], misses: list[str]) -> None:
     job = SimulatedJob(SimJob(JOB, world_size=100_000, devices_per_pod=8), keepalive_interval=1.0,
                        start_clusterd=False, connected_ranks=NODE_RANKS, wait_time=3600,
                        controller_timings=FAST_TIMINGS)
     server = FastClusterD(job.config.clusterd.address, JOB)
     await server.start()
-    loop = asyncio.get_running_loop()
     controller = ControllerThread()
     sync_controller = ControllerThread()  # the bridge pins the thread of its first callback
     syncs = {"sync": StampedSync(server.address, JOB), "sync (again)": StampedSync(server.address, JOB)}
@@ -319,17 +319,16 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
                                 delivered.clear()
                                 stamps.clear()
                                 result = controller.call(callback, faults, {})
+                                await asyncio.sleep(HOP_WAIT)
                                 await asyncio.wait_for(delivered.wait(), 30)
                             else:
-                                # Told when the blocking callback returned (after the server's
-                                # answer), never polled: a realtime loop waking every ms while
-                                # the request travels would preempt the busy processes and
-                                # free a CPU for the server's receipt, for this client only.
-                                returned = loop.create_future()
-                                result = sync_controller.call(
-                                    callback, faults, {},
-                                    done=partial(loop.call_soon_threadsafe, returned.set_result, None))
-                                await asyncio.wait_for(returned, 30)
+                                result = sync_controller.call(callback, faults, {})
+                                await asyncio.sleep(HOP_WAIT)
+                                deadline = time.monotonic() + 30
+                                while len(result) < 2:
+                                    if time.monotonic() > deadline:
+                                        raise TimeoutError("the synchronous callback did not return in 30 s")
+                                    await asyncio.sleep(0.001)
                             while len(result) < 2:  # the bridge's returned long ago; be sure
                                 await asyncio.sleep(0.001)
                             called, block = result
