@@ -443,6 +443,7 @@ class RecordingRelay:
     def __init__(self) -> None:
         self.faults: list[dict[int, int]] = []
         self.cycle_reports: list[tuple[str, str | None]] = []
+        self.payloads: list[bytes] = []
 
     def submit_faults(self, faults: dict[int, int], waiter: object = None) -> None:
         self.faults.append(faults)
@@ -450,6 +451,7 @@ class RecordingRelay:
     def submit_cycle_report(self, kind: str, cycle: str | None, payload: bytes, waiter: object = None) -> None:
         assert payload
         self.cycle_reports.append((kind, cycle))
+        self.payloads.append(payload)
 
 
 def resume_at(step: Step) -> tuple[Any, RecordingRelay, Any]:
@@ -506,15 +508,13 @@ def test_a_resumed_global_fault_naming_more_ranks_is_offered_no_repair() -> None
     """The controller repairs the ranks it offered its strategies for and cannot be told
     more (a second on_global_rank sends it to EXIT): a new globalFault naming other ranks
     gets the controller's exit and dump only, never its retry or recover."""
+    from bridge._proto import recover_pb2 as pb
+
     resume, relay, flow = resume_at(Step.AWAIT_STRATEGY)
-    sent: list[bytes] = []
-    relay.submit_cycle_report = lambda kind, cycle, payload, waiter=None: sent.append(payload)  # type: ignore[method-assign]
     resume.on_subscribed({5: 1})
     assert resume.intercept("stop_train", {5: 1, 9: 1}, "new") == "resumed"
     assert resume.intercept("on_global_rank", {4: 1, 5: 1, 8: 1, 9: 1}, "new") == "resumed"
-    from bridge._proto import recover_pb2 as pb
-
-    strategy = pb.RecoverStrategyRequest.FromString(sent[-1])
+    strategy = pb.RecoverStrategyRequest.FromString(relay.payloads[-1])
     assert list(strategy.strategies) == ["dump", "exit"]
     assert flow.answering == "new"
     counts = {result: resume.metrics.sample("tft_bridge_cycle_resumes_total", {"result": result})
@@ -522,11 +522,10 @@ def test_a_resumed_global_fault_naming_more_ranks_is_offered_no_repair() -> None
     assert counts == {"answered_strategies": 0, "answered_without_repair": 1}
     # the same ranks, or fewer: the controller's list as it offered it
     resume, relay, flow = resume_at(Step.AWAIT_STRATEGY)
-    relay.submit_cycle_report = lambda kind, cycle, payload, waiter=None: sent.append(payload)  # type: ignore[method-assign]
     resume.on_subscribed({5: 1})
     resume.intercept("stop_train", {5: 1}, "new")
     assert resume.intercept("on_global_rank", {5: 1}, "new") == "resumed"
-    assert list(pb.RecoverStrategyRequest.FromString(sent[-1]).strategies) == ["recover", "dump", "exit"]
+    assert list(pb.RecoverStrategyRequest.FromString(relay.payloads[-1]).strategies) == ["recover", "dump", "exit"]
 
 
 # --------------------------------------------------------------------------- a freeze shorter than the watchdog

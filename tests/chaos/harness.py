@@ -26,7 +26,7 @@ from bridge.sim.clusterd_timings import REAL
 from bridge.sim.scenario import SimulatedJob, free_port
 
 from ..test_clusterd_restart import FreezableProxy
-from .schedule import DEVICES_PER_POD, WAIT, WORLD_SIZE
+from .schedule import DEVICES_PER_POD, RPC_TIMEOUT, WAIT, WORLD_SIZE
 
 JOB = "job-chaos"
 #: ClusterD's real delays, scaled: keep-alives every 0.1 s, 11 s stop-complete ->
@@ -174,7 +174,7 @@ class DaemonHarness(InProcessStub, Harness):
             flush_delay=t.flush_delay, dump_exit_repeat=t.dump_exit_repeat, report_timeout=t.report_timeout,
             wait_time=WAIT, controller_timings=mindio_ttp.FAST_TIMINGS, start_clusterd=False,
             clusterd_timings=CLUSTERD_TIMINGS,
-            config_overrides={"clusterd": {"watchdog_intervals": WATCHDOG_INTERVALS},
+            config_overrides={"clusterd": {"watchdog_intervals": WATCHDOG_INTERVALS, "rpc_timeout": RPC_TIMEOUT},
                               "recorder": {"enabled": True, "directory": self.store.name}})
         self.sim = self.job.sim
         self.stop_requested_at: float | None = None
@@ -245,7 +245,7 @@ def scaled_seed_config(config: Any) -> Any:
 
     clusterd = replace(config.clusterd, keepalive_interval=CLUSTERD_TIMINGS.keepalive_interval,
                        watchdog_intervals=WATCHDOG_INTERVALS, reconnect_initial=0.02, reconnect_max=0.5,
-                       rpc_timeout=2.0)
+                       rpc_timeout=RPC_TIMEOUT)
     return replace(config, clusterd=clusterd)
 
 

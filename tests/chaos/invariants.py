@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from bridge.sim.clusterd import JournalEntry
 from bridge.sim.mindio_ttp import Record
 
-from .schedule import Schedule
+from .schedule import RPC_TIMEOUT, Schedule
 
 #: The exit codes docs/runbook.md ("Exit codes of the unit") and bridge/daemon.py document.
 DOCUMENTED_EXIT_CODES = frozenset({0, 1, 2, 75, 76})
@@ -30,11 +30,6 @@ CYCLE_REPORTS = {
 #: stream when the stop comes: the bridge's watchdog (10 keep-alive intervals, 1 s here)
 #: is how long it may wait for the stream to speak before subscribing again.
 PENDING_AT_STOP = 1.0
-#: The report RPCs' deadline in every entry point's configuration (``rpc_timeout``): the
-#: bridge counts a result once its report's call ended, so a result reported this shortly
-#: before a bridge process's metrics were scraped (ClusterD away, the call waiting for the
-#: connection) may not be counted in that scrape yet.
-REPORT_DEADLINE = 2.0
 #: Status.code of a report for a job this ClusterD has no controller for (not registered).
 UN_REGISTRY = 400
 #: Controller states that mean the job was killed (it tells every rank to exit).
@@ -393,10 +388,11 @@ def cycles_agree(obs: Observation) -> list[str]:
     lost = len(obs.kills)
     # Counted until the bridge had stopped: it serves on while it stops. The metrics of a
     # bridge process are scraped when its stop is asked for, so they may miss the results
-    # reported after that, and those whose report call was still under way: at least those
-    # reported a report deadline before the stop, at most all.
+    # reported after that, and those whose report call was still under way (the bridge
+    # counts a result once its call ended; ClusterD away, the call waits up to its
+    # deadline): at least those reported a report deadline before the stop, at most all.
     reported, delivered = controller_successes(obs, obs.ended_at)
-    before_stop, _ = controller_successes(obs, obs.stop_at - REPORT_DEADLINE)
+    before_stop, _ = controller_successes(obs, obs.stop_at - RPC_TIMEOUT)
     if journal is not None and not delivered <= journal <= delivered + lost:
         problems.append(f"ClusterD's journal has {journal:g} successful cycles, but {delivered} successful "
                         f"result(s) of the controller reached it")

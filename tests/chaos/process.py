@@ -26,7 +26,7 @@ from bridge.sim.scenario import free_port
 
 from ..processes import reap, spawn_bridge
 from .harness import CLUSTERD_TIMINGS, JOB, WATCHDOG_INTERVALS, Harness, recorded_successes, start_proxied_sim
-from .schedule import WAIT, WORLD_SIZE
+from .schedule import RPC_TIMEOUT, WAIT, WORLD_SIZE
 
 #: The bridge's controller.destroy_timeout here: a slow destroy past it must still end
 #: within the stop budget.
@@ -68,7 +68,7 @@ job_id = "{JOB}"
 address = "{address}"
 keepalive_interval = {CLUSTERD_TIMINGS.keepalive_interval}
 watchdog_intervals = {WATCHDOG_INTERVALS}
-rpc_timeout = 2.0
+rpc_timeout = {RPC_TIMEOUT}
 reconnect_initial = 0.02
 reconnect_max = 0.5
 startup_wait = 2.0

@@ -27,6 +27,8 @@ WORLD_SIZE = 16
 DEVICES_PER_POD = 4
 #: The controller's MindX wait (MINDIO_WAIT_MINDX_TIME, whole seconds, at least 1).
 WAIT = 4
+#: The bridge's report RPC deadline (``clusterd.rpc_timeout``) on every entry point.
+RPC_TIMEOUT = 2.0
 #: The entry points a schedule can run on.
 ENTRIES = ("daemon", "seed", "process")
 
