@@ -205,18 +205,18 @@ def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
 
     link.handoff._handle = stamped
     lane = link.lane
-    dispatch, prepare = lane.dispatch, lane._prepare
+    dispatch, prepare = lane.dispatch, lane.prepare_request
 
     def stamped_dispatch(reports: list[ControllerReport], post: Any) -> None:
         stamps.handoff.append((reports[0].callback, time.monotonic()))
         dispatch(reports, post)
 
-    def stamped_prepare(callback: str, args: tuple[Any, ...]) -> bytes | None:
+    def stamped_prepare(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
         stamps.taken.append((callback, time.monotonic()))
-        return prepare(callback, args)
+        return prepare(job_id, callback, args)
 
     lane.dispatch = stamped_dispatch  # type: ignore[method-assign]
-    lane._prepare = stamped_prepare  # type: ignore[method-assign]
+    lane.prepare_request = stamped_prepare
     rpc = link.client.rpc_thread
     assert rpc is not None, "the report thread starts with the subscription"
     for method in THREADED:

@@ -80,8 +80,8 @@ cycle is the live one, and the report thread's channel exists. While the lane's 
 has not reached the loop, every later batch waits behind it and is posted after it
 (``release``) or handed over with it (``flush``): the loop sees the callbacks in their
 order. A report with a bad fault entry or a malformed argument is not sent this way
-(``prepare`` returns None): the loop logs and counts it, answers a malformed one 499
-and sends what it would have sent. Nor is one whose fault map holds more than
+(``_request_or_none`` gives None): the loop logs and counts it, answers a malformed one
+499 and sends what it would have sent. Nor is one whose fault map holds more than
 ``LANE_MAX_RANKS`` ranks: its encoding, not the hand-over, is then the hop's cost, and
 it must not hold the controller's CPU.
 """
@@ -97,7 +97,7 @@ from typing import TYPE_CHECKING, Any
 from . import faults as codec
 from . import realtime
 from .relay import METHODS
-from .reports import ControllerReport, status_code
+from .reports import ControllerReport, report_of, status_code
 from .rpcthread import Call
 
 if TYPE_CHECKING:
@@ -121,17 +121,23 @@ def request(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
     It runs between the callback and the wire, so it takes the shortest way there: the
     codec's strict merge for the fault map (one bad entry: None, and the loop, which
     logs and counts it, sends the rest) and its compiled encoders."""
+    # One merge (ClusterD's rule: ``faults.clean_faults`` without the bad entries' accounting,
+    # which is the loop's) and one try for every callback, not a helper each: this runs cold.
     if callback == "report_fault_ranks":
-        faults = _valid(args[0] if args else {})
+        raw = args[0] if args else {}
+    elif callback == "report_strategies":
+        raw, strategies = args[0], [str(s) for s in args[1]]
+    else:
+        code = args[0] if type(args[0]) is int else status_code(args[0])  # a bool is refused there
+        msg, raw = str(args[1]), (args[2] if len(args) > 2 else {})
+    try:
+        faults = codec.merge_faults(raw)
+    except (TypeError, ValueError):
+        return None
+    if callback == "report_fault_ranks":
         return codec.encode_process_fault_request(job_id, faults) if faults else None
     if callback == "report_strategies":
-        faults = _valid(args[0])
-        strategies = [str(s) for s in args[1]]
-        return None if faults is None else codec.encode_recover_strategy_request(job_id, faults, strategies)
-    code, msg = status_code(args[0]), str(args[1])
-    faults = _valid(args[2] if len(args) > 2 else {})
-    if faults is None:
-        return None
+        return codec.encode_recover_strategy_request(job_id, faults, strategies)
     if callback == "report_stop_complete":
         return codec.encode_stop_complete_request(job_id, code, msg, faults)
     if callback == "report_result":
@@ -141,12 +147,13 @@ def request(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
     return None
 
 
-def _valid(raw: Any) -> dict[int, int] | None:
-    """``raw`` merged by ClusterD's rule (``faults.clean_faults`` without the bad entries'
-    accounting, which is the loop's), or None when any entry is bad."""
+def _request_or_none(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
+    """Where the lane's call is made: the request, or None when an argument is bad (the
+    loop answers a malformed report 499 and logs and counts bad fault entries; the outbox
+    then sends what it would have sent the ordinary way)."""
     try:
-        return codec.merge_faults(raw)
-    except (TypeError, ValueError):
+        return request(job_id, callback, args)
+    except Exception:  # noqa: BLE001 - never kill the thread making the call
         return None
 
 
@@ -209,6 +216,8 @@ class ReportLane:
         self.taken = 0  # reports sent this way (tests and benchmarks read it)
         self.chained = 0  # ... of which chained to the lane's call before them
         self._post: Post | None = None
+        # Makes a call's request where the call is made (benchmarks wrap it to stamp it).
+        self.prepare_request: Callable[[str, str, tuple[Any, ...]], bytes | None] = _request_or_none
         # On the loop: handles one held batch as a posted one is handled (``Handoff``).
         self.deliver: Post = lambda reports: None
 
@@ -261,7 +270,7 @@ class ReportLane:
         try:
             call, self._spare = self._spare or Call.blank(self.loop), None
             call.fill(METHODS[kind], self.client.config.rpc_timeout, self.last,
-                      partial(self._prepare, report.callback, report.args))
+                      partial(self.prepare_request, self.job_id, report.callback, report.args))
         except Exception:  # noqa: BLE001 - the ordinary way is always open
             log.exception("the report lane failed; the report goes through the event loop")
             return False
@@ -271,8 +280,8 @@ class ReportLane:
         self.taken += 1
         self.chained += self.last is not None
         self.last = call
-        # Positionally: NamedTuple._replace costs several Python frames on this path.
-        reports[index] = ControllerReport(report.callback, report.args, report.at, report.waiter, call)
+        # Not NamedTuple._replace: that costs several Python frames on this path.
+        reports[index] = report_of((report.callback, report.args, report.at, report.waiter, call))
         return True
 
     def _chain(self, reports: list[ControllerReport], start: int) -> None:
@@ -291,15 +300,6 @@ class ReportLane:
                     and self.session.live.is_set() and self.session.cycle_alive(cycle)
                     and self._take(reports, index, kind, cycle, ranks)):
                 return
-
-    def _prepare(self, callback: str, args: tuple[Any, ...]) -> bytes | None:
-        """Where the call is made: the request, or None when an argument is bad (the loop
-        answers a malformed report 499 and logs and counts bad fault entries; the outbox
-        then sends what it would have sent the ordinary way)."""
-        try:
-            return request(self.job_id, callback, args)
-        except Exception:  # noqa: BLE001 - never kill the thread making the call
-            return None
 
     def _send(self, calls: list[tuple[RpcThread, Call, int]]) -> None:
         """On the hand-off thread, outside ``lock``: make the lane's calls, one after the

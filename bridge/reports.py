@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import faults as codec
@@ -76,6 +77,11 @@ class ControllerReport(NamedTuple):
     # The report thread's call, when the hand-off thread already queued this report
     # there (bridge/fastlane.py); None for every other report.
     presend: Call | None = None
+
+
+#: A ControllerReport from its five fields, in one C call: NamedTuple's ``__new__`` is a
+#: Python function, one more to run cold between a callback and the wire.
+report_of: Callable[[tuple[Any, ...]], ControllerReport] = partial(tuple.__new__, ControllerReport)
 
 
 # What a callback puts on the hand-off queue: a ControllerReport's fields as a plain
@@ -221,8 +227,15 @@ class Handoff:
             batch = [get()]
             while not empty():
                 batch.append(get())  # the only consumer: it is not empty until this thread takes it
-            stop = self._STOP in batch  # reports are tuples: never equal to the sentinel object
-            reports = [_as_report(item) for item in batch if item is not self._STOP]
+            stop = False
+            reports = []
+            for item in batch:  # a loop, not a comprehension: no function of its own to run cold
+                if item is self._STOP:
+                    stop = True
+                elif type(item) is tuple and len(item) == 4:  # a callback's fields, the common case
+                    reports.append(report_of((*item, None)))
+                else:
+                    reports.append(_as_report(item))
             if reports:
                 try:
                     if self.lane is not None:  # led by a report the lane may take, it may go to ClusterD first

@@ -77,6 +77,8 @@ from . import realtime
 
 log = logging.getLogger(__name__)
 
+_READY = grpc.ChannelConnectivity.READY
+
 #: The unary methods made on this thread: the report path's (relay.METHODS).
 THREADED = frozenset({"/Recover/ReportProcessFault", "/Recover/ReportStopComplete",
                       "/Recover/ReportRecoverStrategy", "/Recover/ReportRecoverStatus"})
@@ -241,41 +243,38 @@ class RpcThread:
         when the call's loop is closed. ``on_sent`` runs on this thread once the request
         is written, before the wait for the answer (see "Once the request is written"),
         and not at all when the call is not made."""
-        with self._calling:
-            return self._make(call, on_sent)
-
-    def _make(self, call: Call, on_sent: Callable[[], None] | None = None) -> bool:
-        with self._take:
-            send = not call.cancelled and (call.after is None or (call.after is self._last and self._answered_ok))
-            call.taken = send
-        self._last, self._answered_ok = call, False
-        payload = call.payload
-        if send and call.prepare is not None:
-            prepared = call.prepare()
-            send = prepared is not None
-            payload = prepared or b""
-        outcome: tuple[Any, BaseException | None] | None = None
-        if not send:
-            outcome = (None, ChainBroken(call.method))
-        elif not call.future.cancelled():  # else its caller stopped waiting (racy, harmless: the call is just made)
-            call.started, call.was_ready = time.monotonic(), self.ready
-            callable_ = self._callable(call.method)
-            self._on_sent = on_sent
-            if not self.after_send:
-                self._sent()
+        with self._calling:  # one function, not two: this runs cold between a callback and the wire
+            with self._take:
+                send = not call.cancelled and (call.after is None or (call.after is self._last and self._answered_ok))
+                call.taken = send
+            self._last, self._answered_ok = call, False
+            payload = call.payload
+            if send and call.prepare is not None:
+                prepared = call.prepare()
+                send = prepared is not None
+                payload = prepared or b""
+            outcome: tuple[Any, BaseException | None] | None = None
+            if not send:
+                outcome = (None, ChainBroken(call.method))
+            elif not call.future.cancelled():  # else its caller stopped waiting (racy, harmless: the call is just made)
+                call.started, call.was_ready = time.monotonic(), self.state is _READY
+                callable_ = self._callables.get(call.method) or self._callable(call.method)
+                self._on_sent = on_sent
+                if not self.after_send:
+                    self._sent()
+                try:
+                    outcome = (callable_(payload, timeout=call.timeout), None)
+                except Exception as error:  # noqa: BLE001 - grpc.RpcError, or anything else: the caller's to classify
+                    outcome = (None, error)
+                self._on_sent = None  # the call ended before gRPC started it: not run
+                self._answered_ok = outcome[1] is None and getattr(outcome[0], "code", None) == 0
+            if outcome is None:
+                return True
             try:
-                outcome = (callable_(payload, timeout=call.timeout), None)
-            except Exception as error:  # noqa: BLE001 - grpc.RpcError, or anything else: the caller's to classify
-                outcome = (None, error)
-            self._on_sent = None  # the call ended before gRPC started it: not run
-            self._answered_ok = outcome[1] is None and getattr(outcome[0], "code", None) == 0
-        if outcome is None:
+                call.loop.call_soon_threadsafe(_resolve, call.future, outcome)
+            except RuntimeError:
+                return False
             return True
-        try:
-            call.loop.call_soon_threadsafe(_resolve, call.future, outcome)
-        except RuntimeError:
-            return False
-        return True
 
     def close(self, timeout: float = 2.0) -> None:
         """End the thread; closing the channel cancels a call in flight. Any thread."""
