@@ -391,7 +391,11 @@ async def test_clusterd_killed_and_restarted(running: list[SimulatedJob], phase:
     opened = after(job, restarted.seq, "stream-open")[0]
     assert [e.name for e in job.sim.journal if restarted.seq < e.seq < opened.seq and e.kind == "rpc"
             and e.code == 0][:2] == ["Init", "Register"]
-    assert sum(v for r, v in reconnects(job).items() if r.startswith("stream_")) >= 1, reconnects(job)
+    # The kill is seen twice: the stream's end, and (when a stop-complete or strategy report
+    # was on the wire) that report's failure, which makes the bridge subscribe again on
+    # purpose. Whichever the loop handles first names the reconnect; under load either can.
+    assert sum(v for r, v in reconnects(job).items()
+               if r.startswith("stream_") or r == "report_outcome_unknown") >= 1, reconnects(job)
     if not after(job, restarted.seq, "signal", "stopTrain"):  # no new cycle: nothing may answer the old one
         for name in CYCLE_REPORTS:
             assert not after(job, restarted.seq, "rpc", name), name
