@@ -128,7 +128,7 @@ def request(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
     elif callback == "report_strategies":
         raw, strategies = args[0], [str(s) for s in args[1]]
     else:
-        code = args[0] if type(args[0]) is int else status_code(args[0])  # a bool is refused there
+        code = status_code(args[0])
         msg, raw = str(args[1]), (args[2] if len(args) > 2 else {})
     try:
         faults = codec.merge_faults(raw)

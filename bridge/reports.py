@@ -232,8 +232,6 @@ class Handoff:
             for item in batch:  # a loop, not a comprehension: no function of its own to run cold
                 if item is self._STOP:
                     stop = True
-                elif type(item) is tuple and len(item) == 4:  # a callback's fields, the common case
-                    reports.append(report_of((*item, None)))
                 else:
                     reports.append(_as_report(item))
             if reports:
@@ -317,7 +315,9 @@ def _as_report(item: object) -> ControllerReport:
     TypeError for anything else."""
     if type(item) is ControllerReport:
         return item
-    return ControllerReport._make((*item, None))  # type: ignore[misc]  # exactly the 4 fields a callback puts
+    if type(item) is tuple and len(item) == 4:  # a callback's fields, the common case: one C call
+        return report_of((*item, None))
+    return ControllerReport._make((*item, None))  # type: ignore[misc]  # raises for anything but 4 fields
 
 
 _ONE = (1).to_bytes(8, sys.byteorder)  # an eventfd write: one 8-byte counter increment

@@ -77,8 +77,6 @@ from . import realtime
 
 log = logging.getLogger(__name__)
 
-_READY = grpc.ChannelConnectivity.READY
-
 #: The unary methods made on this thread: the report path's (relay.METHODS).
 THREADED = frozenset({"/Recover/ReportProcessFault", "/Recover/ReportStopComplete",
                       "/Recover/ReportRecoverStrategy", "/Recover/ReportRecoverStatus"})
@@ -257,8 +255,8 @@ class RpcThread:
             if not send:
                 outcome = (None, ChainBroken(call.method))
             elif not call.future.cancelled():  # else its caller stopped waiting (racy, harmless: the call is just made)
-                call.started, call.was_ready = time.monotonic(), self.state is _READY
-                callable_ = self._callables.get(call.method) or self._callable(call.method)
+                call.started, call.was_ready = time.monotonic(), self.ready
+                callable_ = self._callable(call.method)
                 self._on_sent = on_sent
                 if not self.after_send:
                     self._sent()
