@@ -14,6 +14,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,12 +26,14 @@ from .chaos import invariants, runner
 from .chaos.harness import Harness
 from .chaos.runner import replay_command, run_schedule, shrink
 from .chaos.schedule import Event, Schedule, generate, judged, recovery_path
+from .chaos.workers import ChaosWorkers
 from .processes import ROOT
 
 pytestmark = pytest.mark.timeout(180)
 
-#: The seeds CI runs, per entry point: about three minutes on the 2-core machine. A seed
-#: here is a schedule as drawn by ``generate(seed, entry)``: changing the generator
+#: The seeds CI runs, per entry point: about two and a half minutes of schedules on the
+#: 2-core machine, run by ``WORKERS`` processes side by side (tests/chaos/workers.py). A
+#: seed here is a schedule as drawn by ``generate(seed, entry)``: changing the generator
 #: changes what they cover, so the set is wide rather than hand-picked.
 DAEMON_SEEDS = list(range(1, 29))
 SEED_API_SEEDS = list(range(1, 13))
@@ -39,12 +42,29 @@ FIXED = ([("daemon", s) for s in DAEMON_SEEDS] + [("seed", s) for s in SEED_API_
          + [("process", s) for s in PROCESS_SEEDS])
 
 
+@pytest.fixture(scope="module")
+def fixed_runs() -> Iterator[ChaosWorkers]:
+    workers = ChaosWorkers(FIXED, ROOT)
+    try:
+        yield workers
+    finally:
+        workers.close()
+
+
 @pytest.mark.parametrize(("entry", "seed"), FIXED, ids=[f"{e}-{s}" for e, s in FIXED])
-async def test_fixed_schedule_keeps_every_invariant(entry: str, seed: int) -> None:
-    schedule = generate(seed, entry)
-    outcome = await run_schedule(schedule)
-    assert not outcome.failed, (f"seed {seed} on {entry}: {outcome.violations}\nreplay with:\n"
-                                f"  {replay_command(schedule)}")
+def test_fixed_schedule_keeps_every_invariant(fixed_runs: ChaosWorkers, entry: str, seed: int) -> None:
+    outcome = fixed_runs.outcome(entry, seed, timeout=170)
+    assert not outcome["violations"], (f"seed {seed} on {entry}: {outcome['violations']}\nreplay with:\n"
+                                       f"  {outcome['replay']}")
+
+
+def test_a_chaos_worker_that_ends_without_an_outcome_fails_the_schedules_test_with_its_stderr() -> None:
+    workers = ChaosWorkers([("moon", 1)], ROOT)
+    try:
+        with pytest.raises(AssertionError, match=r"(?s)ended without its outcome \(exit 2\).*'moon:1' is not ENTRY:SEED"):
+            workers.outcome("moon", 1, timeout=60)
+    finally:
+        workers.close()
 
 
 async def test_a_pod_sized_fault_off_rank_0_reaches_on_global_rank_whole_on_both_entry_points() -> None:

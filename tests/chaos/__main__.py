@@ -8,6 +8,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before gRPC loads: its INFO 
 
 import argparse
 import asyncio
+import json
 import logging
 import platform
 import shutil
@@ -24,6 +25,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     what.add_argument("--seed", type=int, help="run the schedule of this seed")
     what.add_argument("--replay", metavar="JSON", help="run this schedule (as a failure printed it)")
     what.add_argument("--schedules", type=int, default=20, help="run this many schedules (default 20)")
+    what.add_argument("--each", nargs="+", metavar="ENTRY:SEED",
+                      help="run each of these schedules, printing one JSON line per outcome (the suite's workers)")
     parser.add_argument("--first-seed", type=int, default=0, help="the seed of the first of --schedules")
     parser.add_argument("--entry", choices=ENTRIES, help="only this entry point (default: drawn per seed)")
     parser.add_argument("--no-shrink", action="store_true", help="print failing schedules as drawn")
@@ -36,7 +39,37 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _each(specs: list[str]) -> list[Schedule]:
+    """``ENTRY:SEED`` -> the schedule ``generate(SEED, ENTRY)``; ValueError naming a bad one."""
+    schedules = []
+    for spec in specs:
+        entry, _, seed = spec.partition(":")
+        if entry not in ENTRIES or not seed.isdigit():
+            raise ValueError(f"{spec!r} is not ENTRY:SEED with ENTRY one of {', '.join(ENTRIES)}")
+        schedules.append(generate(int(seed), entry))
+    return schedules
+
+
+async def run_each(schedules: list[Schedule]) -> int:
+    """One schedule after the other, as drawn (no shrinking); each outcome as one JSON line
+    the moment it is known, so a reader can judge it while the next one runs."""
+    failed = 0
+    for schedule in schedules:
+        outcome = await run_schedule(schedule)
+        failed += outcome.failed
+        print(json.dumps({"entry": schedule.entry, "seed": schedule.seed, "violations": outcome.violations,
+                          "seconds": round(outcome.seconds, 1), "replay": replay_command(schedule)}), flush=True)
+    return 1 if failed else 0
+
+
 async def main_async(args: argparse.Namespace) -> int:
+    if args.each is not None:
+        try:
+            schedules = _each(args.each)
+        except ValueError as error:
+            print(f"python -m tests.chaos: bad --each: {error}", file=sys.stderr)
+            return 2
+        return await run_each(schedules)
     if args.seed is not None or args.replay is not None:
         try:
             schedule = Schedule.from_json(args.replay) if args.replay else generate(args.seed, args.entry)
