@@ -47,10 +47,10 @@ class _StampedStub:
     """A stub whose calls note their method and start time (the request already built)."""
 
     def __init__(self, stub: Any, sent: list[tuple[str, float]]) -> None:
-        self._stub, self._sent = stub, sent
+        self.stub, self._sent = stub, sent  # the gRPC stub (bench_loaded stamps its call starts)
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
-        call = getattr(self._stub, method)
+        call = getattr(self.stub, method)
 
         def stamped(request: Any) -> Any:
             self._sent.append((method, time.monotonic()))

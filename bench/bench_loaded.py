@@ -171,13 +171,14 @@ class BridgeStamps:
     taken: list[tuple[str, float]] = field(default_factory=list)  # (callback, at): the lane began encoding it
     loop: list[tuple[str, float]] = field(default_factory=list)  # (callback, at)
     wire: list[tuple[str, float]] = field(default_factory=list)  # (method, at)
+    started: list[tuple[str, float]] = field(default_factory=list)  # (method, at): gRPC's call start returned
     answered: list[tuple[str, float]] = field(default_factory=list)  # (method, at): the answer is back
 
     #: the places ``split`` names, in the path's order
     PLACES = ("cb->hand-off", "cb->lane encodes", "cb->loop", "cb->wire")
 
     def clear(self) -> None:
-        for stamped in (self.handoff, self.taken, self.loop, self.wire, self.answered):
+        for stamped in (self.handoff, self.taken, self.loop, self.wire, self.started, self.answered):
             stamped.clear()
 
     def split(self, callback: str, method: str, called: float) -> dict[str, float]:
@@ -220,8 +221,42 @@ def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
     rpc = link.client.rpc_thread
     assert rpc is not None, "the report thread starts with the subscription"
     for method in THREADED:
-        rpc._callables[method] = _StampedCallable(rpc._callable(method), method.rsplit("/", 1)[1], stamps)
+        name = method.rsplit("/", 1)[1]
+        callable_ = rpc._callable(method)
+        stamp_call_start(callable_, name, stamps.started)
+        rpc._callables[method] = _StampedCallable(callable_, name, stamps)
     return stamps
+
+
+class _StampedCallStart:
+    """gRPC's channel object as one method's callable sees it, noting when
+    ``segregated_call`` returns: gRPC's core has created the call and written the request
+    (its C-core call start, which runs on the calling thread)."""
+
+    def __init__(self, channel: Any, name: str, started: list[tuple[str, float]]) -> None:
+        self._channel, self._name, self._started = channel, name, started
+
+    def segregated_call(self, *args: Any, **kwargs: Any) -> Any:
+        call = self._channel.segregated_call(*args, **kwargs)
+        self._started.append((self._name, time.monotonic()))
+        return call
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+
+def stamp_call_start(callable_: Any, name: str, started: list[tuple[str, float]]) -> None:
+    """Note in ``started`` when each call of a gRPC callable has been started (the same
+    wrapping for the bridge's callables and the synchronous client's). A grpcio without
+    the private ``_channel`` leaves the callable as it is, and the split goes without it."""
+    holder = callable_
+    # The bridge's own proxy (rpcthread._AfterSend) promotes its thread once the call
+    # started: the stamp goes inside it, where the synchronous client's goes.
+    while callable(getattr(getattr(getattr(holder, "_channel", None), "_channel", None), "segregated_call", None)):
+        holder = holder._channel
+    inner = getattr(holder, "_channel", None)
+    if callable(getattr(inner, "segregated_call", None)):
+        holder._channel = _StampedCallStart(inner, name, started)
 
 
 class _StampedCallable:
@@ -399,6 +434,22 @@ REPORT_HOPS = (
 CRITICAL = "2nd fault cb -> strategy srv"
 #: the synchronous client's place before the wire in the cycles phase (its callback makes the call)
 SYNC_PLACES = ("cb->send",)
+#: after the wire, both sides: gRPC's call start (Python and C-core, on the calling thread,
+#: until the request is written), then the rest to the server's stamp
+WIRE_PLACES = ("wire->srv", "wire->started", "started->srv")
+
+
+@dataclass
+class SyncStamps:
+    """The synchronous client's: each Report* call as it starts (``SyncClient.sent``),
+    and as gRPC's call start returns (``stamp_call_start``)."""
+
+    sent: list[tuple[str, float]]
+    started: list[tuple[str, float]] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.sent.clear()
+        self.started.clear()
 
 
 @dataclass
@@ -435,8 +486,7 @@ def _blocks(cycles: int) -> list[int]:
 
 
 async def run_cycles(server: FastClusterD, training: Any, cycles: int,
-                     ready: Callable[[int], Awaitable[None]], stamps: BridgeStamps | list[tuple[str, float]]
-                     ) -> CycleFigures:
+                     ready: Callable[[int], Awaitable[None]], stamps: BridgeStamps | SyncStamps) -> CycleFigures:
     """One warm-up cycle, then ``cycles`` measured; gives up after three failures."""
     figures = CycleFigures()
     for index in range(cycles + 1):
@@ -450,8 +500,8 @@ async def run_cycles(server: FastClusterD, training: Any, cycles: int,
 
 
 async def one_cycle(server: FastClusterD, training: Any, index: int, ready: Callable[[int], Awaitable[None]],
-                    stamps: BridgeStamps | list[tuple[str, float]], figures: CycleFigures | None) -> None:
-    """One cycle; ``stamps``: the bridge's, or the synchronous client's send stamps."""
+                    stamps: BridgeStamps | SyncStamps, figures: CycleFigures | None) -> None:
+    """One cycle; ``stamps``: the bridge's, or the synchronous client's."""
     with training.cond:  # the stub's log is per cycle
         training.events.clear()
         training.callback_durations.clear()
@@ -494,11 +544,14 @@ async def one_cycle(server: FastClusterD, training: Any, index: int, ready: Call
             raise RuntimeError(f"no {rpc} after the {callback} callback")
         figures.hops[label].append(got - at)
         called = calls[nth].t
-        sent = after(stamps.wire if isinstance(stamps, BridgeStamps) else stamps, rpc, called)
+        sent = after(stamps.wire if isinstance(stamps, BridgeStamps) else stamps.sent, rpc, called)
         split = stamps.split(callback, rpc, called) if isinstance(stamps, BridgeStamps) else (
             {"cb->send": sent - called} if sent is not None else {})
         if sent is not None:
             split["wire->srv"] = got - sent
+            started = after(stamps.started, rpc, sent)
+            if started is not None:
+                split["wire->started"], split["started->srv"] = started - sent, got - started
         for place, took in split.items():
             figures.split.setdefault(f"{callback} #{nth + 1} {place}", []).append(took)
     second = training.callbacks("report_fault_ranks")[1].t
@@ -573,7 +626,11 @@ async def cycles_sync(cycles: int) -> CycleFigures:
         async def ready(mark: int) -> None:
             await reopened(mark)
 
-        figures = await run_cycles(server, training, cycles, ready, client.sent)
+        stamps = SyncStamps(client.sent)
+        for method in THREADED:
+            name = method.rsplit("/", 1)[1]
+            stamp_call_start(getattr(client.report_stub.stub, name), name, stamps.started)
+        figures = await run_cycles(server, training, cycles, ready, stamps)
         figures.failures += [f"client: {error}" for error in client.errors]
         return figures
     finally:
@@ -605,7 +662,7 @@ async def cycles_phase(loads: list[int], cycles: int, misses: list[str]) -> None
             print(f"      bridge reports sent by the report lane: {bridge.lane[0]}, of which chained: {bridge.lane[1]}")
         for _, callback, nth, _ in REPORT_HOPS:  # in the cycle's order of reports, then the path's
             for name, figures, places in (("bridge", bridge, BridgeStamps.PLACES), ("sync", sync, SYNC_PLACES)):
-                for place in (*places, "wire->srv"):
+                for place in (*places, *WIRE_PLACES):
                     label = f"{callback} #{nth + 1} {place}"
                     if label in figures.split:
                         print(f"      {name:<6} {label:<42} {stats(figures.split[label], 1e-3, 'ms')}")
