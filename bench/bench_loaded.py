@@ -441,14 +441,15 @@ WIRE_PLACES = ("wire->srv", "wire->started", "started->srv")
 
 @dataclass
 class SyncStamps:
-    """The synchronous client's: each Report* call as it starts (``SyncClient.sent``),
-    and as gRPC's call start returns (``stamp_call_start``)."""
+    """The synchronous client's: each Report* call as it starts (``SyncClient.sent``: its
+    place on the wire, as ``BridgeStamps.wire`` is the bridge's), and as gRPC's call start
+    returns (``stamp_call_start``)."""
 
-    sent: list[tuple[str, float]]
+    wire: list[tuple[str, float]]
     started: list[tuple[str, float]] = field(default_factory=list)
 
     def clear(self) -> None:
-        self.sent.clear()
+        self.wire.clear()
         self.started.clear()
 
 
@@ -544,7 +545,7 @@ async def one_cycle(server: FastClusterD, training: Any, index: int, ready: Call
             raise RuntimeError(f"no {rpc} after the {callback} callback")
         figures.hops[label].append(got - at)
         called = calls[nth].t
-        sent = after(stamps.wire if isinstance(stamps, BridgeStamps) else stamps.sent, rpc, called)
+        sent = after(stamps.wire, rpc, called)
         split = stamps.split(callback, rpc, called) if isinstance(stamps, BridgeStamps) else (
             {"cb->send": sent - called} if sent is not None else {})
         if sent is not None:
