@@ -51,8 +51,19 @@ cdef extern from *:
         }
     #endif
     }
+
+    /* Digits of a rank without a branch per power of ten: the bit length times log10(2)
+       (1233 / 4096) is the digit count or one more, and one table compare settles it.
+       Random ranks mix digit counts, so a chain of compares mispredicts on every map. */
+    static inline Py_ssize_t bridge_decimal_len(uint32_t v) {
+        static const uint32_t floor_pow10[10] = {
+            0, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000};
+        uint32_t t = ((uint32_t)(32 - __builtin_clz(v | 1)) * 1233) >> 12;
+        return (Py_ssize_t)t + 1 - (v < floor_pow10[t]);
+    }
     """
     dict _new_dict "bridge_new_dict"(Py_ssize_t)
+    Py_ssize_t _decimal_len "bridge_decimal_len"(uint32_t) noexcept
     bint _read_small_int "bridge_read_small_int"(PyObject*, long long*)
 
 cdef extern from "Python.h":
@@ -93,7 +104,7 @@ cdef PyObject* _STICKY_OBJ = _TYPE_OBJ[_STICKY]
 
 # --------------------------------------------------------------------------- entries
 
-cdef inline bint _fast(PyObject* key, PyObject* value, long long* rank, int* ftype):
+cdef inline bint _fast(PyObject* key, PyObject* value, long long* rank, int* ftype) noexcept:
     """True when both are exact ints in range (the only case handled without Python)."""
     cdef long long r
     if value == _TYPE_OBJ[0]:
@@ -148,7 +159,7 @@ cdef inline object _rank_object(PyObject* key, long long rank):
 
 # --------------------------------------------------------------------------- sorting
 
-cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n):
+cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n) noexcept:
     """Stable sort of ``rank << 2 | type`` words by rank: insertion sort for short maps,
     three 11-bit LSD radix passes otherwise (ranks fit 31 bits)."""
     cdef Py_ssize_t i, j
@@ -188,18 +199,6 @@ cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n):
         memcpy(items, src, n * sizeof(uint64_t))
 
 
-cdef inline Py_ssize_t _decimal_len(uint32_t value):
-    if value < 100000:
-        if value < 100:
-            return 1 if value < 10 else 2
-        return 3 if value < 1000 else (4 if value < 10000 else 5)
-    if value < 10000000:
-        return 6 if value < 1000000 else 7
-    if value < 1000000000:
-        return 8 if value < 100000000 else 9
-    return 10
-
-
 cdef const char* _PAIRS = (
     b"00010203040506070809101112131415161718192021222324252627282930313233343536373839"
     b"40414243444546474849505152535455565758596061626364656667686970717273747576777879"
@@ -207,23 +206,26 @@ cdef const char* _PAIRS = (
 )
 
 
-cdef inline void _write_digits(char* out, uint32_t value, Py_ssize_t n):
-    """Write the ``n`` decimal digits of ``value`` two at a time, from the right."""
+cdef inline void _write_digits(char* out, uint32_t value, Py_ssize_t n) noexcept:
+    """Write the ``n`` decimal digits of ``value`` two at a time, from the right.
+
+    The table is read through a local: a store through ``char*`` may alias any global,
+    so the compiler would otherwise reload ``_PAIRS`` after every digit it writes, and
+    two-byte copies are single moves."""
+    cdef const char* pairs = _PAIRS
     cdef uint32_t pair
     while value >= 100:
         pair = (value % 100) * 2
         value //= 100
         n -= 2
-        out[n] = _PAIRS[pair]
-        out[n + 1] = _PAIRS[pair + 1]
+        memcpy(out + n, pairs + pair, 2)
     if value >= 10:
-        out[n - 2] = _PAIRS[value * 2]
-        out[n - 1] = _PAIRS[value * 2 + 1]
+        memcpy(out + n - 2, pairs + value * 2, 2)
     else:
         out[n - 1] = <char>(48 + value)
 
 
-cdef inline Py_ssize_t _write_decimal(char* out, uint32_t value):
+cdef inline Py_ssize_t _write_decimal(char* out, uint32_t value) noexcept:
     cdef Py_ssize_t n = _decimal_len(value)
     _write_digits(out, value, n)
     return n
@@ -317,7 +319,7 @@ def parse_faults(text, *, strict=True):
         i += 1
 
 
-cdef bint _all_fast(dict source):
+cdef bint _all_fast(dict source) noexcept:
     """True when every entry is an exact in-range int pair (it can then be copied as is)."""
     cdef Py_ssize_t pos = 0
     cdef PyObject* key
@@ -379,7 +381,7 @@ def merge_faults_into(target, *maps):
 
 # --------------------------------------------------------------------------- protobuf wire
 
-cdef inline Py_ssize_t _write_varint(char* out, uint64_t value):
+cdef inline Py_ssize_t _write_varint(char* out, uint64_t value) noexcept:
     cdef Py_ssize_t n = 0
     while value > 0x7F:
         out[n] = <char>((value & 0x7F) | 0x80)
@@ -531,7 +533,7 @@ def encode_recover_status_request(job_id, code, info, strategy, isolate_rank_ids
 # --------------------------------------------------------------------------- decoding
 
 cdef inline bint _varint_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* pos,
-                            uint64_t* value):
+                            uint64_t* value) noexcept:
     cdef uint64_t result = 0
     cdef int shift = 0
     cdef unsigned char byte
@@ -548,7 +550,7 @@ cdef inline bint _varint_at(const unsigned char* data, Py_ssize_t size, Py_ssize
 
 
 cdef inline bint _skip_field(const unsigned char* data, Py_ssize_t size, Py_ssize_t* pos,
-                             int wire_type, Py_ssize_t* start):
+                             int wire_type, Py_ssize_t* start) noexcept:
     """Advance past one field's payload; ``start`` receives where the payload begins."""
     cdef uint64_t length
     if wire_type == 0:
@@ -571,7 +573,7 @@ cdef inline bint _skip_field(const unsigned char* data, Py_ssize_t size, Py_ssiz
 
 
 cdef inline bint _fault_rank_at(const unsigned char* data, Py_ssize_t start, Py_ssize_t end,
-                                long long* rank, int* ftype):
+                                long long* rank, int* ftype) noexcept:
     """Decode one FaultRank body; False when malformed or not a valid rank/type."""
     cdef Py_ssize_t pos = start, payload, i
     cdef uint64_t key

@@ -68,6 +68,19 @@ def test_format_extreme_ranks(codec: ModuleType) -> None:
     assert codec.format_faults({2**31 - 1: 1, 0: 0}) == "0:0,2147483647:1"
 
 
+# Each side of every change in a rank's digit count: the compiled codec computes the count
+# from the bit length, which is off by one exactly here if it is wrong.
+DIGIT_EDGES = sorted({0} | {e for k in range(1, 10) for e in (10**k - 1, 10**k, 10**k + 1)}
+                     | {2**b - d for b in range(1, 32) for d in (0, 1) if 2**b - d < 2**31})
+
+
+def test_every_digit_count_edge_formats_and_encodes_exactly(codec: ModuleType) -> None:
+    faults = {rank: rank % 3 for rank in DIGIT_EDGES}
+    assert codec.format_faults(faults) == ",".join(f"{r}:{r % 3}" for r in DIGIT_EDGES)
+    expected = pb.ProcessFaultRequest(jobId="j", faultRanks=ranks_msg(faults)).SerializeToString()
+    assert codec.encode_process_fault_request("j", faults) == expected
+
+
 # --------------------------------------------------------------------------- validation
 
 
