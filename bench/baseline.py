@@ -1,10 +1,11 @@
 """What the benchmarks measure the bridge against: the existing MindCluster client's shape
 (every callback makes its blocking Report* call before it returns; a reader thread
-notifies the controller inline), and the percentile helper they share."""
+notifies the controller inline), and the percentile helpers they share."""
 
 from __future__ import annotations
 
 import math
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,18 @@ def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = math.ceil(q * len(ordered))  # 1-based
     return ordered[min(len(ordered), max(rank, 1)) - 1]
+
+
+def p50_gap_interval(ours: list[float], theirs: list[float], resamples: int = 2000,
+                     seed: int = 1) -> tuple[float, float]:
+    """A 95% bootstrap interval of ``p50(ours) - p50(theirs)``. A target on the gap
+    between two medians of a few dozen samples each is read against it: when the gap's
+    own spread is as wide as the slack, a single run's verdict is the machine's noise.
+    Seeded, so the same samples always print the same interval."""
+    rng = random.Random(seed)
+    gaps = sorted(pct(rng.choices(ours, k=len(ours)), 0.5) - pct(rng.choices(theirs, k=len(theirs)), 0.5)
+                  for _ in range(resamples))
+    return gaps[int(0.025 * resamples)], gaps[int(0.975 * resamples) - 1]
 
 
 class SyncRelay:
