@@ -103,6 +103,9 @@ cdef PyObject* _STICKY_OBJ = _TYPE_OBJ[_STICKY]
 
 
 # --------------------------------------------------------------------------- entries
+# The pure-C helpers below are ``noexcept``: for a cdef function returning void or a C
+# value without it, Cython 3 checks ``PyErr_Occurred()`` after every call, which in the
+# encoder's loop was a libpython call per rank.
 
 cdef inline bint _fast(PyObject* key, PyObject* value, long long* rank, int* ftype) noexcept:
     """True when both are exact ints in range (the only case handled without Python)."""
