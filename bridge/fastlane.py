@@ -220,6 +220,9 @@ class ReportLane:
         self.prepare_request: Callable[[str, str, tuple[Any, ...]], bytes | None] = _request_or_none
         # On the loop: handles one held batch as a posted one is handled (``Handoff``).
         self.deliver: Post = lambda reports: None
+        # Whether a cycle's strategies report must go through the loop, which may narrow
+        # what it offers (``resume.CycleResume.sends_itself``); set by the link.
+        self.loop_only_strategies: Callable[[str | None], bool] = lambda cycle: False
 
     def dispatch(self, reports: list[ControllerReport], post: Post) -> None:
         """Route one batch (hand-off thread), and make the calls the lane took for it.
@@ -266,6 +269,8 @@ class ReportLane:
         thread makes it once the lock is free (``dispatch``). False when that failed (the
         ordinary way is always open)."""
         report = reports[index]
+        if kind == "strategy" and self.loop_only_strategies(cycle):
+            return False
         rpc = self.client.rpc_thread
         try:
             call, self._spare = self._spare or Call.blank(self.loop), None

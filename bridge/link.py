@@ -73,6 +73,7 @@ class Link:
         self.relay.on_outcome_unknown = self.reports.resume.outcome_unknown
         loop = asyncio.get_running_loop()
         self.lane = ReportLane(config.job_id, self.relay, self.session, self.client, loop, flow)
+        self.lane.loop_only_strategies = self.reports.resume.sends_itself
         self.handoff = Handoff(loop, self.reports.handle, config.controller.handoff,
                                pin_cpu=config.controller.pin_cpu, lane=self.lane)
         self.session.catch_up = self.lane.flush

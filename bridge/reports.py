@@ -500,8 +500,9 @@ class ReportPath:
         self.resume.remember_strategies(faults, strategies)
         self.observer(f"controller report_strategies {strategies}")
         self.recorder.callback("report_strategies", report.at, strategies=strategies)
+        offered = self.resume.offer(cycle, faults, strategies)
         self._submit_cycle(report, "strategy", cycle,
-                           codec.encode_recover_strategy_request(self.job_id, faults, strategies))
+                           codec.encode_recover_strategy_request(self.job_id, faults, offered))
 
     def result(self, report: ControllerReport) -> None:
         code, msg = status_code(report.args[0]), str(report.args[1])

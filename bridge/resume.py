@@ -41,6 +41,9 @@ The peer facts that force this module:
   only what repairs no rank, the controller's own ``exit`` and ``dump``
   (``answered_without_repair``): ClusterD chooses dump when the job has it, and the
   checkpoint is saved before the job restarts, as after any repair that cannot complete.
+  The same holds when the controller's strategies are still to come (GLOBAL_SENT): the
+  rebound cycle's ranks are kept and its answer narrowed when it comes (``offer``), on
+  the event loop; the report lane never sends that answer (``sends_itself``).
 
 What cannot be carried over: once the controller has had change_strategy (REPAIRING
 and later) the new ClusterD's cycle starts at a step the controller is past; its result
@@ -92,12 +95,17 @@ class CycleResume:
         self.flow_faults_stale = False
         self.stop_report: tuple[int, str, dict[int, int]] | None = None  # the controller's stop-complete
         self.strategies_report: tuple[dict[int, int], list[str]] | None = None  # its report_strategies
+        # A new cycle's globalFault rebound to the controller's coming report_strategies
+        # (GLOBAL_SENT): its uuid and the ranks it names, checked when that answer comes
+        # (``offer``). Set before ``flow.answering`` is: the report lane reads both from the
+        # hand-off thread and must never send that answer itself (``sends_itself``).
+        self.rebound_global: tuple[str, dict[int, int]] | None = None
 
     # ------------------------------------------------------------------ from the return path
     def new_flow(self) -> None:
         """A fault flow starts (the controller reported its faults): nothing of the
         previous one may be replayed."""
-        self.stop_report = self.strategies_report = None
+        self.stop_report = self.strategies_report = self.rebound_global = None
         self.flow_faults_stale = False
 
     # The maps are the return path's own cleaned copies, never changed after the report
@@ -108,10 +116,29 @@ class CycleResume:
     def remember_strategies(self, faults: dict[int, int], strategies: list[str]) -> None:
         self.strategies_report = (faults, strategies)
 
+    def offer(self, cycle: str | None, faults: dict[int, int], strategies: list[str]) -> list[str]:
+        """The strategies to report for ``cycle``: the controller's own, unless ``cycle``
+        was rebound at GLOBAL_SENT and its globalFault names ranks beyond ``faults`` (the
+        ranks the controller offers its strategies for): then only what repairs no rank,
+        as for a cycle answered from memory (module docstring)."""
+        rebound, self.rebound_global = self.rebound_global, None
+        if rebound is None or rebound[0] != cycle:
+            return strategies
+        offered, narrowed = self._repairable(cycle, rebound[1], faults, strategies)
+        if narrowed:
+            self._count("answered_without_repair")
+        return offered
+
+    def sends_itself(self, cycle: str | None) -> bool:
+        """Whether the controller's strategies report for ``cycle`` must go through
+        ``offer`` on the event loop, never out from the report lane (hand-off thread)."""
+        rebound = self.rebound_global
+        return rebound is not None and rebound[0] == cycle
+
     def on_subscribed(self, flow_faults: dict[int, int]) -> None:
         """A new stream is live: ClusterD's job was reset. Restart the cycle the
         controller is stopped for, or say that it cannot be."""
-        self.pending = None
+        self.pending = self.rebound_global = None
         if not self.enabled:
             return
         step = self.flow.step
@@ -205,26 +232,34 @@ class CycleResume:
     def _resume_global(self, step: Step, named: dict[int, int], token: str) -> bool:
         self.pending = None
         if step is Step.GLOBAL_SENT:
+            self.rebound_global = (token, dict(named))  # before the lane can see the new uuid
             self.flow.answering = token
             self._resumed("rebound", "globalFault", token, "the controller's coming report_strategies answers it")
             return True
         if step is not Step.AWAIT_STRATEGY or self.strategies_report is None:
             return False
         faults, strategies = self.strategies_report
-        result = "answered_strategies"
-        beyond = set(named) - set(faults)
-        if beyond:
-            # A repair of fewer ranks than ClusterD restarts never completes (module docstring).
-            strategies = [name for name in strategies if name in NO_REPAIR_STRATEGIES] or ["exit"]
-            result = "answered_without_repair"
-            log.error("the new cycle's globalFault (%s) names %d rank(s) the controller did not offer its "
-                      "strategies for (e.g. %s) and cannot be told of now: a repair would hang on them, so "
-                      "the cycle is offered %s only", token, len(beyond), sorted(beyond)[:5], strategies)
+        strategies, narrowed = self._repairable(token, named, faults, strategies)
+        result = "answered_without_repair" if narrowed else "answered_strategies"
         self.relay.submit_cycle_report("strategy", token,
                                        codec.encode_recover_strategy_request(self.job_id, faults, strategies))
         self.flow.answering = token
         self._resumed(result, "globalFault", token, f"with {strategies}")
         return True
+
+    def _repairable(self, token: str | None, named: dict[int, int], faults: dict[int, int],
+                    strategies: list[str]) -> tuple[list[str], bool]:
+        """``strategies``, or, when the cycle's globalFault (``named``) names ranks beyond
+        ``faults``, only those that repair no rank, and whether they were narrowed: a
+        repair of fewer ranks than ClusterD restarts never completes (module docstring)."""
+        beyond = set(named) - set(faults)
+        if not beyond:
+            return strategies, False
+        offered = [name for name in strategies if name in NO_REPAIR_STRATEGIES] or ["exit"]
+        log.error("the new cycle's globalFault (%s) names %d rank(s) the controller did not offer its "
+                  "strategies for (e.g. %s) and cannot be told of now: a repair would hang on them, so "
+                  "the cycle is offered %s only", token, len(beyond), sorted(beyond)[:5], offered)
+        return offered, True
 
     def _resumed(self, result: str, signal_type: str, token: str, how: str) -> None:
         self._count(result)

@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from bridge.flow import Step
-from bridge.reports import ControllerReport
+from bridge.reports import ControllerReport, Handoff
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
@@ -194,9 +194,8 @@ class HeldCallback:
     to the bridge that is the controller answering late (the flow stays at the step
     before it)."""
 
-    def __init__(self, job: SimulatedJob, callback: str) -> None:
-        assert job.bridge is not None
-        self.handoff = job.bridge.link.handoff
+    def __init__(self, handoff: Handoff, callback: str) -> None:
+        self.handoff = handoff
         self.callback = callback
         self.original: Callable[[list[ControllerReport]], None] = self.handoff._handle
         self.held: list[ControllerReport] = []
@@ -261,7 +260,8 @@ async def new_stream_seq(job: SimulatedJob, since: int) -> int:
 async def fault_and_hold(job: SimulatedJob, callback: str) -> HeldCallback:
     """A type-1 fault on rank 5, the controller's ``callback`` answer held in the hand-off
     once it came: the bridge's flow stays at the step before it."""
-    hold = HeldCallback(job, callback)
+    assert job.bridge is not None
+    hold = HeldCallback(job.bridge.link.handoff, callback)
     job.training.inject_fault({5: 1})
     await eventually(lambda: hold.held, 10, f"the controller's {callback} (held in the hand-off)")
     return hold
@@ -381,6 +381,45 @@ async def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump_not_a
     assert [r.args[0] for r in job.training.callbacks("report_result")] == [0]
     assert job.training.repair_hang_ranks == ()
     assert m(job, "cycle_resumes_total", result="answered_strategies") == 0
+
+
+@pytest.mark.parametrize("disruption", DISRUPTIONS)
+async def test_a_cycle_rebound_wider_than_the_controllers_coming_strategies_is_offered_no_repair(
+        proxies: list[FreezableProxy], running: list[SimulatedJob], disruption: str) -> None:
+    """GLOBAL_SENT: the controller had on_global_rank and its strategies are still to
+    come when ClusterD is disrupted; rank 9's process fault joins the new cycle from the
+    fault centre, so the new globalFault names rank 9's pod beyond the controller's ranks.
+    The controller's strategies, when they come, answer that cycle with exit and dump
+    only: a recover of ranks 4-7 would hang on the pod restarted under it."""
+    job = await launch(running, proxies if disruption == "freeze" else None, auto_step=False)
+    assert job.bridge is not None
+    joined: list[str] = []
+
+    async def fault_from_the_fault_centre() -> None:
+        joined.append(await job.sim.start_clusterd_fault(JOB, {9: 1}))
+
+    hold = await fault_and_hold(job, "report_strategies")
+    assert job.bridge.flow.step is Step.GLOBAL_SENT
+    mark = last_seq(job)
+    tasks = on_journal(job, lambda e: e.seq > mark and TRIGGERS["at_stop_train"](e), fault_from_the_fault_centre)
+    await disrupt(disruption, job, proxies)
+    await eventually(lambda: joined, 15, "rank 9's fault joining the new cycle")
+    await asyncio.gather(*tasks)
+    assert joined == ["joined"]
+    await eventually(lambda: m(job, "cycle_resumes_total", result="rebound") == 1, 15,
+                     "the new cycle's globalFault rebound to the controller")
+    hold.release()
+    await annotation(job, "dump-success", timeout=20)
+    assert m(job, "cycle_resumes_total", result="answered_without_repair") == 1
+    offered = [e.detail["strategies"] for e in after(job, mark, "rpc", "ReportRecoverStrategy") if e.code == 0]
+    assert offered == [["exit", "dump"]], offered
+    global_faults = [set(map(int, e.detail["faults"])) for e in after(job, mark, "signal", "globalFault")
+                     if e.detail.get("uuid")]
+    assert global_faults and global_faults[-1] >= {8, 9, 10, 11}, global_faults
+    await eventually(lambda: [n.args[0] for n in job.training.notifies("change_strategy")] == ["dump", "exit"], 10,
+                     "the dump and ClusterD's exit notice")
+    assert len(job.training.notifies("on_global_rank")) == 1  # never told twice
+    assert job.training.repair_hang_ranks == ()
 
 
 async def test_a_controller_already_repairing_is_not_re_reported(running: list[SimulatedJob]) -> None:

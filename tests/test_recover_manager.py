@@ -25,9 +25,13 @@ from bridge.recover_manager import (
     report_recover_strategy,
     report_stop_complete,
 )
+from bridge.flow import Step
 from bridge.sim import mindio_ttp
 from bridge.sim.clusterd import SimClusterD, SimJob
 from bridge.sim.scenario import free_port
+
+from .conftest import eventually_sync
+from .test_clusterd_restart import HeldCallback
 
 pytestmark = pytest.mark.timeout(60)
 JOB = "seed-job"
@@ -184,6 +188,48 @@ def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump(server: Ser
         training.inject_fault({5: 1})
         server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "dump-success", 20)
         assert stages == ["broken", "stopped again", "joined"]
+        offered = [e.detail["strategies"] for e in sim.journal.rpcs("ReportRecoverStrategy") if e.code == 0]
+        assert offered[-1] == ["exit", "dump"], offered
+        assert [n.args[0] for n in training.notifies("change_strategy")][:1] == ["dump"]
+        assert len(training.notifies("on_global_rank")) == 1
+        assert training.repair_hang_ranks == ()
+        assert manager.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "answered_without_repair"}) == 1
+    finally:
+        manager.close()
+
+
+def test_a_cycle_rebound_wider_than_the_controllers_coming_strategies_ends_with_a_dump(  # type: ignore[no-untyped-def]
+        server: ServerThread, training) -> None:
+    """As the daemon (tests/test_clusterd_restart.py): the stream breaks after the
+    controller had on_global_rank and before its strategies reach the bridge, and rank
+    9's process fault joins the new cycle, whose globalFault names rank 9's pod too. The
+    controller's strategies, when they come, answer that cycle with exit and dump only."""
+    sim = server.sim
+    stages: list[str] = []
+
+    async def join_rank_9() -> None:
+        stages.append(await sim.start_clusterd_fault(JOB, {9: 1}))
+
+    def listener(entry) -> None:  # type: ignore[no-untyped-def]  # on the server's loop
+        if entry.job_id == JOB and stages == ["broken"] and entry.kind == "signal" and entry.name == "stopTrain":
+            stages.append("stopped again")
+            server.loop.create_task(join_rank_9())
+
+    manager = hosting_the_controller(server, training)
+    try:
+        assert manager.link is not None
+        hold = HeldCallback(manager.link.handoff, "report_strategies")
+        training.inject_fault({5: 1})
+        eventually_sync(lambda: hold.held, 10, what="the controller's strategies (held in the hand-off)")
+        assert manager.link.flow.step is Step.GLOBAL_SENT
+        sim.journal.add_listener(listener)
+        stages.append("broken")
+        server.run(sim.drop_subscriber(JOB))
+        eventually_sync(lambda: manager.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "rebound"}) == 1,
+                        15, what="the new cycle's globalFault rebound to the controller")
+        assert stages == ["broken", "stopped again", "joined"]
+        manager._loop.call_soon_threadsafe(hold.release)  # the hand-off's handler runs on the manager's loop
+        server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "dump-success", 20)
         offered = [e.detail["strategies"] for e in sim.journal.rpcs("ReportRecoverStrategy") if e.code == 0]
         assert offered[-1] == ["exit", "dump"], offered
         assert [n.args[0] for n in training.notifies("change_strategy")][:1] == ["dump"]

@@ -178,6 +178,25 @@ async def test_a_stop_complete_of_the_live_cycle_reaches_clusterd_while_the_even
     assert bridge.metrics.reports_sent.labels("stop_complete")._value.get() == 1
 
 
+async def test_a_strategies_report_the_loop_may_narrow_never_leaves_from_the_lane(bridge: Bridge) -> None:
+    """A cycle rebound to the controller's coming strategies (resume.py) may need them
+    narrowed to exit and dump, which only the loop does: the lane leaves that report to
+    it, and still takes the cycle's other reports."""
+    bridge.fake.release.set()
+    bridge.flow.answering = CYCLE
+    bridge.lane.loop_only_strategies = lambda cycle: cycle == CYCLE
+    bridge.handoff.put(("report_stop_complete", (0, "ok", {2: 1}), 0.0, None))
+    await eventually(lambda: bridge.fake.seen("ReportStopComplete") == 1 and len(bridge.relay) == 0, 10,
+                     "the stop-complete answered")
+    taken = bridge.lane.taken
+    assert taken == (1 if with_lane(bridge) else 0)
+    bridge.handoff.put(("report_strategies", ({2: 1}, ["retry", "exit"]), 0.0, None))
+    await eventually(lambda: bridge.fake.seen("ReportRecoverStrategy") == 1 and len(bridge.relay) == 0, 10,
+                     "the strategies report answered")
+    assert bridge.lane.taken == taken  # sent by the loop
+    assert bridge.fake.log == ["ReportStopComplete", "ReportRecoverStrategy"]
+
+
 async def test_a_report_of_a_cycle_that_is_over_never_leaves(bridge: Bridge) -> None:
     bridge.fake.release.set()
     bridge.flow.answering = "uuid-over"  # not the live cycle
