@@ -279,6 +279,19 @@ def test_never_killed_judges_a_restarted_cycle_wider_than_the_controllers_offer(
         judged = observation(records=[offered, killed], journal=journal, kills=kills)
         assert invariants.lost_recovery_path(judged) is None, journal
         assert invariants.never_killed(judged), journal
+    # the new cycle's globalFault before the controller's strategies (GLOBAL_SENT): judged
+    # against them once they come
+    told = Record(0.6, "notify", "on_global_rank", ({r: 1 for r in range(4, 8)}, 30))
+    rebound = entry("signal", "globalFault", 10, at=0.8, uuid="u2", faults={r: 1 for r in range(4, 12)})
+    late = Record(1.0, "callback", "report_strategies", ({r: 1 for r in range(4, 8)}, ["exit", "dump", "recover"]))
+    dumped_late = observation(records=[told, late, Record(2.5, "notify", "change_strategy", ("dump", "")), killed],
+                              journal=[first, rebound, answer("exit", "dump")])
+    assert "beyond those the controller offered" in (invariants.lost_recovery_path(dumped_late) or "")
+    assert invariants.never_killed(dumped_late) == []
+    covering = Record(1.0, "callback", "report_strategies", ({r: 1 for r in range(4, 12)}, ["exit", "recover"]))
+    judged = observation(records=[told, covering, killed], journal=[first, rebound])
+    assert invariants.lost_recovery_path(judged) is None
+    assert invariants.never_killed(judged)
 
 
 def test_resource_growth_fails_on_a_leaked_thread() -> None:

@@ -112,26 +112,40 @@ def repair_hang_by_design(obs: Observation) -> str | None:
 
 def _wider_cycle(obs: Observation) -> tuple[JournalEntry, set[int], set[int]] | None:
     """The first globalFault of a new cycle (a uuid other than that of the cycle the
-    controller offered its strategies in) that came while the controller waited for
-    change_strategy and named ranks beyond those it offered them for: (signal, offered,
-    beyond). Only the bridge's cycle resume answers such a signal (with the controller's
-    remembered strategies); a repeat within the offered cycle is ClusterD's own, answered
-    by the strategy report it already holds. A SIGKILL ends the controller that offered."""
+    controller had on_global_rank in) that came after that notify and before
+    change_strategy, and named ranks beyond those the controller offered its strategies
+    for: (signal, offered, beyond). When it came before the controller's strategies
+    (GLOBAL_SENT), those are what it is measured against, once they come. Only the
+    bridge's cycle resume answers such a signal (with the controller's strategies); a
+    repeat within the told cycle is ClusterD's own, answered by the strategy report it
+    already holds. A SIGKILL ends the controller that was told."""
     signals = _global_faults(obs)
     events = sorted([(r.t, "record", r) for r in obs.records if (r.kind, r.name) in (
-        ("callback", "report_strategies"), ("notify", "change_strategy"))]
+        ("notify", "on_global_rank"), ("callback", "report_strategies"), ("notify", "change_strategy"))]
         + [(at, "kill", None) for at in obs.kills]
         + [(e.at, "signal", e) for e in signals], key=lambda item: item[0])
-    offered: set[int] | None = None
-    offered_in = ""
+    told = False  # the controller had on_global_rank and no change_strategy since
+    told_in = ""  # the uuid of the globalFault that notify came from
+    offered: set[int] | None = None  # the ranks of its strategies, once they came
+    early: JournalEntry | None = None  # a new cycle's globalFault that came before them
     for at, kind, item in events:
-        if kind == "record" and item.name == "report_strategies":
-            offered = {int(rank) for rank in (item.args[0] if item.args else {})}
+        if kind == "record" and item.name == "on_global_rank":
             before = [s for s in signals if s.at <= at]
-            offered_in = before[-1].detail["uuid"] if before else ""
+            told, told_in, offered, early = True, before[-1].detail["uuid"] if before else "", None, None
+        elif kind == "record" and item.name == "report_strategies":
+            offered = {int(rank) for rank in (item.args[0] if item.args else {})}
+            if not told:  # a notify this observation did not record: the latest globalFault's
+                before = [s for s in signals if s.at <= at]
+                told, told_in = True, before[-1].detail["uuid"] if before else ""
+            if early is not None and {int(rank) for rank in early.detail["faults"]} - offered:
+                return early, offered, {int(rank) for rank in early.detail["faults"]} - offered
+            early = None
         elif kind != "signal":
-            offered = None
-        elif offered is not None and item.detail["uuid"] != offered_in:
+            told, told_in, offered, early = False, "", None, None
+        elif told and item.detail["uuid"] != told_in:
+            if offered is None:
+                early = early or item
+                continue
             beyond = {int(rank) for rank in item.detail["faults"]} - offered
             if beyond:
                 return item, offered, beyond
