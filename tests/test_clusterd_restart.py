@@ -343,6 +343,41 @@ async def test_between_strategy_and_change_strategy_the_bridge_answers_both_step
     assert m(job, "cycle_resumes_total", result="answered_strategies") == 1
 
 
+class Rank9Joins:
+    """A process fault on rank 9 from the fault centre, started the moment the new cycle's
+    stopTrain (after journal position ``since``) is written: the controller never hears of
+    it, and the new globalFault names rank 9's pod, which the node agent restarts."""
+
+    def __init__(self, job: SimulatedJob, since: int) -> None:
+        self.outcome: list[str] = []
+
+        async def fault_from_the_fault_centre() -> None:
+            self.outcome.append(await job.sim.start_clusterd_fault(JOB, {9: 1}))
+
+        self.tasks = on_journal(job, lambda e: e.seq > since and TRIGGERS["at_stop_train"](e),
+                                fault_from_the_fault_centre)
+
+    async def joined(self) -> None:
+        await eventually(lambda: self.outcome, 15, "rank 9's fault joining the new cycle")
+        await asyncio.gather(*self.tasks)
+        assert self.outcome == ["joined"]
+
+
+async def assert_offered_no_repair(job: SimulatedJob, since: int) -> None:
+    """The wider cycle (after journal position ``since``) was offered exit and dump only,
+    dumped, and the controller was told once and never sent into a hung repair."""
+    offered = [e.detail["strategies"] for e in after(job, since, "rpc", "ReportRecoverStrategy") if e.code == 0]
+    assert offered == [["exit", "dump"]], offered
+    global_faults = [set(map(int, e.detail["faults"])) for e in after(job, since, "signal", "globalFault")
+                     if e.detail.get("uuid")]
+    assert global_faults and global_faults[-1] >= {8, 9, 10, 11}, global_faults
+    # dump, then ClusterD's exit notice after it (dump_exit)
+    await eventually(lambda: [n.args[0] for n in job.training.notifies("change_strategy")] == ["dump", "exit"], 10,
+                     "the dump and ClusterD's exit notice")
+    assert len(job.training.notifies("on_global_rank")) == 1  # never told twice
+    assert job.training.repair_hang_ranks == ()
+
+
 @pytest.mark.parametrize("disruption", DISRUPTIONS)
 async def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump_not_a_hung_repair(
         proxies: list[FreezableProxy], running: list[SimulatedJob], disruption: str) -> None:
@@ -352,34 +387,18 @@ async def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump_not_a
     ranks 4-7 would hang on ranks restarted under it; the bridge offers exit and dump, and
     the job saves its checkpoint and ends as ClusterD decides."""
     job = await launch(running, proxies if disruption == "freeze" else None, auto_step=False)
-    joined: list[str] = []
-
-    async def fault_from_the_fault_centre() -> None:
-        joined.append(await job.sim.start_clusterd_fault(JOB, {9: 1}))
-
     marks: list[int] = []
     on_journal(job, TRIGGERS["after_strategy"], lambda: (marks.append(last_seq(job)), begin(disruption, job, proxies)))
     job.training.inject_fault({5: 1})
     await eventually(lambda: marks, 10, "ClusterD past RecoverStrategy, before changeStrategy")
-    tasks = on_journal(job, lambda e: e.seq > marks[0] and TRIGGERS["at_stop_train"](e), fault_from_the_fault_centre)
+    rank_9 = Rank9Joins(job, marks[0])
     await finish(disruption, job, proxies)
-    await eventually(lambda: joined, 15, "rank 9's fault joining the new cycle")
-    await asyncio.gather(*tasks)
-    assert joined == ["joined"]
+    await rank_9.joined()
     await annotation(job, "dump-success", timeout=20)
     await eventually(lambda: m(job, "cycle_resumes_total", result="answered_without_repair") == 1, 10,
                      "the wider cycle counted")
-    offered = [e.detail["strategies"] for e in after(job, marks[0], "rpc", "ReportRecoverStrategy") if e.code == 0]
-    assert offered == [["exit", "dump"]], offered
-    global_faults = [set(map(int, e.detail["faults"])) for e in after(job, marks[0], "signal", "globalFault")
-                     if e.detail.get("uuid")]
-    assert global_faults and global_faults[-1] >= {8, 9, 10, 11}, global_faults
-    # dump, then ClusterD's exit notice after it (dump_exit)
-    await eventually(lambda: [n.args[0] for n in job.training.notifies("change_strategy")] == ["dump", "exit"], 10,
-                     "the dump and ClusterD's exit notice")
-    assert len(job.training.notifies("on_global_rank")) == 1  # never told twice
+    await assert_offered_no_repair(job, marks[0])
     assert [r.args[0] for r in job.training.callbacks("report_result")] == [0]
-    assert job.training.repair_hang_ranks == ()
     assert m(job, "cycle_resumes_total", result="answered_strategies") == 0
 
 
@@ -393,33 +412,18 @@ async def test_a_cycle_rebound_wider_than_the_controllers_coming_strategies_is_o
     only: a recover of ranks 4-7 would hang on the pod restarted under it."""
     job = await launch(running, proxies if disruption == "freeze" else None, auto_step=False)
     assert job.bridge is not None
-    joined: list[str] = []
-
-    async def fault_from_the_fault_centre() -> None:
-        joined.append(await job.sim.start_clusterd_fault(JOB, {9: 1}))
-
     hold = await fault_and_hold(job, "report_strategies")
     assert job.bridge.flow.step is Step.GLOBAL_SENT
     mark = last_seq(job)
-    tasks = on_journal(job, lambda e: e.seq > mark and TRIGGERS["at_stop_train"](e), fault_from_the_fault_centre)
+    rank_9 = Rank9Joins(job, mark)
     await disrupt(disruption, job, proxies)
-    await eventually(lambda: joined, 15, "rank 9's fault joining the new cycle")
-    await asyncio.gather(*tasks)
-    assert joined == ["joined"]
+    await rank_9.joined()
     await eventually(lambda: m(job, "cycle_resumes_total", result="rebound") == 1, 15,
                      "the new cycle's globalFault rebound to the controller")
     hold.release()
     await annotation(job, "dump-success", timeout=20)
     assert m(job, "cycle_resumes_total", result="answered_without_repair") == 1
-    offered = [e.detail["strategies"] for e in after(job, mark, "rpc", "ReportRecoverStrategy") if e.code == 0]
-    assert offered == [["exit", "dump"]], offered
-    global_faults = [set(map(int, e.detail["faults"])) for e in after(job, mark, "signal", "globalFault")
-                     if e.detail.get("uuid")]
-    assert global_faults and global_faults[-1] >= {8, 9, 10, 11}, global_faults
-    await eventually(lambda: [n.args[0] for n in job.training.notifies("change_strategy")] == ["dump", "exit"], 10,
-                     "the dump and ClusterD's exit notice")
-    assert len(job.training.notifies("on_global_rank")) == 1  # never told twice
-    assert job.training.repair_hang_ranks == ()
+    await assert_offered_no_repair(job, mark)
 
 
 async def test_a_controller_already_repairing_is_not_re_reported(running: list[SimulatedJob]) -> None:

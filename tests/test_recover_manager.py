@@ -154,6 +154,18 @@ def test_a_pod_sized_global_fault_reaches_the_controller_whole(server: ServerThr
         manager.close()
 
 
+def assert_ended_with_a_dump_without_repair(server: ServerThread, training, manager: DLRecoverManager) -> None:  # type: ignore[no-untyped-def]
+    """A cycle wider than the controller's offer: offered exit and dump only, the
+    checkpoint saved, the controller told once and never sent into a hung repair."""
+    server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "dump-success", 20)
+    offered = [e.detail["strategies"] for e in server.sim.journal.rpcs("ReportRecoverStrategy") if e.code == 0]
+    assert offered[-1] == ["exit", "dump"], offered
+    assert [n.args[0] for n in training.notifies("change_strategy")][:1] == ["dump"]
+    assert len(training.notifies("on_global_rank")) == 1
+    assert training.repair_hang_ranks == ()
+    assert manager.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "answered_without_repair"}) == 1
+
+
 def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump(server: ServerThread, training) -> None:  # type: ignore[no-untyped-def]
     """The seed API carries a cycle across a reset of ClusterD's job like the daemon
     (tests/test_clusterd_restart.py): the stream breaks while the controller waits for its
@@ -186,14 +198,8 @@ def test_a_resumed_cycle_wider_than_the_controllers_ends_with_a_dump(server: Ser
     manager = hosting_the_controller(server, training)
     try:
         training.inject_fault({5: 1})
-        server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "dump-success", 20)
+        assert_ended_with_a_dump_without_repair(server, training, manager)
         assert stages == ["broken", "stopped again", "joined"]
-        offered = [e.detail["strategies"] for e in sim.journal.rpcs("ReportRecoverStrategy") if e.code == 0]
-        assert offered[-1] == ["exit", "dump"], offered
-        assert [n.args[0] for n in training.notifies("change_strategy")][:1] == ["dump"]
-        assert len(training.notifies("on_global_rank")) == 1
-        assert training.repair_hang_ranks == ()
-        assert manager.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "answered_without_repair"}) == 1
     finally:
         manager.close()
 
@@ -229,13 +235,7 @@ def test_a_cycle_rebound_wider_than_the_controllers_coming_strategies_ends_with_
                         15, what="the new cycle's globalFault rebound to the controller")
         assert stages == ["broken", "stopped again", "joined"]
         manager._loop.call_soon_threadsafe(hold.release)  # the hand-off's handler runs on the manager's loop
-        server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "dump-success", 20)
-        offered = [e.detail["strategies"] for e in sim.journal.rpcs("ReportRecoverStrategy") if e.code == 0]
-        assert offered[-1] == ["exit", "dump"], offered
-        assert [n.args[0] for n in training.notifies("change_strategy")][:1] == ["dump"]
-        assert len(training.notifies("on_global_rank")) == 1
-        assert training.repair_hang_ranks == ()
-        assert manager.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "answered_without_repair"}) == 1
+        assert_ended_with_a_dump_without_repair(server, training, manager)
     finally:
         manager.close()
 

@@ -137,8 +137,8 @@ def _wider_cycle(obs: Observation) -> tuple[JournalEntry, set[int], set[int]] | 
             if not told:  # a notify this observation did not record: the latest globalFault's
                 before = [s for s in signals if s.at <= at]
                 told, told_in = True, before[-1].detail["uuid"] if before else ""
-            if early is not None and {int(rank) for rank in early.detail["faults"]} - offered:
-                return early, offered, {int(rank) for rank in early.detail["faults"]} - offered
+            if early is not None and (beyond := {int(rank) for rank in early.detail["faults"]} - offered):
+                return early, offered, beyond
             early = None
         elif kind != "signal":
             told, told_in, offered, early = False, "", None, None
