@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.reports import ControllerReport
-from bridge.rpcthread import THREADED
+from bridge.rpcthread import THREADED, _AfterSend
 from bridge.sim.clusterd import SimJob
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob, free_port
@@ -228,23 +228,6 @@ def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
     return stamps
 
 
-class _StampedCallStart:
-    """gRPC's channel object as one method's callable sees it, noting when
-    ``segregated_call`` returns: gRPC's core has created the call and written the request
-    (its C-core call start, which runs on the calling thread)."""
-
-    def __init__(self, channel: Any, name: str, started: list[tuple[str, float]]) -> None:
-        self._channel, self._name, self._started = channel, name, started
-
-    def segregated_call(self, *args: Any, **kwargs: Any) -> Any:
-        call = self._channel.segregated_call(*args, **kwargs)
-        self._started.append((self._name, time.monotonic()))
-        return call
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._channel, name)
-
-
 def stamp_call_start(callable_: Any, name: str, started: list[tuple[str, float]]) -> None:
     """Note in ``started`` when each call of a gRPC callable has been started (the same
     wrapping for the bridge's callables and the synchronous client's). A grpcio without
@@ -256,7 +239,9 @@ def stamp_call_start(callable_: Any, name: str, started: list[tuple[str, float]]
         holder = holder._channel
     inner = getattr(holder, "_channel", None)
     if callable(getattr(inner, "segregated_call", None)):
-        holder._channel = _StampedCallStart(inner, name, started)
+        # The bridge's own proxy, reused: it tells its callback once segregated_call
+        # returned, gRPC's core having created the call and written the request.
+        holder._channel = _AfterSend(inner, lambda: started.append((name, time.monotonic())))
 
 
 class _StampedCallable:
