@@ -90,6 +90,7 @@ class SyncClient:
         self.signals = grpc.insecure_channel(address)
         self.signal_stub = recover_pb2_grpc.RecoverStub(self.signals)
         self.errors: list[str] = []
+        self.streams_heard = 0  # subscriptions that delivered a first message (keep-alive or signal)
         self._stopping = threading.Event()
         self._stream: Any = None
         self._reader = threading.Thread(target=self._read, name="sync-reader", daemon=True)
@@ -141,7 +142,11 @@ class SyncClient:
                 self.signal_stub.Init(info)
                 self.signal_stub.Register(info)
                 self._stream = self.signal_stub.SubscribeProcessManageSignal(info)
+                heard = False
                 for signal in self._stream:
+                    if not heard:
+                        heard = True
+                        self.streams_heard += 1
                     if signal.signalType != "keep-alive":
                         self._act(signal)
                         time.sleep(0.01)
