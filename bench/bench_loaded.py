@@ -73,7 +73,7 @@ from bridge.sim.scenario import SimulatedJob, free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
 from baseline import SyncClient, SyncRelay, p50_gap_interval, pct  # noqa: E402
-from bench_relay import JOB, NODE_RANKS, fault_map, signal_pair  # noqa: E402
+from bench_relay import JOB, NODE_RANKS, fault_map, signal_pair, until  # noqa: E402
 from fast_clusterd import FastClusterD, Stamp  # noqa: E402
 
 if TYPE_CHECKING:  # annotations only (postponed): Python 3.10 has no typing.Self
@@ -474,6 +474,9 @@ class CycleFigures:
 #: runs: 35 and 57 us at no load); of 300 rounds it is the fourth-worst.
 HOP_ROUNDS = 300
 
+#: how often the cycles phase looks again at what it waits for between cycles, seconds
+POLL = 0.002
+
 #: how long after the loop goes back to waiting a cycle's fault comes (``one_cycle``)
 INJECT_DELAY = 0.005
 
@@ -533,11 +536,8 @@ async def one_cycle(server: FastClusterD, training: Any, index: int, ready: Call
     if done.detail.get("code") != 0:
         raise RuntimeError(f"the result report carried code {done.detail.get('code')}, not 0")
     await ready(mark)
-    deadline = time.monotonic() + CYCLE_TIMEOUT
-    while training.state != "NORMAL":
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the controller is {training.state}, not back to NORMAL")
-        await asyncio.sleep(0.002)
+    if not await until(lambda: training.state == "NORMAL", CYCLE_TIMEOUT, POLL):
+        raise RuntimeError(f"the controller is {training.state}, not back to NORMAL")
     received = await server.dump()
     if figures is None:
         return
@@ -600,11 +600,8 @@ async def cycles_bridge(cycles: int) -> CycleFigures:
         async def ready(mark: int) -> None:
             await reopened(mark)
             count = session.stream_count
-            deadline = time.monotonic() + CYCLE_TIMEOUT
-            while not session.live.is_set() or session.stream_count < count:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the bridge did not subscribe again")
-                await asyncio.sleep(0.002)
+            if not await until(lambda: session.live.is_set() and session.stream_count >= count, CYCLE_TIMEOUT, POLL):
+                raise RuntimeError("the bridge did not subscribe again")
 
         figures = await run_cycles(server, job.training, cycles, ready, stamps)
         lane = job.bridge.link.lane
@@ -645,11 +642,8 @@ async def cycles_sync(cycles: int) -> CycleFigures:
             # reports' wire -> server received gap between the two fell by 0.03-0.04 ms
             # at the median.
             opened = await reopened(mark)
-            deadline = time.monotonic() + CYCLE_TIMEOUT
-            while client.streams_heard < opened:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the synchronous client's new stream delivered nothing")
-                await asyncio.sleep(0.002)
+            if not await until(lambda: client.streams_heard >= opened, CYCLE_TIMEOUT, POLL):
+                raise RuntimeError("the synchronous client's new stream delivered nothing")
 
         stamps = SyncStamps(client.sent)
         for method in THREADED:

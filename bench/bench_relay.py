@@ -52,13 +52,14 @@ def fault_map(size: int, salt: int) -> dict[int, int]:
     return {(rank * 7 + salt) % 100_000: 0 for rank in range(size)}
 
 
-async def _until(predicate: Callable[[], bool], seconds: float) -> bool:
-    """Poll ``predicate`` every millisecond for at most ``seconds``; whether it came true."""
+async def until(predicate: Callable[[], bool], seconds: float, every: float = 0.001) -> bool:
+    """Poll ``predicate`` every ``every`` seconds for at most ``seconds``; whether it came
+    true."""
     deadline = time.monotonic() + seconds
     while not predicate():
         if time.monotonic() >= deadline:
             return False
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(every)
     return True
 
 
@@ -92,10 +93,10 @@ async def measure_callbacks(sim: RemoteSim, callback: Callable[..., int], size: 
         latencies.append(entry.at - called_at)
         # The send log learns of a report the lane sent once the loop adopts it, which may
         # be after the server logged it: wait for this round's entry (bounded).
-        if wire is not None and await _until(lambda: bool(wire) and wire[-1][1] >= called_at, 10):
+        if wire is not None and await until(lambda: bool(wire) and wire[-1][1] >= called_at, 10):
             on_wire.append(wire[-1][1] - called_at)
         if idle is not None:
-            await _until(idle, 60)
+            await until(idle, 60)
         await asyncio.sleep(0.005)
     return blocks, latencies, on_wire
 
