@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import queue
 import statistics
 import sys
 import threading
@@ -123,6 +125,44 @@ def callback_burst(callback: Callable[..., int], maps: list[dict[int, int]], cou
         callback(maps[i % len(maps)], {})
         blocks.append(time.perf_counter() - start)
     return blocks, late
+
+
+def wake_floor(count: int, spacing: float) -> list[float]:
+    """What the THREAD hand-off cannot go below on this machine: ``count`` times, the
+    calling thread sleeps ``spacing`` seconds, then makes the callback's put of a
+    report tuple into a ``SimpleQueue`` that wakes a ``SCHED_BATCH`` thread blocked on
+    the caller's CPU, and nothing else: the hand-off's one wake-up (``reports.Handoff``,
+    ``affinity.py``) without the bridge. Every controller callback needs that wake-up,
+    so its cost, which after an idle sleep is the VM's and the kernel's, not the
+    bridge's, bounds the block time from below; measured right after the bridge's burst
+    at the same spacing, it says how much of the burst's figure is the bridge's."""
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    waiting: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    def woken() -> None:
+        os.sched_setaffinity(0, {cpu})
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        while waiting.get() is not None:
+            pass
+
+    thread = threading.Thread(target=woken, name="floor-waiter", daemon=True)
+    thread.start()
+    put, monotonic, clock = waiting.put, time.monotonic, time.perf_counter
+    blocks: list[float] = []
+    try:
+        time.sleep(0.05)  # the waiter is blocked in get() before the first put
+        for _ in range(count):
+            time.sleep(spacing)
+            start = clock()
+            put(("report_fault_ranks", ({}, {}), monotonic(), None))
+            blocks.append(clock() - start)
+    finally:
+        put(None)
+        thread.join(5)
+        os.sched_setaffinity(0, before)
+    return blocks
 
 
 async def measure_signals(job: SimulatedJob, sim: RemoteSim, rounds: int,
@@ -237,6 +277,9 @@ async def callback_phase(quick: bool, misses: list[str], handoff: str = "") -> N
             print(row("bridge: callback blocks the controller", blocks, 1e-6, "us")
                   + f" one every {spacing * 1e3:.0f} ms, max {max(blocks) * 1e6:.0f} us")
             print(row("  controller thread back from sleep, late by", late, 1e-6, "us"))
+            floor = await asyncio.to_thread(wake_floor, count, spacing)
+            print(row("  floor: a put waking a thread, no bridge", floor, 1e-6, "us")
+                  + f" bridge p99 {(pct(blocks, 0.99) - pct(floor, 0.99)) * 1e6:+.1f} us")
             print(row("sync client: callback blocks the controller", sync_blocks, 1e-6, "us"))
             print(row("bridge: callback -> request on the wire", on_wire, 1e-3, "ms"))
             print(row("bridge: callback -> server decoded", latencies, 1e-3, "ms"))
