@@ -127,6 +127,17 @@ def callback_burst(callback: Callable[..., int], maps: list[dict[int, int]], cou
     return blocks, late
 
 
+def _asleep(thread: threading.Thread, seconds: float) -> bool:
+    """Whether ``thread`` is seen blocked (state S in /proc) within ``seconds``."""
+    stat = Path(f"/proc/self/task/{thread.native_id}/stat")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if stat.read_text().rpartition(")")[2].split()[0] == "S":
+            return True
+        time.sleep(0.001)
+    return False
+
+
 def wake_floor(count: int, spacing: float) -> list[float]:
     """What the THREAD hand-off cannot go below on this machine: ``count`` times, the
     calling thread sleeps ``spacing`` seconds, then makes the callback's put of a
@@ -136,8 +147,8 @@ def wake_floor(count: int, spacing: float) -> list[float]:
     so its cost, which after an idle sleep is the VM's and the kernel's, not the
     bridge's, bounds the block time from below; measured right after the bridge's burst
     at the same spacing, it says how much of the burst's figure is the bridge's."""
-    cpu = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
+    cpu = min(before)  # the CPU the bridge pinned this thread to, or one to pin both to
     os.sched_setaffinity(0, {cpu})
     waiting: queue.SimpleQueue[object] = queue.SimpleQueue()
 
@@ -152,7 +163,8 @@ def wake_floor(count: int, spacing: float) -> list[float]:
     put, monotonic, clock = waiting.put, time.monotonic, time.perf_counter
     blocks: list[float] = []
     try:
-        time.sleep(0.05)  # the waiter is blocked in get() before the first put
+        if not _asleep(thread, 5.0):  # the first put must wake it, as every later one does
+            raise TimeoutError("the floor's waiting thread never blocked")
         for _ in range(count):
             time.sleep(spacing)
             start = clock()
