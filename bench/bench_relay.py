@@ -32,6 +32,7 @@ from typing import Any
 
 import grpc
 
+from bridge import realtime
 from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc
 from bridge.sim.clusterd import SimJob
@@ -154,7 +155,7 @@ def wake_floor(count: int, spacing: float) -> list[float]:
 
     def woken() -> None:
         os.sched_setaffinity(0, {cpu})
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        realtime.batch_policy()  # as the hand-off thread puts itself (reports.Handoff)
         while waiting.get() is not None:
             pass
 
