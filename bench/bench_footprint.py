@@ -1,7 +1,7 @@
 """The bridge process's footprint against world size: CPU, resident memory, threads and
 open descriptors, idle, with the job's ranks connected, and through one recovery.
 
-    python bench/bench_footprint.py [--quick] [--sizes 16,1000,10000] [--idle SECONDS] [--sides bridge,sync]
+    python bench/bench_footprint.py [--quick] [--sizes 16,1000,10000] [--idle SECONDS] [--cycles N] [--sides bridge,sync]
 
 For each world size, one side after the other:
 
@@ -22,9 +22,10 @@ every 5 s). Phases, each read from ``/proc/PID`` of the measured process only:
 2. ``ranks``: every rank connected to the stub (``training.connect_ranks``) and one TCP
    connection per rank held open to the controller's port, as each real rank keeps one;
    then the same window;
-3. ``cycle``: one UCE on rank 0, a retry recovery to its result: CPU seconds and wall
-   time of the cycle, peak threads and descriptors (sampled every 50 ms), peak RSS
-   (``VmHWM``).
+3. ``cycle``: ``--cycles`` recoveries one after the other (a UCE on rank 0, retried),
+   each measured from the fault to the controller's result (the next starts once the
+   process is back on a new signal stream): CPU seconds and wall time summed, peak
+   threads and descriptors (sampled every 50 ms), peak RSS (``VmHWM``).
 
 The stub's ranks are Python objects in the measured process (the real controller's are
 C++ state in the bridge's process too), and its NORMAL loop polls every 20 ms where the
@@ -170,12 +171,16 @@ class Output:
 
     def wait_for(self, text: str, timeout: float, after: int = 0) -> str:
         """The first line from index ``after`` on that holds ``text``."""
+        return self.lines[self.index_of(text, timeout, after)]
+
+    def index_of(self, text: str, timeout: float, after: int = 0) -> int:
+        """The index of the first line from ``after`` on that holds ``text``."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                for line in self.lines[after:]:
-                    if text in line:
-                        return line
+                for index in range(after, len(self.lines)):
+                    if text in self.lines[index]:
+                        return index
                 left = deadline - time.monotonic()
                 if left <= 0 or self.process.poll() is not None:
                     tail = "".join(self.lines[-20:])
@@ -272,25 +277,43 @@ def window(pid: int, seconds: float) -> Window:
     return Window(last.cpu - first.cpu, time.monotonic() - started, last, last.threads, last.fds)
 
 
-def cycle(pid: int, child: subprocess.Popen[str], output: Output) -> Window:
+def cycles(pid: int, child: subprocess.Popen[str], output: Output, sim_output: Output, count: int) -> Window:
+    """``count`` recoveries one after the other, each measured from the fault to the
+    controller's result, sampled every ``SAMPLE_EVERY`` for the peaks; between two, the
+    next waits (unmeasured) until the process is back on a new signal stream that has
+    delivered its first keep-alive (ClusterD ends the stream after every cycle)."""
     assert child.stdin is not None
-    first = sample(pid)
-    mark = len(output.lines)
-    started = time.monotonic()
-    child.stdin.write("fault\n")
-    child.stdin.flush()
+    cpu = seconds = 0.0
     threads = fds = 0
-    done: list[str] = []
-    waiter = threading.Thread(target=lambda: done.append(output.wait_for("cycle ", 150, after=mark)), daemon=True)
-    waiter.start()
-    while waiter.is_alive():
-        now = sample(pid)
-        threads, fds = max(threads, now.threads), max(fds, now.fds)
-        waiter.join(SAMPLE_EVERY)
-    seconds = time.monotonic() - started
-    last = sample(pid)
-    outcome = done[0].split()[-1] if done else "no answer"
-    return Window(last.cpu - first.cpu, seconds, last, max(threads, last.threads), max(fds, last.fds), outcome)
+    outcomes: list[str] = []
+    for _ in range(count):
+        mark, sim_mark = len(output.lines), len(sim_output.lines)
+        first = sample(pid)
+        started = time.monotonic()
+        child.stdin.write("fault\n")
+        child.stdin.flush()
+        answer: list[str] = []
+        waiter = threading.Thread(target=lambda: answer.append(output.wait_for("cycle ", 150, after=mark)),
+                                  daemon=True)
+        waiter.start()
+        while waiter.is_alive():
+            now = sample(pid)
+            threads, fds = max(threads, now.threads), max(fds, now.fds)
+            waiter.join(SAMPLE_EVERY)
+        seconds += time.monotonic() - started
+        last = sample(pid)
+        cpu += last.cpu - first.cpu
+        threads, fds = max(threads, last.threads), max(fds, last.fds)
+        if not answer:
+            break
+        outcomes.append(answer[0].split()[-1])
+        # Back on a new stream once it delivered its first message: a fault reported
+        # before that waits for it (ClusterD loses faults no live subscription sees).
+        opened = sim_output.index_of("stream-open SubscribeProcessManageSignal", 60, after=sim_mark)
+        sim_output.wait_for("keep-alive", 60, after=opened)
+    end = sample(pid)
+    results = ",".join(sorted(set(outcomes))) + (f" ({len(outcomes)} of {count})" if len(outcomes) < count else "")
+    return Window(cpu, seconds, end, threads, fds, results or "no answer")
 
 
 def measure(name: str, world_size: int, args: argparse.Namespace) -> Side:
@@ -302,7 +325,8 @@ def measure(name: str, world_size: int, args: argparse.Namespace) -> Side:
     with tempfile.TemporaryDirectory(prefix="tft-footprint-") as scratch:
         try:
             sim, sim_output = spawn("-m", "bridge.cli", "sim-clusterd", "--listen", clusterd, "--job", JOB,
-                                    "--world-size", str(world_size), "--devices-per-pod", str(DEVICES_PER_POD))
+                                    "--world-size", str(world_size), "--devices-per-pod", str(DEVICES_PER_POD),
+                                    "--log-level", "DEBUG")  # DEBUG: its keep-alives are logged too
             sim_output.wait_for("simulated ClusterD", START_TIMEOUT)
             if name == "bridge":
                 side.metrics_port = free_port()
@@ -326,8 +350,8 @@ def measure(name: str, world_size: int, args: argparse.Namespace) -> Side:
             side.phases["ranks"] = window(child.pid, args.idle)
             side.sockets = sockets(child.pid)
             side.threads = thread_names(child.pid)
-            if args.cycle:
-                side.phases["cycle"] = cycle(child.pid, child, output)
+            if args.cycles:
+                side.phases["cycle"] = cycles(child.pid, child, output, sim_output, args.cycles)
             for conn in held:
                 conn.close()
             held = []
@@ -356,7 +380,7 @@ def mib(kb: int) -> str:
 
 def print_side(side: Side) -> None:
     for phase, w in side.phases.items():
-        peak = f" (peak {w.threads_peak} threads, {w.fds_peak} fds, wall {w.seconds:.1f} s, result {w.outcome})" \
+        peak = f" (peak {w.threads_peak} threads, {w.fds_peak} fds, wall {w.seconds:.1f} s, results {w.outcome})" \
             if phase == "cycle" else ""
         print(f"    {side.name:<6} {phase:<5} cpu {w.cpu:7.3f} s = {w.load:5.1f} % of a core   rss {mib(w.end.rss):>6} MiB"
               f" (peak {mib(w.end.hwm):>6})   threads {w.end.threads:4d}   fds {w.end.fds:6d}{peak}")
@@ -405,11 +429,15 @@ def main() -> int:
     parser.add_argument("--idle", type=float, help="seconds of each measured window (default 30)")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before each window")
     parser.add_argument("--sides", default="bridge,sync", help="bridge, sync or both (default)")
-    parser.add_argument("--no-cycle", dest="cycle", action="store_false", help="skip the recovery cycle")
+    parser.add_argument("--cycles", type=int, help="recoveries measured one after the other (default 5, quick 2; "
+                                                   "0: none)")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress, also into a file
     sizes = [int(s) for s in (args.sizes or ("16,1000" if args.quick else "16,1000,10000")).split(",")]
     if args.idle is None:
         args.idle = 3.0 if args.quick else 30.0
+    if args.cycles is None:
+        args.cycles = 2 if args.quick else 5
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if not set(sides) <= {"bridge", "sync"}:
         parser.error("--sides takes bridge and/or sync")
