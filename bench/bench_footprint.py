@@ -1,7 +1,9 @@
 """The bridge process's footprint against world size: CPU, resident memory, threads and
 open descriptors, idle, with the job's ranks connected, and through one recovery.
 
-    python bench/bench_footprint.py [--quick] [--sizes 16,1000,10000] [--idle SECONDS] [--cycles N] [--sides bridge,sync]
+    python bench/bench_footprint.py [--quick] [--sizes 16,1000,10000] [--idle SECONDS] [--cycles N]
+                                    [--sides bridge,sync]
+    python bench/bench_footprint.py --controller real [--sizes ...] [--idle SECONDS]
 
 For each world size, one side after the other:
 
@@ -36,6 +38,11 @@ controller reads each rank's heartbeats), so the CPU of ``ranks`` has no per-con
 work in it. It also prints the measured process's sockets: what it listens on and which
 ports it dials, the facts behind the port table in docs/operations.md.
 
+``--controller real`` runs ``tft-bridge run`` unchanged with the real peers' MindIO TFT
+build (``$TFT_BRIDGE_REAL_PEERS``, else ``shared/real-peers`` above the repository) and
+measures the idle phase only: its ranks would be processes of the processor library,
+which this benchmark does not start, and the synchronous anchor is bound to the stub.
+
 Nothing here is gated: the figures are for sizing (``LimitNOFILE=``, a node's memory),
 and the ratios say what the bridge adds to the controller MindCluster already hosts.
 """
@@ -43,6 +50,7 @@ and the ratios say what the bridge adds to the controller MindCluster already ho
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import signal
@@ -56,12 +64,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bridge.config import REAL_CONTROLLER
 from bridge.sim.scenario import free_port
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 JOB = "footprint-job"
-DEVICES_PER_POD = 8  # footprint_child.DEVICES_PER_POD: the simulated ClusterD is told the same
+sys.path.insert(0, str(BENCH))
+from footprint_child import ANSWER, DEVICES_PER_POD  # noqa: E402  # the simulated ClusterD is told the same
 TICK = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT = 60.0
 SAMPLE_EVERY = 0.05  # seconds between samples during a cycle (its peaks)
@@ -189,11 +199,28 @@ class Output:
                 self._cond.wait(left)
 
 
-def spawn(*argv: str, stdin: int | None = None) -> tuple[subprocess.Popen[str], Output]:
+def spawn(*argv: str, stdin: int | None = None, path: tuple[Path, ...] = (),
+          env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], Output]:
+    """``python ARGV`` from the repository root, the repository (and ``path``) on
+    PYTHONPATH, stdout and stderr into one drained pipe."""
+    pythonpath = os.pathsep.join(str(p) for p in (ROOT, *path))
     process = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdin=stdin, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONPATH": str(ROOT), "MINDIO_WAIT_MINDX_TIME": "30"})
+                               env={**os.environ, "PYTHONPATH": pythonpath, "MINDIO_WAIT_MINDX_TIME": "30",
+                                    **(env or {})})
     return process, Output(process)
+
+
+def real_mindio() -> Path:
+    """The real MindIO TFT build of the real peers (``$TFT_BRIDGE_REAL_PEERS``, else a
+    ``shared/real-peers`` folder above the repository), as ``mindio/``."""
+    given = os.environ.get("TFT_BRIDGE_REAL_PEERS")
+    candidates = [Path(given)] if given else [parent / "shared" / "real-peers" for parent in ROOT.parents]
+    for folder in candidates:
+        if (folder / "mindio" / "mindio_ttp" / "controller_ttp").is_dir():
+            return folder / "mindio"
+    raise SystemExit("--controller real needs the real peers' MindIO TFT build (mindio/mindio_ttp): set "
+                     "TFT_BRIDGE_REAL_PEERS to the real-peers folder")
 
 
 def stop(process: subprocess.Popen[str] | None) -> None:
@@ -207,14 +234,15 @@ def stop(process: subprocess.Popen[str] | None) -> None:
         process.wait()
 
 
-def bridge_config(directory: Path, clusterd: str, controller_port: int, metrics_port: int, world_size: int) -> Path:
+def bridge_config(directory: Path, clusterd: str, controller_port: int, metrics_port: int, world_size: int,
+                  module: str = "stub") -> Path:
     path = directory / "job.toml"
     path.write_text(f"""
 job_id = "{JOB}"
 [clusterd]
 address = "{clusterd}"
 [controller]
-module = "stub"
+module = "{module}"
 bind_ip = "127.0.0.1"
 port = {controller_port}
 world_size = {world_size}
@@ -261,7 +289,8 @@ class Side:
     world_size: int
     phases: dict[str, Window] = field(default_factory=dict)
     sockets: Sockets = field(default_factory=Sockets)
-    threads: Counter[str] = field(default_factory=Counter)  # thread names, with ranks connected
+    threads: Counter[str] = field(default_factory=Counter)  # native thread names, with ranks connected
+    python_threads: list[str] = field(default_factory=list)  # the Python threads' names, with ranks connected
     clusterd_port: int = 0
     controller_port: int = 0
     metrics_port: int = 0
@@ -293,8 +322,8 @@ def cycles(pid: int, child: subprocess.Popen[str], output: Output, sim_output: O
         child.stdin.write("fault\n")
         child.stdin.flush()
         answer: list[str] = []
-        waiter = threading.Thread(target=lambda: answer.append(output.wait_for("cycle ", 150, after=mark)),
-                                  daemon=True)
+        waiter = threading.Thread(
+            target=lambda: answer.append(output.wait_for(f"{ANSWER} cycle ", 150, after=mark)), daemon=True)
         waiter.start()
         while waiter.is_alive():
             now = sample(pid)
@@ -328,7 +357,14 @@ def measure(name: str, world_size: int, args: argparse.Namespace) -> Side:
                                     "--world-size", str(world_size), "--devices-per-pod", str(DEVICES_PER_POD),
                                     "--log-level", "DEBUG")  # DEBUG: its keep-alives are logged too
             sim_output.wait_for("simulated ClusterD", START_TIMEOUT)
-            if name == "bridge":
+            if name == "bridge" and args.controller == "real":
+                side.metrics_port = free_port()
+                config = bridge_config(Path(scratch), clusterd, side.controller_port, side.metrics_port, world_size,
+                                       REAL_CONTROLLER)
+                # tft-bridge run as it ships; the controller's log to stdout, not to files in the tree
+                child, output = spawn("-m", "bridge.cli", "run", "--config", str(config), path=(real_mindio(),),
+                                      env={"TTP_LOG_STDOUT": "1"})
+            elif name == "bridge":
                 side.metrics_port = free_port()
                 config = bridge_config(Path(scratch), clusterd, side.controller_port, side.metrics_port, world_size)
                 child, output = spawn(str(BENCH / "footprint_child.py"), "bridge", str(config), str(world_size),
@@ -336,42 +372,65 @@ def measure(name: str, world_size: int, args: argparse.Namespace) -> Side:
             else:
                 child, output = spawn(str(BENCH / "footprint_child.py"), "sync", clusterd, JOB,
                                       str(side.controller_port), str(world_size), stdin=subprocess.PIPE)
-            sim_output.wait_for("stream-open SubscribeProcessManageSignal", START_TIMEOUT)
-            output.wait_for("controller listening" if name == "bridge" else "listening", START_TIMEOUT)
+            # Subscribed once the stream delivered its first message (ClusterD's first
+            # keep-alive, up to 5 s after the subscription): a fault before it would wait.
+            opened = sim_output.index_of("stream-open SubscribeProcessManageSignal", START_TIMEOUT)
+            sim_output.wait_for("keep-alive", START_TIMEOUT, after=opened)
+            output.wait_for("controller listening" if name == "bridge" else f"{ANSWER} listening", START_TIMEOUT)
             time.sleep(args.settle)  # start-up's imports and first allocations end before the window
             side.phases["idle"] = window(child.pid, args.idle)
+            if args.controller == "real":  # no ranks: the real controller's are processes of their own
+                side.sockets = sockets(child.pid)
+                side.threads = thread_names(child.pid)
+                return finish(side, child)
             assert child.stdin is not None
             mark = len(output.lines)
             child.stdin.write("ranks\n")
             child.stdin.flush()
-            output.wait_for("ranks", START_TIMEOUT, after=mark)
+            output.wait_for(f"{ANSWER} ranks", START_TIMEOUT, after=mark)
             held = connect_ranks(side.controller_port, world_size)
             time.sleep(args.settle)
             side.phases["ranks"] = window(child.pid, args.idle)
             side.sockets = sockets(child.pid)
             side.threads = thread_names(child.pid)
+            mark = len(output.lines)
+            child.stdin.write("threads\n")
+            child.stdin.flush()
+            side.python_threads = json.loads(output.wait_for(f"{ANSWER} threads ", START_TIMEOUT, after=mark)
+                                             .split(f"{ANSWER} threads ", 1)[1])
             if args.cycles:
                 side.phases["cycle"] = cycles(child.pid, child, output, sim_output, args.cycles)
             for conn in held:
                 conn.close()
             held = []
-            started = time.monotonic()
-            if name == "bridge":
-                stop(child)
-            else:
-                child.stdin.close()  # the synchronous host ends with its input
-                child.wait(90)
-            side.stop_seconds = time.monotonic() - started
-            side.exit_code = child.returncode
+            return finish(side, child)
         finally:
             for conn in held:
                 conn.close()
             stop(child)
             stop(sim)
+
+
+def finish(side: Side, child: subprocess.Popen[str]) -> Side:
+    """Stop the measured process as its host would (SIGTERM for the bridge, the end of
+    its input for the synchronous host) and note how long that took."""
+    started = time.monotonic()
+    if side.name == "bridge":
+        stop(child)
+    else:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(90)
+    side.stop_seconds = time.monotonic() - started
+    side.exit_code = child.returncode
     return side
 
 
 # --------------------------------------------------------------------------- report
+
+
+def counted(names: Counter[str]) -> str:
+    return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(names.items()))
 
 
 def mib(kb: int) -> str:
@@ -382,7 +441,8 @@ def print_side(side: Side) -> None:
     for phase, w in side.phases.items():
         peak = f" (peak {w.threads_peak} threads, {w.fds_peak} fds, wall {w.seconds:.1f} s, results {w.outcome})" \
             if phase == "cycle" else ""
-        print(f"    {side.name:<6} {phase:<5} cpu {w.cpu:7.3f} s = {w.load:5.1f} % of a core   rss {mib(w.end.rss):>6} MiB"
+        print(f"    {side.name:<6} {phase:<5} cpu {w.cpu:7.3f} s = {w.load:5.1f} % of a core   "
+              f"rss {mib(w.end.rss):>6} MiB"
               f" (peak {mib(w.end.hwm):>6})   threads {w.end.threads:4d}   fds {w.end.fds:6d}{peak}")
 
 
@@ -407,7 +467,7 @@ def print_sockets(side: Side) -> None:
     listening = ", ".join(label(p) for p in sorted(s.listening)) or "none"
     dialed = ", ".join(f"{label(p)} x{n}" for p, n in sorted(s.dialed.items())) or "none"
     accepted = ", ".join(f"{label(p)} x{n}" for p, n in sorted(s.accepted.items())) or "none"
-    print(f"    {side.name:<6} sockets with ranks connected: listens on {listening}; dials {dialed}; "
+    print(f"    {side.name:<6} sockets: listens on {listening}; dials {dialed}; "
           f"accepted {accepted}; unix {s.unix}; other {s.other}")
 
 
@@ -429,6 +489,9 @@ def main() -> int:
     parser.add_argument("--idle", type=float, help="seconds of each measured window (default 30)")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before each window")
     parser.add_argument("--sides", default="bridge,sync", help="bridge, sync or both (default)")
+    parser.add_argument("--controller", choices=["stub", "real"], default="stub",
+                        help="real: the real peers' MindIO TFT build under tft-bridge run, idle only, no anchor "
+                             "(TFT_BRIDGE_REAL_PEERS)")
     parser.add_argument("--cycles", type=int, help="recoveries measured one after the other (default 5, quick 2; "
                                                    "0: none)")
     args = parser.parse_args()
@@ -441,8 +504,11 @@ def main() -> int:
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if not set(sides) <= {"bridge", "sync"}:
         parser.error("--sides takes bridge and/or sync")
+    if args.controller == "real":
+        sides = ["bridge"]
     raise_descriptor_limit(max(sizes))
-    print(f"footprint of the process hosting the stub controller: windows of {args.idle:g} s after {args.settle:g} s "
+    print(f"footprint of the process hosting the {args.controller} controller: windows of {args.idle:g} s after "
+          f"{args.settle:g} s "
           f"of settling; CPU as % of one core; load average before: {os.getloadavg()[0]:.2f}")
     for world_size in sizes:
         print(f"\n  world size {world_size}")
@@ -454,8 +520,9 @@ def main() -> int:
         for side in measured.values():
             print_sockets(side)
         for side in measured.values():
-            names = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(side.threads.items()))
-            print(f"    {side.name:<6} threads: {names}")
+            print(f"    {side.name:<6} threads: {counted(side.threads)}")
+            if side.python_threads:
+                print(f"    {side.name:<6} Python threads: {counted(Counter(side.python_threads))}")
         for side in measured.values():
             print(f"    {side.name:<6} stopped in {side.stop_seconds:.1f} s, exit code {side.exit_code}")
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")

@@ -7,11 +7,15 @@ either by ``tft-bridge run`` (unchanged) or by MindCluster's synchronous client 
 
 The stub controller lives in the hosting process, as the real one does, so the benchmark
 cannot reach its ranks from outside; one thread of this process (on both sides, so both
-carry it) reads commands, one per line, and answers on stdout:
+carry it) reads commands, one per line, and answers on stdout, each answer after
+``ANSWER``:
 
 * ``ranks``: connect every rank to the stub (``training.connect_ranks``), answer ``ranks``;
 * ``fault``: a UCE on rank 0, answer ``cycle CODE`` once the controller's
-  ``report_result`` of that cycle has returned (``cycle timeout`` after ``CYCLE_TIMEOUT``).
+  ``report_result`` of that cycle has returned (``cycle timeout`` after ``CYCLE_TIMEOUT``);
+* ``threads``: answer ``threads`` and the names of the process's Python threads (JSON).
+
+The synchronous host also answers ``listening`` once its controller listens.
 
 Both sides use the same stub timings (``FAST_TIMINGS``) and node agent (``DEVICES_PER_POD``
 ranks restarted per pod), so what differs between them is the host alone.
@@ -19,6 +23,7 @@ ranks restarted per pod), so what differs between them is the host alone.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -31,6 +36,8 @@ from baseline import SyncClient  # noqa: E402
 
 #: Ranks per pod, as the simulated ClusterD is told (``--devices-per-pod``).
 DEVICES_PER_POD = 8
+#: What every answer starts with: the bridge's own log lines share the pipe.
+ANSWER = "footprint_child:"
 #: Seconds a cycle may take before the answer says it did not end.
 CYCLE_TIMEOUT = 120.0
 
@@ -42,12 +49,15 @@ def drive(world_size: int) -> None:
         command = line.strip()
         if command == "ranks":
             training.connect_ranks(range(world_size))
-            print("ranks", flush=True)
+            print(f"{ANSWER} ranks", flush=True)
         elif command == "fault":
             done = len(training.callbacks("report_result"))
             training.inject_fault({0: 0})
             record = training.wait_callback("report_result", done + 1, timeout=CYCLE_TIMEOUT)
-            print(f"cycle {record.args[0] if record is not None else 'timeout'}", flush=True)
+            print(f"{ANSWER} cycle {record.args[0] if record is not None else 'timeout'}", flush=True)
+        elif command == "threads":
+            names = sorted(thread.name for thread in threading.enumerate())
+            print(f"{ANSWER} threads {json.dumps(names)}", flush=True)
         elif command:
             print(f"footprint_child: unknown command {command!r}", file=sys.stderr, flush=True)
 
@@ -62,7 +72,7 @@ def host_sync(address: str, job: str, port: int, world_size: int) -> int:
     ttp.tft_init_controller(-1, world_size, False, True, False)
     ttp.tft_start_controller("127.0.0.1", port, False, "")
     client.start_reader()
-    print("listening", flush=True)
+    print(f"{ANSWER} listening", flush=True)
     try:
         drive(world_size)
     finally:
