@@ -72,6 +72,7 @@ from typing import Any
 
 from . import faults as codec
 from ._proto import recover_pb2 as pb
+from .config import PAUSE_DEFAULT, PAUSE_MAX
 from .controller import ControllerHost
 from .flow import ControllerFlow, Step
 from .hooks import NodeHooks
@@ -99,8 +100,10 @@ MAX_ACTIONS = 8
 WAIT_MAX = 3600
 #: A pause longer than this is clamped: the controller remembers the last pause timeout
 #: as its minimum wait for the next stop_train (docs/mindio-controller.md section 6), so
-#: a huge one would leave a later real fault waiting that long. ClusterD sends 0 or 900.
-PAUSE_TIMEOUT_MAX = 3600
+#: a huge one would leave a later real fault waiting that long. ClusterD sends 0 or 900;
+#: the ceiling is TaskD's own for the pause it derives from HCCL_CONNECT_TIMEOUT, so the
+#: bridge never cuts short a pause TaskD would have given.
+PAUSE_TIMEOUT_MAX = PAUSE_MAX
 #: downgrade/upgrade params: 1..1023 bytes, else the controller returns 1.
 PARAMS_MAX_BYTES = 1023
 PARAMS_STRATEGIES = frozenset({"downgrade", "upgrade"})
@@ -257,7 +260,7 @@ def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy
 
 class SignalDispatcher:
     def __init__(self, job_id: str, flow: ControllerFlow, controller: ControllerHost, hooks: NodeHooks,
-                 metrics: BridgeMetrics, on_kill_master: Callable[[], None], pause_timeout: int = 600) -> None:
+                 metrics: BridgeMetrics, on_kill_master: Callable[[], None], pause_timeout: int = PAUSE_DEFAULT) -> None:
         self.job_id = job_id
         self.flow = flow
         self.controller = controller
