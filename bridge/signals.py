@@ -75,7 +75,7 @@ from ._proto import recover_pb2 as pb
 from .config import PAUSE_DEFAULT, PAUSE_MAX
 from .controller import ControllerHost
 from .flow import ControllerFlow, Step
-from .hooks import NodeHooks
+from .hooks import HookSignal, NodeHooks
 from .logbudget import LogBudget, suppressed_note
 from .metrics import SIGNAL_TYPES, BridgeMetrics, signal_type_label
 from .recorder import NullRecorder
@@ -85,6 +85,11 @@ from .resume import RESUMED, CycleResume
 log = logging.getLogger(__name__)
 
 NODE_ACTIONS = frozenset({"fault_nodes_exit", "fault_nodes_restart", "pre exit process"})
+#: Controller actions that also ask the nodes of ``nodeRankIds`` to act: TaskD's recover
+#: plugin exits those nodes' agents on saveAndExit and on a recover that is not in place
+#: (for recover-in-place the signal's own ``fault_nodes_restart`` does it).
+NODE_HOOKED_ACTIONS = frozenset({"save_and_exit", "change_strategy"})
+RECOVER_IN_PLACE = "recover-in-place"  # ClusterD's extraParams of an in-place recover
 LOG_ONLY_ACTIONS = frozenset({"new pod running", "pause_start_agent", "continue_start_agent"})
 NOTIFY_ACTIONS = frozenset({"stop_train", "pause_train", "on_global_rank", "change_strategy", "save_and_exit",
                             "hot switch", "stop switch"})
@@ -127,6 +132,17 @@ def shown_actions(signal: pb.ProcessManageSignal) -> list[str]:
     if len(actions) <= SHOWN_ACTIONS:
         return list(actions)
     return [*actions[:SHOWN_ACTIONS], f"... {len(actions)} actions in all"]
+
+
+def asks_nodes_to_exit(action: str, signal: pb.ProcessManageSignal) -> bool:
+    """True when a forwarded controller action also asks its nodes to act
+    (``NODE_HOOKED_ACTIONS``): saveAndExit, and a recover that is not in place, each
+    only when it names nodes (TaskD messages each named node's agent, none when none)."""
+    if not signal.nodeRankIds:
+        return False
+    if action == "save_and_exit":
+        return True
+    return signal.changeStrategy == "recover" and signal.extraParams != RECOVER_IN_PLACE
 
 
 def is_orphaned_global_fault(signal: pb.ProcessManageSignal) -> bool:
@@ -389,6 +405,8 @@ class SignalDispatcher:
             reason = await self._act(action, signal, faults, token)
             if reason is not None:
                 refused.append((action, reason))
+            elif action in NODE_HOOKED_ACTIONS and asks_nodes_to_exit(action, signal):
+                await self._run_hook(action, signal, faults)
         if refused:
             self._refuse_actions(signal, refused, self.flow.step.value)
 
@@ -396,7 +414,7 @@ class SignalDispatcher:
                    token: str) -> str | None:
         """Carry out one action; the reason when it was refused (the caller counts and logs)."""
         if action in NODE_ACTIONS:
-            self.recorder.hook(action, await self.hooks.run(action, list(signal.nodeRankIds)))
+            await self._run_hook(action, signal, faults)
             return None
         if action in LOG_ONLY_ACTIONS:
             log.info("ClusterD action %r (signal %s): nothing for the controller to do", action, signal.signalType)
@@ -471,6 +489,12 @@ class SignalDispatcher:
         self.recorder.notify(action, rc, started, time.monotonic() - started,
                              strategy if action == "change_strategy" else "")
         return None
+
+    async def _run_hook(self, action: str, signal: pb.ProcessManageSignal, faults: dict[int, int]) -> None:
+        """The node hook for ``action``, given the whole signal (bridge/hooks.py)."""
+        context = HookSignal(self.job_id, signal.uuid, signal.signalType, tuple(signal.actions),
+                             signal.changeStrategy, signal.extraParams, faults)
+        self.recorder.hook(action, await self.hooks.run(action, list(signal.nodeRankIds), context))
 
     def _check_inline_cost(self, action: str, seconds: float) -> None:
         """A notify that held the loop too long moves every later one to the notify thread."""
