@@ -71,9 +71,10 @@ pauses training and offers ``["migration"]``, or ``["exit"]`` when the pause fai
 ClusterD answers ``migration`` with changeStrategy migration (REPAIRING, then the result
 like a repair's); ``["exit"]`` it answers with no signal at all: it deletes the job's
 first pod, and the controller's wait runs out into EXIT. ``stop switch`` (the new pod did
-not start within a minute) is accepted only at SWITCHING: the controller latches it in
-its one wake-up slot, so given at any other time it would be consumed by the next fault
-flow's first wait as the wrong event (docs/mindio-controller.md section 5).
+not start within a minute) ends SWITCHING; the dispatcher withholds it from the
+controller, which would latch it in its one wake-up slot for the next fault flow's first
+wait to take as the wrong event (docs/mindio-controller.md section 5; bridge/signals.py
+``STOP_SWITCH``), and it is refused at every other step.
 
 **How long each wait lasts** (``wait_limit``; docs/mindio-controller.md section 6). Past
 its wait the controller has gone to EXIT, so the gate refuses from then on (``expire``);

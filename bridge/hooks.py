@@ -31,7 +31,10 @@ So only plain decimal integers (ASCII digits, at most ``MAX_RANK_DIGITS``) are p
 each other one is refused, counted in ``tft_bridge_bad_inputs_total{kind="hook_node_rank"}``
 and summarised in one log line, and the hook still runs with the good ones, because the
 nodes it names still need their action. When every rank was bad, the hook does not run
-at all: a node command given no rank could read that as "every node".
+at all: a node command given no rank could read that as "every node". Nor does it run
+when the signal names no node (``no_node``): TaskD messages each named node's agent and
+so none then, and ClusterD sends such signals on purpose (recover-in-place's globalFault
+carries ``fault_nodes_exit`` with no node: no pod is to exit).
 """
 
 from __future__ import annotations
@@ -125,8 +128,12 @@ class NodeHooks:
     async def run(self, action: str, node_rank_ids: Sequence[object], signal: HookSignal | None = None) -> str:
         """Run the hook for ``action`` with the valid node ranks and what else ``signal``
         says (arguments, environment, stdin: module docstring); the result label (ok,
-        failed, timeout, no_hook, error, refused)."""
+        failed, timeout, no_hook, error, refused, no_node)."""
         label = action.replace(" ", "_")
+        if not node_rank_ids:
+            log.info("ClusterD's %r names no node: no node hook to run", action)
+            self.metrics.hook_runs.labels(label, "no_node").inc()
+            return "no_node"
         good, bad = split_node_ranks(node_rank_ids)
         if bad:
             self.metrics.bad_inputs.labels(BAD_RANK_KIND).inc(len(bad))

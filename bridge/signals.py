@@ -90,6 +90,16 @@ NODE_ACTIONS = frozenset({"fault_nodes_exit", "fault_nodes_restart", "pre exit p
 #: (for recover-in-place the signal's own ``fault_nodes_restart`` does it).
 NODE_HOOKED_ACTIONS = frozenset({"save_and_exit", "change_strategy"})
 RECOVER_IN_PLACE = "recover-in-place"  # ClusterD's extraParams of an in-place recover
+#: ClusterD's ``stop switch`` ends a hot switch whose backup pod never ran, so the
+#: replacement ranks never registered and the controller is still in NORMAL. There its
+#: MindXNotifyStopSwitch only latches the one wake-up slot (docs/mindio-controller.md
+#: section 5): the next fault flow the controller detects itself then finds the slot
+#: set, reads the stop switch as its stop_train and exits, killing the job. Not told, the
+#: controller keeps the switch's ranks pending, which changes nothing in NORMAL, and
+#: forgets them when it next enters NORMAL (InitializeVariables). So the bridge ends the
+#: switch in its flow and withholds the notify (``tft_bridge_controller_notifies_total
+#: {action="stop switch",result="withheld"}``). TaskD forwards it.
+STOP_SWITCH = "stop switch"
 LOG_ONLY_ACTIONS = frozenset({"new pod running", "pause_start_agent", "continue_start_agent"})
 NOTIFY_ACTIONS = frozenset({"stop_train", "pause_train", "on_global_rank", "change_strategy", "save_and_exit",
                             "hot switch", "stop switch"})
@@ -136,10 +146,7 @@ def shown_actions(signal: pb.ProcessManageSignal) -> list[str]:
 
 def asks_nodes_to_exit(action: str, signal: pb.ProcessManageSignal) -> bool:
     """True when a forwarded controller action also asks its nodes to act
-    (``NODE_HOOKED_ACTIONS``): saveAndExit, and a recover that is not in place, each
-    only when it names nodes (TaskD messages each named node's agent, none when none)."""
-    if not signal.nodeRankIds:
-        return False
+    (``NODE_HOOKED_ACTIONS``): saveAndExit, and a recover that is not in place."""
     if action == "save_and_exit":
         return True
     return signal.changeStrategy == "recover" and signal.extraParams != RECOVER_IN_PLACE
@@ -440,6 +447,9 @@ class SignalDispatcher:
             reason = "unsupported_by_controller"
         if reason is not None:
             return reason
+        if action == STOP_SWITCH:
+            self._withhold_stop_switch(signal, token)
+            return None
         try:
             args = notify_arguments(action, faults, int(signal.timeout), strategy, params,
                                     world_size=self.controller.world_size, pause_default=self.pause_timeout)
@@ -489,6 +499,17 @@ class SignalDispatcher:
         self.recorder.notify(action, rc, started, time.monotonic() - started,
                              strategy if action == "change_strategy" else "")
         return None
+
+    def _withhold_stop_switch(self, signal: pb.ProcessManageSignal, token: str) -> None:
+        """ClusterD gave up its hot switch (``STOP_SWITCH``): the switch is over
+        for the flow, and the controller is not told."""
+        self.flow.notified(STOP_SWITCH, token)
+        self.metrics.notifies.labels(STOP_SWITCH, "withheld").inc()
+        self.recorder.notify(STOP_SWITCH, 0, time.monotonic(), 0.0, "")
+        self.observer(f"ClusterD {signal.signalType} [stop switch] -> withheld from the controller")
+        log.info("ClusterD stopped its hot switch (the backup pod did not start); not telling the controller, "
+                 "which would keep the notice in its wake-up slot and end the next fault flow it detects: "
+                 "it forgets the switch itself at its next fault flow")
 
     async def _run_hook(self, action: str, signal: pb.ProcessManageSignal, faults: dict[int, int]) -> None:
         """The node hook for ``action``, given the whole signal (bridge/hooks.py)."""

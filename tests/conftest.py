@@ -135,6 +135,18 @@ async def jobs() -> AsyncIterator[list[SimulatedJob]]:
 
 
 @pytest.fixture
+async def clean_jobs() -> AsyncIterator[list[SimulatedJob]]:
+    """``jobs``, and at teardown neither peer of any of them recorded a protocol violation
+    (the simulated ClusterD's and the stub controller's: what the real ones punish)."""
+    running: list[SimulatedJob] = []
+    yield running
+    for job in running:
+        violations = list(job.sim.violations), list(job.training.violations)
+        await job.stop()
+        assert violations == ([], []), violations
+
+
+@pytest.fixture
 def notifier(monkeypatch: pytest.MonkeyPatch) -> RecordingNotifier:
     """The sd_notify messages of every bridge the test starts through ``SimulatedJob``."""
     import bridge.sim.scenario as scenario

@@ -53,12 +53,14 @@ async def test_when_every_rank_is_bad_the_hook_does_not_run(tmp_path: Path) -> N
     assert metrics.sample("tft_bridge_hook_runs_total", {"hook": "fault_nodes_exit", "result": "refused"}) == 1
 
 
-async def test_no_ranks_at_all_still_runs_the_hook_with_the_action(tmp_path: Path) -> None:
-    import json
-
+async def test_a_signal_naming_no_node_runs_no_hook(tmp_path: Path) -> None:
+    """TaskD messages each named node's agent, so none; recover-in-place's globalFault
+    carries fault_nodes_exit with no node on purpose (no pod is to exit)."""
     command, record = recorder(tmp_path)
-    assert await NodeHooks(command, 30.0, BridgeMetrics()).run("pre exit process", []) == "ok"
-    assert json.loads(record.read_text()) == ["pre exit process"]
+    metrics = BridgeMetrics()
+    assert await NodeHooks(command, 30.0, metrics).run("fault_nodes_exit", [], HookSignal(fault_ranks={5: 1})) == "no_node"
+    assert not record.exists()
+    assert metrics.sample("tft_bridge_hook_runs_total", {"hook": "fault_nodes_exit", "result": "no_node"}) == 1
 
 
 async def test_no_hook_configured_still_counts_bad_ranks() -> None:

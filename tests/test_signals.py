@@ -170,6 +170,9 @@ class FakeController:
     def tft_notify_controller_dump(self) -> int:
         return self._call("dump")
 
+    def tft_notify_controller_prepare_action(self, action: str, fault_ranks: dict[int, int] | None = None) -> int:
+        return self._call("prepare_action", action, dict(fault_ranks or {}))
+
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
 
@@ -555,8 +558,25 @@ async def test_save_and_exit_asks_its_nodes_to_exit_after_the_dump(rig: Rig) -> 
     assert rig.module.names() == ["dump"]
 
 
-async def test_save_and_exit_naming_no_node_runs_no_hook(rig: Rig) -> None:
-    rig.send(signal("saveAndExit", ["save_and_exit"], uuid="s1"))
-    rig.send(stop_train(uuid="later"))  # refused while dumping, handled after the saveAndExit
-    await eventually(lambda: rig.refused("unexpected_step") == 1, what="the later signal handled")
-    assert rig.module.names() == ["dump"] and rig.hooks.runs == []
+# --------------------------------------------------------------------------- hot switch
+
+async def test_stop_switch_ends_the_switch_but_never_reaches_the_controller(rig: Rig) -> None:
+    """Told in NORMAL, the controller latches it for the next fault flow's first wait
+    (signals.STOP_SWITCH); the flow still leaves SWITCHING."""
+    rig.send(signal("hot-switch", ["hot switch"], uuid="", faults={4: 1, 5: 1}))
+    await eventually(lambda: rig.flow.step is Step.SWITCHING, what="the switch forwarded")
+    assert rig.module.calls == [("prepare_action", ("hot switch", {4: 1, 5: 1}))]
+    rig.send(signal("hot-switch", ["stop switch"], uuid=""))
+    await eventually(lambda: rig.notifies("stop switch", "withheld") == 1, what="stop switch withheld")
+    assert rig.flow.step is Step.IDLE and rig.module.names() == ["prepare_action"]
+    rig.send(signal("hot-switch", ["stop switch"], uuid="", faults={9: 1}))  # no switch now
+    await eventually(lambda: rig.refused("unexpected_step") == 1, what="a stop switch outside a switch refused")
+    assert rig.module.names() == ["prepare_action"]
+
+
+async def test_new_pod_running_is_only_logged(rig: Rig) -> None:
+    rig.send(signal("hot-switch", ["hot switch"], uuid="", faults={4: 1}))
+    rig.send(signal("hot-switch", ["new pod running"], uuid=""))
+    rig.send(stop_train(uuid="later"))  # a fault before the migration: forwarded, the switch is over
+    await eventually(lambda: rig.module.names() == ["prepare_action", "stop_train"], what="the stop forwarded")
+    assert rig.refused("unexpected_step") == 0 and rig.refused("unknown_action") == 0
