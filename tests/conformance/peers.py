@@ -234,13 +234,18 @@ class ClusterDHarness:
         self.log = LogTail(workdir / "clusterd.log")
         self.process: subprocess.Popen[str] | None = None
         self.incarnations = 0
+        self._incarnation_mark = 0
+
+    def incarnation_mark(self) -> int:
+        """Where the running ClusterD's log begins (``after=`` for its own lines only)."""
+        return self._incarnation_mark
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> ClusterDHarness:
-        mark = self.log.mark()
+        mark = self._incarnation_mark = self.log.mark()
         self.incarnations += 1
         self.process = _spawn(self.options.argv(self.binary, self.port, self.ctl_port), dict(os.environ),
                               self.workdir, self.log, f"clusterd#{self.incarnations}")
@@ -274,10 +279,11 @@ class ClusterDHarness:
 
     def cycle_paths(self, after: int = 0) -> list[str]:
         """Every closed cycle's state path, in order (the reset function's `action path`
-        line; the path of the opening reset is ``{INIT}``)."""
+        line; the bare ``{INIT}`` of the reset every Subscribe does is no cycle)."""
         line = CYCLE_CLOSE_LINE[self.options.release]
-        return [m.group(1) for _, m in self.log.find(rf"controller\.go:{line}\s+jobId=\S+'s action path = \{{(.*)\}}",
-                                                         after)]
+        paths = [m.group(1) for _, m in self.log.find(rf"controller\.go:{line}\s+jobId=\S+'s action path = \{{(.*)\}}",
+                                                      after)]
+        return [path for path in paths if path != "INIT"]
 
     def fault_lists(self, after: int = 0) -> list[list[int]]:
         """The rank lists of every `write configmap faultList success` line: the ranks
@@ -313,7 +319,7 @@ class ClusterDHarness:
             value = self.annotation(key)
             return _Held(value) if predicate(value) else None
 
-        return eventually_sync(held, timeout, f"PodGroup annotation {key}").value
+        return eventually_sync(held, timeout, f"PodGroup annotation {key}", interval=0.2).value
 
 
 @dataclass
@@ -330,9 +336,10 @@ FAULT_LIST = re.compile(r"write configmap faultList success, (\{.*\})")
 
 
 def parse_fault_list(payload: str) -> list[int]:
-    """The ranks of a reset-config ConfigMap's `RankList` (strings or numbers)."""
+    """The ranks of a reset-config ConfigMap's `RankList` (entries ``{"RankId": 2, ...}``,
+    or bare ranks)."""
     data = json.loads(payload)
-    return sorted(int(rank) for rank in data.get("RankList") or [])
+    return sorted(int(entry["RankId"] if isinstance(entry, dict) else entry) for entry in data.get("RankList") or [])
 
 
 # --------------------------------------------------------------------------- ranks
