@@ -37,3 +37,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = [item for item in items if item not in dropped]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The tier's skip, said in one line even under ``-q`` (which lists no skip reasons):
+    a run without the real peers must say where to get them."""
+    for report in terminalreporter.stats.get("skipped", []):
+        if report.nodeid.endswith("test_real_peers.py") and isinstance(report.longrepr, tuple):
+            terminalreporter.write_line(str(report.longrepr[2]).removeprefix("Skipped: "))

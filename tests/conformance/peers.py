@@ -174,12 +174,40 @@ class LogTail:
         return "\n".join(f"{line.at:.3f} {line.source} {line.text}" for line in self.lines())
 
 
+#: Every process group started here and maybe still running: what ``kill_all`` ends when
+#: the test process itself is stopped (CI's stage budget SIGTERMs it, and a process
+#: group of its own escapes that signal). Guarded by ``_spawned_lock``.
+_spawned: list[subprocess.Popen[str]] = []
+_spawned_lock = threading.Lock()
+
+
 def _spawn(argv: Sequence[str], env: dict[str, str], cwd: Path, tail: LogTail, source: str) -> subprocess.Popen[str]:
-    process = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+    with _spawned_lock:
+        process = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        _spawned[:] = [p for p in _spawned if p.poll() is None] + [process]
     assert process.stdout is not None
     tail.follow(process.stdout, source)
     return process
+
+
+def kill_all() -> None:
+    """SIGKILL every process group started here that still runs."""
+    with _spawned_lock:
+        processes = list(_spawned)
+    for process in processes:
+        _kill_group(process)
+
+
+def kill_all_on_sigterm() -> None:
+    """When this test process is sent SIGTERM, kill every peer it started, then die of
+    the signal as it would have: no ClusterD, controller or rank outlives a stopped run."""
+    def handler(signum: int, frame: object) -> None:
+        kill_all()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 # --------------------------------------------------------------------------- ClusterD

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import eventually_sync
-from .peers import HarnessOptions, find_real_peers, unavailable
+from .peers import HarnessOptions, find_real_peers, kill_all_on_sigterm, unavailable
 from .realjob import RealJob
 
 _reason = unavailable()
@@ -66,6 +66,7 @@ def make_job(tmp_path: Path, entry: str, request: pytest.FixtureRequest) -> Iter
     test's temporary folder."""
     peers = find_real_peers()
     assert peers is not None
+    kill_all_on_sigterm()  # CI's budget stops this process with SIGTERM: the peers go with it
     kept = os.environ.get("TFT_BRIDGE_CONFORMANCE_LOGS")
     workdir = Path(kept) / request.node.name if kept else tmp_path
     workdir.mkdir(parents=True, exist_ok=True)
