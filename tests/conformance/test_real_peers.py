@@ -248,11 +248,15 @@ def test_platform_mode_recovers(make_job: Callable[..., RealJob]) -> None:
     succeeds."""
     job = make_job(HarnessOptions(job_uid="conformance-platform", platform="", plat_result=""), wait_mindx_time=WAIT)
     job.start(fault_rank=2, fault_step=6, fault_kind="unknown")
-    _, _ = job.clusterd.wait_log(r"receive ReportProcessFault", 0, RECOVERY, "the fault at ClusterD")
-    # ClusterD polls the platform's strategy every 3 s and stops nobody meanwhile.
-    job.clusterd.wait_log(r"ProcessRecoverStrategy", 0, 20, "ClusterD polling the platform's strategy")
+    waiting, _ = job.clusterd.wait_log(r"start wait plat strategy ready", 0, RECOVERY,
+                                       "ClusterD waiting for the platform's strategy")
+    # ClusterD polls the platform's strategy every 3 s and stops nobody meanwhile: two
+    # polls' worth of time is the behaviour under test, not a wait for something.
+    time.sleep(6)
     assert job.transcript(outcome=False).signals() == []
+    assert not job.clusterd.log.find(r"finish wait plat strategy", waiting)
     job.clusterd.post("/pg/annotate", ProcessRecoverStrategy="recover", RankTableReady="true")
+    job.clusterd.wait_log(r"finish wait plat strategy, .*strategy=recover", waiting, 30, "ClusterD taking the strategy")
     recovered(job, "recover")
     assert job.clusterd.annotation("ProcessConfirmFault") == "2:1"
     assert job.agent is not None and job.agent.restarts == [[2, 3]]
