@@ -562,7 +562,9 @@ class Entry:
 class BridgeDaemon(Entry):
     """``tft-bridge run`` in its own process, with ``controller.module =
     "mindio_ttp.controller_ttp"`` and its flight recorder on (the bridge's side of the
-    transcript is read back with ``tft-bridge history --json``)."""
+    transcript is read back with ``tft-bridge history --json``). Configured as an
+    operator would: every key at its default but the job's own (ClusterD's address and
+    keep-alive cadence, the controller's port, world size and wait), loopback only."""
 
     name = "daemon"
 
@@ -580,9 +582,6 @@ job_id = "{self.clusterd.options.job_uid}"
 [clusterd]
 address = "{self.clusterd.address}"
 keepalive_interval = {keepalive}
-grpc_keepalive = {max(10, 2 * keepalive)}
-reconnect_initial = 0.1
-reconnect_max = 1.0
 [controller]
 module = "mindio_ttp.controller_ttp"
 bind_ip = "127.0.0.1"
