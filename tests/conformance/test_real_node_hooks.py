@@ -31,11 +31,12 @@ import pytest
 
 from ..conftest import eventually_sync
 from ..processes import ROOT
-from .peers import BridgeDaemon, HarnessOptions, Ranks, unavailable
+from .peers import BridgeDaemon, HarnessOptions, Ranks, find_real_peers
 from .realjob import RealJob
+from .tier import skip_unless_the_tier_runs_here
 
-pytestmark = [pytest.mark.skipif(unavailable() is not None, reason=unavailable() or ""),
-              pytest.mark.timeout(300)]
+skip_unless_the_tier_runs_here()
+pytestmark = [pytest.mark.real_peers, pytest.mark.timeout(300)]
 
 FAULTY = 3  # pod 1 holds ranks 2 and 3
 EXAMPLE = ROOT / "contrib" / "node-action"
@@ -90,18 +91,12 @@ def toml_list(argv: list[str]) -> str:
 
 def in_place_job(workdir: Path, hook: list[str]) -> RealJob:
     options = HarnessOptions(strategies="recover-in-place,recover,dump")
-    job = RealJob(_peers(), workdir, "daemon", options, node_agent=False)
+    peers = find_real_peers()
+    assert peers is not None
+    job = RealJob(peers, workdir, "daemon", options, node_agent=False)
     assert isinstance(job.entry, BridgeDaemon)
     job.entry.extra_toml = f"[hooks]\nnode_command = {toml_list(hook)}\ntimeout = 30.0\n"
     return job
-
-
-def _peers() -> Path:
-    from .peers import find_real_peers
-
-    peers = find_real_peers()
-    assert peers is not None
-    return peers
 
 
 def test_the_example_hook_restarts_only_the_fault_rank_and_the_real_controller_recovers(tmp_path: Path) -> None:
