@@ -68,6 +68,7 @@ async def test_a_hot_switch_migrates_without_a_desync(clean_jobs: list[Simulated
     assert [(r.detail["strategy"], r.detail["status"]["code"]) for r in statuses] == [("migration", 0)]
     assert [n.args for n in job.training.notifies("change_strategy")] == [("migration", "")]
     assert job.bridge is not None and job.bridge.link.flow.step.value == "idle"
+    assert counted(job, "tft_bridge_recovery_cycles") == {("migration", "success"): 1}
     clean(job)
 
 
@@ -90,6 +91,7 @@ async def test_a_hot_switch_whose_pause_failed_ends_with_the_job_deleted_and_no_
                      what="the flow past the controller's wait")
     assert job.sim.journal.signals("changeStrategy", job_id=JOB) == []
     assert await job.sim.sub_health_fault(JOB, 9) != "started"  # off for the job now
+    assert counted(job, "tft_bridge_recovery_cycles") == {}  # nothing the recovery alerts count
     clean(job)
 
 

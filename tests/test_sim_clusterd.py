@@ -1250,6 +1250,23 @@ async def test_sim_clusterd_stdin_commands(sim: SimClusterD, client: Client) -> 
     assert await stream.ended() == grpc.StatusCode.OK
 
 
+async def test_sim_clusterd_hot_switch_commands() -> None:
+    from bridge.cli import build_parser
+    from bridge.sim import cli
+    from bridge.sim.cli import run_command
+
+    args = build_parser().parse_args(["sim-clusterd", "--job", JOB, "--hot-switch"])
+    assert cli.build(args).jobs[JOB].hot_switch
+    async with own_sim(HOT, timings=T.scaled(1.0, new_pod_timeout=5.0)) as (sim, client):
+        stream = await client.session(sim)
+        assert "failed" in await run_command(sim, JOB, "new-pod-running")  # no switch runs
+        assert "unknown command" in await run_command(sim, JOB, "sub-health x")
+        assert await run_command(sim, JOB, "sub-health 3") == "sub-healthy fault on rank 3: started"
+        assert list((await stream.next()).actions) == ["hot switch"]
+        assert await run_command(sim, JOB, "new-pod-running") == "the backup pod runs"
+        assert list((await stream.next()).actions) == ["new pod running"]
+
+
 # --------------------------------------------------------------------------- release profiles
 
 async def test_v7_0_signals_have_no_fields_7_to_9_and_isolate_ranks_are_not_read() -> None:
