@@ -504,8 +504,7 @@ class SignalDispatcher:
         """ClusterD gave up its hot switch (``STOP_SWITCH``): the switch is over
         for the flow, and the controller is not told."""
         self.flow.notified(STOP_SWITCH, token)
-        self.metrics.notifies.labels(STOP_SWITCH, "withheld").inc()
-        self.recorder.notify(STOP_SWITCH, 0, time.monotonic(), 0.0, "")
+        self.metrics.notifies.labels(STOP_SWITCH, "withheld").inc()  # the signal itself is in the recorder
         self.observer(f"ClusterD {signal.signalType} [stop switch] -> withheld from the controller")
         log.info("ClusterD stopped its hot switch (the backup pod did not start); not telling the controller, "
                  "which would keep the notice in its wake-up slot and end the next fault flow it detects: "
