@@ -67,7 +67,9 @@ async def test_the_example_hook_restarts_only_the_fault_rank_and_the_recovery_su
     assert (change.detail["changeStrategy"], change.detail["extraParams"]) == ("recover", "recover-in-place")
     assert [n.args[0] for n in job.training.notifies("on_global_rank")] == [{FAULTY: 1}]
     assert job.training.repair_hang_ranks == ()
-    assert job.metrics.sample("tft_bridge_hook_runs_total", {"hook": "fault_nodes_restart", "result": "ok"}) == 1
+    await eventually(lambda: job.metrics.sample("tft_bridge_hook_runs_total",
+                                                {"hook": "fault_nodes_restart", "result": "ok"}) == 1,
+                     10, what="the hook run counted once it exited")
 
 
 async def test_a_hook_that_restarts_the_whole_pod_hangs_the_repair(clean_jobs: list[SimulatedJob],
