@@ -1517,3 +1517,13 @@ async def test_a_failed_in_place_recover_falls_back_to_dump_with_the_pods_exitin
         dump = await stream.next()
         assert (list(dump.actions), dump.changeStrategy) == (["change_strategy", "fault_nodes_exit"], "dump")
         assert (faults_of(dump), list(dump.nodeRankIds)) == ({2: 1, 3: 1}, ["1"])
+
+
+async def test_v7_0_has_neither_recover_in_place_nor_hot_switch() -> None:
+    job = SimJob(JOB, world_size=8, devices_per_pod=2, strategies=("recover-in-place", "recover", "dump"),
+                 hot_switch=True)
+    async with own_sim(job, release=RELEASES["7.0"]) as (sim, client):
+        stream = await client.session(sim)
+        assert (await sim.sub_health_fault(JOB, 3)).startswith("skipped: hot switch off")
+        _, global_fault = await run_to_strategy_wait(sim, client, stream, {3: 1})
+        assert faults_of(global_fault) == {2: 1, 3: 1}  # widened to the pod as ever

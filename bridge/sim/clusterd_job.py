@@ -295,7 +295,8 @@ class JobController:
     def _can_restart_in_place(self) -> bool:
         """``updateRestartFaultProcess``: recover-in-place configured and a business report
         named the faulty pods; not when software faults span more than one pod."""
-        return rules.RECOVER_IN_PLACE in self.config.strategies and len(self.soft_fault_pods) == 1
+        return (rules.RECOVER_IN_PLACE in self.config.strategies and len(self.soft_fault_pods) == 1
+                and self.host.release.hot_switch_and_in_place)
 
     def _retry_report(self, has_retry_type: bool) -> str:
         """UCE/HCCL faults reported alone: the fault centre's retry processor turns the
@@ -813,7 +814,7 @@ class JobController:
         when the job has it on, is idle and the pod is not the master's; else skipped.
         Returns ``started`` or why it was skipped."""
         pod = int(rank) // self.config.devices_per_pod
-        if not self.hot_switch_enabled:
+        if not self.hot_switch_enabled or not self.host.release.hot_switch_and_in_place:
             why = "hot switch off for the job (subHealthyStrategy is not hotSwitch, or one failed)"
         elif not self.live:
             why = "no live subscriber"
