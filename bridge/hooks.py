@@ -11,8 +11,8 @@ The command gets the whole signal, because the node ranks alone are not enough: 
 ``recover-in-place`` ClusterD does not widen the faults to whole pods (its controller's
 ``normalFaultAssociateSameNodeRank``) and tells the controller only the faulty ranks, so
 a hook that restarts every process of a named node restarts ranks the controller does
-not expect, and the controller's repair never completes (docs/mindio-controller.md
-section 4). TaskD hands its agents the fault ranks; so does the bridge:
+not expect, and those never train again: the repair hangs, or succeeds without them
+(measured on the real controller, docs/mindio-controller.md section 4). TaskD hands its agents the fault ranks; so does the bridge:
 
 * arguments: the action, then the node ranks (as before);
 * environment: ``TFT_BRIDGE_ACTION``, ``TFT_BRIDGE_ACTIONS`` (comma-separated),
