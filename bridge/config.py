@@ -75,6 +75,13 @@ else:  # pragma: no cover
 STUB_CONTROLLER = "stub"
 REAL_CONTROLLER = "mindio_ttp.controller_ttp"
 CLUSTERD_PORT = 8899
+#: ClusterD's address behind its node-local proxy (TaskD: ``LOCAL_PROXY_ENABLE=on``).
+LOCAL_PROXY_ADDRESS = f"127.0.0.1:{CLUSTERD_PORT}"
+#: TaskD's pause timeout when a pause_train carries 0 and HCCL_CONNECT_TIMEOUT is unset
+#: or not positive (``SWITCH_NIC_DEFAULT_TIMEOUT``), and its ceiling for the derived one
+#: (``SWITCH_NIC_MAX_TIMEOUT``, 120 minutes); seconds.
+PAUSE_DEFAULT = 600
+PAUSE_MAX = 7200
 
 
 class ConfigError(ValueError):
@@ -121,7 +128,9 @@ class ControllerConfig:
     enable_tls: bool = False
     tls_info: str = ""
     wait_mindx_time: int = 30  # MINDIO_WAIT_MINDX_TIME: how long the controller waits for each answer
-    pause_timeout: int = 600  # used when a pause_train signal carries timeout 0
+    # Used when a pause_train signal carries timeout 0: TaskD's own default, or derived
+    # from HCCL_CONNECT_TIMEOUT as TaskD derives it (``pause_timeout_from_hccl``).
+    pause_timeout: int = PAUSE_DEFAULT
     destroy_timeout: float = 30.0
     # Where the orphaned-job marker lives (bridge/orphan.py): "" = $STATE_DIRECTORY (the
     # unit's StateDirectory=), else /var/lib/tft-bridge/<job_id>.
@@ -216,7 +225,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "controller.port": (1024, 65535, "the controller's own limit; the unit grants no capabilities"),
     "controller.world_size": (1, 100_000, "training ranks"),
     "controller.wait_mindx_time": (1, 3600, "seconds; the controller's own limit"),
-    "controller.pause_timeout": (1, 3600, "seconds"),
+    "controller.pause_timeout": (1, PAUSE_MAX, "seconds; TaskD's own ceiling for a derived pause"),
     "controller.destroy_timeout": (0.1, 600, "seconds; keep TimeoutStopSec above it"),
     "controller.rank_loss_wait": (0, 120, "seconds; at least the controller's ~10 s heartbeat loss, 0 = off"),
     "controller.realtime_priority": (0, 99, "SCHED_FIFO priority, 0 = off; above 1 needs a higher LimitRTPRIO="),
@@ -232,9 +241,12 @@ ENVIRONMENT: dict[str, str] = {
     "POD_IP": "controller.bind_ip",
     "TTP_PORT": "controller.port",
     "WORLD_SIZE": "controller.world_size",
+    "MS_WORKER_NUM": "controller.world_size",
     "PROCESS_RECOVER": "controller.enable_arf",
     "HIGH_AVAILABILITY": "controller.enable_zit",
     "MINDIO_WAIT_MINDX_TIME": "controller.wait_mindx_time",
+    "HCCL_CONNECT_TIMEOUT": "controller.pause_timeout",
+    "LOCAL_PROXY_ENABLE": "clusterd.address",
 }
 
 _TRUE = ("1", "true", "yes", "on")
@@ -277,14 +289,37 @@ def _from_environment(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str,
     for variable in ("MINDX_TASK_ID", "POD_IP", "TTP_PORT", "WORLD_SIZE", "MINDIO_WAIT_MINDX_TIME"):
         if variable in env:
             put(variable, env[variable])
-    if "MINDX_SERVER_IP" in env:
+    if not env.get("WORLD_SIZE") and "MS_WORKER_NUM" in env:  # a MindSpore job (TaskD: WORLD_SIZE or this)
+        put("MS_WORKER_NUM", env["MS_WORKER_NUM"])
+    if env.get("LOCAL_PROXY_ENABLE") == "on":  # TaskD's exact test; the proxy wins over MINDX_SERVER_IP
+        put("LOCAL_PROXY_ENABLE", LOCAL_PROXY_ADDRESS)
+    elif "MINDX_SERVER_IP" in env:
         host = env["MINDX_SERVER_IP"].strip()
         put("MINDX_SERVER_IP", f"[{host}]:{CLUSTERD_PORT}" if ":" in host else f"{host}:{CLUSTERD_PORT}")
+    if "HCCL_CONNECT_TIMEOUT" in env:
+        pause = pause_timeout_from_hccl(env["HCCL_CONNECT_TIMEOUT"])
+        if pause is not None:
+            put("HCCL_CONNECT_TIMEOUT", pause)
     if "PROCESS_RECOVER" in env:
         put("PROCESS_RECOVER", env["PROCESS_RECOVER"])  # a string: _coerce refuses what is not on/off
     if "HIGH_AVAILABILITY" in env:
         put("HIGH_AVAILABILITY", "elastic-training" in env["HIGH_AVAILABILITY"])  # taskd's own test: contains
     return raw, sources
+
+
+def pause_timeout_from_hccl(value: str) -> int | str | None:
+    """The pause timeout TaskD derives from ``HCCL_CONNECT_TIMEOUT`` (its
+    ``get_hccl_switch_nic_timeout``): 2.5 times it, at most ``PAUSE_MAX``. A pause that
+    ClusterD sends with timeout 0 is a NIC switch's or an operator's: it must outlast
+    HCCL's own reconnect. None where TaskD falls back to its default (0 or negative);
+    the text itself where it is not an integer, so that the check names the variable."""
+    text = value.strip()
+    if not _INT.fullmatch(text):
+        return value
+    seconds = int(text)
+    if seconds <= 0:
+        return None
+    return min(seconds * 5 // 2, PAUSE_MAX)
 
 
 def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,12 +25,14 @@ for report_stop_complete; for report_result ``ok``, ``dump_ok`` (0 after a dump)
 step            callback              outcome           next step
 =============== ===================== ================= ==============================
 IDLE            report_fault_ranks    -                 AWAIT_STOP (a fault flow starts)
+SWITCHING       report_fault_ranks    -                 AWAIT_STOP (a fault before the switch)
 PAUSED          report_fault_ranks    -                 AWAIT_STOP (the pause turns into a fault)
 STOP_SENT       report_fault_ranks    -                 (stays: a ClusterD-first stop)
 GLOBAL_SENT     report_fault_ranks    -                 (stays: the flow's second report)
 STOP_SENT       report_stop_complete  ok / failed       AWAIT_GLOBAL / EXITING (404)
 PAUSE_SENT      report_stop_complete  ok / failed       PAUSED / IDLE
 GLOBAL_SENT     report_strategies     -                 AWAIT_STRATEGY
+SWITCHING       report_strategies     -                 AWAIT_STRATEGY (migration, or exit)
 REPAIRING       report_result         ok / downgraded   IDLE / IDLE (and downgraded)
 IDLE            report_result         downgrade_ok      (stays: the reduced job trained a step)
 REPAIRING       report_result         retry_failed      AWAIT_GLOBAL (405)
@@ -57,9 +59,22 @@ AWAIT_GLOBAL (retry_failed) or AWAIT_FINAL (failed).
 ``NOTIFIED`` -- (action, strategy) -> next step: where a notify the bridge gives moves
 the flow (``notified``): stop_train STOP_SENT, pause_train PAUSE_SENT, on_global_rank
 GLOBAL_SENT, save_and_exit DUMPING, change_strategy exit EXITING (EXITED when already
-EXITING: the one exit notice), dump DUMPING, any other strategy REPAIRING. The gate
-(``refusal``) already guarantees the step expects the action, so this table has no
-desync column.
+EXITING: the one exit notice), dump DUMPING, any other strategy REPAIRING (``migration``
+included), hot switch SWITCHING, stop switch IDLE. The gate (``refusal``) already
+guarantees the step expects the action, so this table has no desync column.
+
+**The hot switch** (ClusterD's hot_switch_controller.go; the controller's
+``MindXNotifyHotSwitch`` and ``StepFinishCallback``): ClusterD sends ``hot switch`` with
+the ranks of the sub-healthy pod, outside any fault flow and with uuid "". The
+controller stays in NORMAL until the replacement ranks have registered (SWITCHING), then
+pauses training and offers ``["migration"]``, or ``["exit"]`` when the pause failed.
+ClusterD answers ``migration`` with changeStrategy migration (REPAIRING, then the result
+like a repair's); ``["exit"]`` it answers with no signal at all: it deletes the job's
+first pod, and the controller's wait runs out into EXIT. ``stop switch`` (the new pod did
+not start within a minute) ends SWITCHING; the dispatcher withholds it from the
+controller, which would latch it in its one wake-up slot for the next fault flow's first
+wait to take as the wrong event (docs/mindio-controller.md section 5; bridge/signals.py
+``STOP_SWITCH``), and it is refused at every other step.
 
 **How long each wait lasts** (``wait_limit``; docs/mindio-controller.md section 6). Past
 its wait the controller has gone to EXIT, so the gate refuses from then on (``expire``);
@@ -101,6 +116,7 @@ CALLBACKS = ("report_fault_ranks", "report_stop_complete", "report_strategies", 
 
 class Step(enum.Enum):
     IDLE = "idle"  # training normally; a ClusterD-first stop, a pause or a dump may start a flow
+    SWITCHING = "switching"  # hot switch forwarded; waiting for the replacement ranks and the offer
     STOP_SENT = "stop_sent"  # stop forwarded; waiting for report_stop_complete
     AWAIT_STOP = "await_stop"  # report_fault_ranks seen; waiting for stop_train (or dump)
     AWAIT_GLOBAL = "await_global"  # stop complete; waiting for on_global_rank
@@ -117,7 +133,9 @@ class Step(enum.Enum):
 
 #: Actions each step accepts; change_strategy is further checked against the strategy.
 ACCEPTS: dict[Step, frozenset[str]] = {
-    Step.IDLE: frozenset({"stop_train", "pause_train", "save_and_exit", "hot switch", "stop switch", "change_strategy"}),
+    Step.IDLE: frozenset({"stop_train", "pause_train", "save_and_exit", "hot switch", "change_strategy"}),
+    # still NORMAL for the controller: what IDLE takes, but no second switch and no upgrade
+    Step.SWITCHING: frozenset({"stop_train", "pause_train", "save_and_exit", "stop switch"}),
     Step.STOP_SENT: frozenset(),
     Step.AWAIT_STOP: frozenset({"stop_train", "save_and_exit"}),
     Step.AWAIT_GLOBAL: frozenset({"on_global_rank"}),
@@ -143,6 +161,7 @@ STAY = None  # as a next step: the callback leaves the step as it is
 #: (step, callback, outcome) -> next step, for every callback a step expects.
 EXPECTED: dict[tuple[Step, str, str], Step | None] = {
     (Step.IDLE, "report_fault_ranks", ANY): Step.AWAIT_STOP,
+    (Step.SWITCHING, "report_fault_ranks", ANY): Step.AWAIT_STOP,
     (Step.PAUSED, "report_fault_ranks", ANY): Step.AWAIT_STOP,
     (Step.STOP_SENT, "report_fault_ranks", ANY): STAY,
     (Step.GLOBAL_SENT, "report_fault_ranks", ANY): STAY,
@@ -151,6 +170,7 @@ EXPECTED: dict[tuple[Step, str, str], Step | None] = {
     (Step.PAUSE_SENT, "report_stop_complete", "ok"): Step.PAUSED,
     (Step.PAUSE_SENT, "report_stop_complete", "failed"): Step.IDLE,
     (Step.GLOBAL_SENT, "report_strategies", ANY): Step.AWAIT_STRATEGY,
+    (Step.SWITCHING, "report_strategies", ANY): Step.AWAIT_STRATEGY,
     (Step.REPAIRING, "report_result", "ok"): Step.IDLE,
     (Step.REPAIRING, "report_result", "downgraded"): Step.IDLE,
     (Step.IDLE, "report_result", "downgrade_ok"): STAY,
@@ -189,6 +209,8 @@ NOTIFIED: dict[tuple[str, str], Step] = {
     ("change_strategy", "exit"): Step.EXITING,
     ("change_strategy", "dump"): Step.DUMPING,
     ("change_strategy", ""): Step.REPAIRING,
+    ("hot switch", ""): Step.SWITCHING,
+    ("stop switch", ""): Step.IDLE,
 }
 
 
@@ -337,7 +359,7 @@ class ControllerFlow:
             # StepFinishCallback (its list comes outside a fault flow: "migration", or
             # "exit" alone when its pause failed) wait just MINDIO_WAIT_MINDX_TIME;
             # MindXConfirmStrategy waits at least the global time.
-            self._strategy_wait_is_plain = (self.downgraded or before is Step.IDLE
+            self._strategy_wait_is_plain = (self.downgraded or before in (Step.IDLE, Step.SWITCHING)
                                             or tuple(strategies) == ("migration",))
         elif callback == "report_result":
             self.rounds += 1  # ClusterD may legitimately repeat a signal after a result

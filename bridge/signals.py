@@ -72,9 +72,10 @@ from typing import Any
 
 from . import faults as codec
 from ._proto import recover_pb2 as pb
+from .config import PAUSE_DEFAULT, PAUSE_MAX
 from .controller import ControllerHost
 from .flow import ControllerFlow, Step
-from .hooks import NodeHooks
+from .hooks import HookSignal, NodeHooks
 from .logbudget import LogBudget, suppressed_note
 from .metrics import SIGNAL_TYPES, BridgeMetrics, signal_type_label
 from .recorder import NullRecorder
@@ -84,6 +85,21 @@ from .resume import RESUMED, CycleResume
 log = logging.getLogger(__name__)
 
 NODE_ACTIONS = frozenset({"fault_nodes_exit", "fault_nodes_restart", "pre exit process"})
+#: Controller actions that also ask the nodes of ``nodeRankIds`` to act: TaskD's recover
+#: plugin exits those nodes' agents on saveAndExit and on a recover that is not in place
+#: (for recover-in-place the signal's own ``fault_nodes_restart`` does it).
+NODE_HOOKED_ACTIONS = frozenset({"save_and_exit", "change_strategy"})
+RECOVER_IN_PLACE = "recover-in-place"  # ClusterD's extraParams of an in-place recover
+#: ClusterD's ``stop switch`` ends a hot switch whose backup pod never ran, so the
+#: replacement ranks never registered and the controller is still in NORMAL. There its
+#: MindXNotifyStopSwitch only latches the one wake-up slot (docs/mindio-controller.md
+#: section 5): the next fault flow the controller detects itself then finds the slot
+#: set, reads the stop switch as its stop_train and exits, killing the job. Not told, the
+#: controller keeps the switch's ranks pending, which changes nothing in NORMAL, and
+#: forgets them when it next enters NORMAL (InitializeVariables). So the bridge ends the
+#: switch in its flow and withholds the notify (``tft_bridge_controller_notifies_total
+#: {action="stop switch",result="withheld"}``). TaskD forwards it.
+STOP_SWITCH = "stop switch"
 LOG_ONLY_ACTIONS = frozenset({"new pod running", "pause_start_agent", "continue_start_agent"})
 NOTIFY_ACTIONS = frozenset({"stop_train", "pause_train", "on_global_rank", "change_strategy", "save_and_exit",
                             "hot switch", "stop switch"})
@@ -99,8 +115,10 @@ MAX_ACTIONS = 8
 WAIT_MAX = 3600
 #: A pause longer than this is clamped: the controller remembers the last pause timeout
 #: as its minimum wait for the next stop_train (docs/mindio-controller.md section 6), so
-#: a huge one would leave a later real fault waiting that long. ClusterD sends 0 or 900.
-PAUSE_TIMEOUT_MAX = 3600
+#: a huge one would leave a later real fault waiting that long. ClusterD sends 0 or 900;
+#: the ceiling is TaskD's own for the pause it derives from HCCL_CONNECT_TIMEOUT, so the
+#: bridge never cuts short a pause TaskD would have given.
+PAUSE_TIMEOUT_MAX = PAUSE_MAX
 #: downgrade/upgrade params: 1..1023 bytes, else the controller returns 1.
 PARAMS_MAX_BYTES = 1023
 PARAMS_STRATEGIES = frozenset({"downgrade", "upgrade"})
@@ -124,6 +142,14 @@ def shown_actions(signal: pb.ProcessManageSignal) -> list[str]:
     if len(actions) <= SHOWN_ACTIONS:
         return list(actions)
     return [*actions[:SHOWN_ACTIONS], f"... {len(actions)} actions in all"]
+
+
+def asks_nodes_to_exit(action: str, signal: pb.ProcessManageSignal) -> bool:
+    """True when a forwarded controller action also asks its nodes to act
+    (``NODE_HOOKED_ACTIONS``): saveAndExit, and a recover that is not in place."""
+    if action == "save_and_exit":
+        return True
+    return signal.changeStrategy == "recover" and signal.extraParams != RECOVER_IN_PLACE
 
 
 def is_orphaned_global_fault(signal: pb.ProcessManageSignal) -> bool:
@@ -257,7 +283,7 @@ def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy
 
 class SignalDispatcher:
     def __init__(self, job_id: str, flow: ControllerFlow, controller: ControllerHost, hooks: NodeHooks,
-                 metrics: BridgeMetrics, on_kill_master: Callable[[], None], pause_timeout: int = 600) -> None:
+                 metrics: BridgeMetrics, on_kill_master: Callable[[], None], pause_timeout: int = PAUSE_DEFAULT) -> None:
         self.job_id = job_id
         self.flow = flow
         self.controller = controller
@@ -386,6 +412,8 @@ class SignalDispatcher:
             reason = await self._act(action, signal, faults, token)
             if reason is not None:
                 refused.append((action, reason))
+            elif action in NODE_HOOKED_ACTIONS and asks_nodes_to_exit(action, signal):
+                await self._run_hook(action, signal, faults)
         if refused:
             self._refuse_actions(signal, refused, self.flow.step.value)
 
@@ -393,7 +421,7 @@ class SignalDispatcher:
                    token: str) -> str | None:
         """Carry out one action; the reason when it was refused (the caller counts and logs)."""
         if action in NODE_ACTIONS:
-            self.recorder.hook(action, await self.hooks.run(action, list(signal.nodeRankIds)))
+            await self._run_hook(action, signal, faults)
             return None
         if action in LOG_ONLY_ACTIONS:
             log.info("ClusterD action %r (signal %s): nothing for the controller to do", action, signal.signalType)
@@ -419,6 +447,9 @@ class SignalDispatcher:
             reason = "unsupported_by_controller"
         if reason is not None:
             return reason
+        if action == STOP_SWITCH:
+            self._withhold_stop_switch(signal, token)
+            return None
         try:
             args = notify_arguments(action, faults, int(signal.timeout), strategy, params,
                                     world_size=self.controller.world_size, pause_default=self.pause_timeout)
@@ -468,6 +499,22 @@ class SignalDispatcher:
         self.recorder.notify(action, rc, started, time.monotonic() - started,
                              strategy if action == "change_strategy" else "")
         return None
+
+    def _withhold_stop_switch(self, signal: pb.ProcessManageSignal, token: str) -> None:
+        """ClusterD gave up its hot switch (``STOP_SWITCH``): the switch is over
+        for the flow, and the controller is not told."""
+        self.flow.notified(STOP_SWITCH, token)
+        self.metrics.notifies.labels(STOP_SWITCH, "withheld").inc()  # the signal itself is in the recorder
+        self.observer(f"ClusterD {signal.signalType} [stop switch] -> withheld from the controller")
+        log.info("ClusterD stopped its hot switch (the backup pod did not start); not telling the controller, "
+                 "which would keep the notice in its wake-up slot and end the next fault flow it detects: "
+                 "it forgets the switch itself at its next fault flow")
+
+    async def _run_hook(self, action: str, signal: pb.ProcessManageSignal, faults: dict[int, int]) -> None:
+        """The node hook for ``action``, given the whole signal (bridge/hooks.py)."""
+        context = HookSignal(self.job_id, signal.uuid, signal.signalType, tuple(signal.actions),
+                             signal.changeStrategy, signal.extraParams, faults)
+        self.recorder.hook(action, await self.hooks.run(action, list(signal.nodeRankIds), context))
 
     def _check_inline_cost(self, action: str, seconds: float) -> None:
         """A notify that held the loop too long moves every later one to the notify thread."""

@@ -75,6 +75,53 @@ def test_mindcluster_environment_is_read() -> None:
         "192.0.2.7", 8123, 16, True, True, 60)
 
 
+@pytest.mark.parametrize("env, expected", [
+    ({"MS_WORKER_NUM": "8"}, 8),  # a MindSpore job has no WORLD_SIZE
+    ({"WORLD_SIZE": "16", "MS_WORKER_NUM": "8"}, 16),  # WORLD_SIZE wins where both are set
+    ({"WORLD_SIZE": "", "MS_WORKER_NUM": "8"}, 8),  # TaskD: WORLD_SIZE or MS_WORKER_NUM (empty is absent)
+    ({}, 1),
+])
+def test_world_size_falls_back_to_ms_worker_num(env: dict[str, str], expected: int) -> None:
+    assert build_config(MINIMAL, env).controller.world_size == expected
+
+
+def test_a_bad_ms_worker_num_names_its_variable() -> None:
+    found = problems(MINIMAL, {"MS_WORKER_NUM": "eight"})
+    assert found == ["controller.world_size (from environment variable MS_WORKER_NUM): "
+                     "expected an integer in ASCII digits, got 'eight'"]
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("120", 300), ("1", 2), ("3", 7),  # 2.5 times, rounded down as TaskD's int() does
+    ("2880", 7200), ("100000", 7200),  # TaskD's ceiling, 120 minutes
+    ("0", 600), ("-5", 600),  # not positive: TaskD's default
+    (" 200 ", 500),  # surrounding blanks are tolerated like every integer from the environment
+])
+def test_the_pause_default_is_derived_from_hccl_connect_timeout(value: str, expected: int) -> None:
+    assert build_config(MINIMAL, {"HCCL_CONNECT_TIMEOUT": value}).controller.pause_timeout == expected
+
+
+def test_without_hccl_connect_timeout_the_pause_default_is_taskds() -> None:
+    assert build_config(MINIMAL, {}).controller.pause_timeout == 600
+
+
+def test_a_bad_hccl_connect_timeout_names_its_variable_and_the_file_overrides_it() -> None:
+    found = problems(MINIMAL, {"HCCL_CONNECT_TIMEOUT": "\uff11\uff12\uff10"})
+    assert found == ["controller.pause_timeout (from environment variable HCCL_CONNECT_TIMEOUT): "
+                     "expected an integer in ASCII digits, got '\uff11\uff12\uff10'"]
+    file = {**MINIMAL, "controller": {"pause_timeout": 900}}
+    assert build_config(file, {"HCCL_CONNECT_TIMEOUT": "x"}).controller.pause_timeout == 900
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("on", "127.0.0.1:8899"),  # TaskD's exact test: the node-local proxy, whatever MINDX_SERVER_IP says
+    ("off", "10.0.0.5:8899"), ("", "10.0.0.5:8899"), ("ON", "10.0.0.5:8899"), ("1", "10.0.0.5:8899"),
+])
+def test_local_proxy_enable_points_at_the_node_local_proxy(value: str, expected: str) -> None:
+    env = {"MINDX_SERVER_IP": "10.0.0.5", "LOCAL_PROXY_ENABLE": value}
+    assert build_config(MINIMAL, env).clusterd.address == expected
+
+
 @pytest.mark.parametrize("value, expected", [("on", True), ("ON", True), ("off", False), ("", False),
                                              ("true", True), ("0", False)])
 def test_process_recover_on_and_off(value: str, expected: bool) -> None:

@@ -447,7 +447,9 @@ def test_unknown_callback_changes_nothing_but_progress() -> None:
     ("change_strategy", "dump", Step.DUMPING),
     ("change_strategy", "retry", Step.REPAIRING),
     ("change_strategy", "continue", Step.REPAIRING),
-    ("hot switch", "", Step.IDLE),  # no table row: the step stays
+    ("change_strategy", "migration", Step.REPAIRING),
+    ("hot switch", "", Step.SWITCHING),
+    ("stop switch", "", Step.IDLE),
 ])
 def test_every_notified_row(action: str, strategy: str, step: Step) -> None:
     flow = ControllerFlow()
@@ -455,9 +457,72 @@ def test_every_notified_row(action: str, strategy: str, step: Step) -> None:
     assert flow.step is step
 
 
-def test_notified_table_has_a_row_for_every_forwarded_action_but_the_switches() -> None:
-    forwarded = set().union(*ACCEPTS.values()) - {"hot switch", "stop switch"}
+def test_notified_table_has_a_row_for_every_forwarded_action() -> None:
+    forwarded = set().union(*ACCEPTS.values())
     assert {action for action, _ in NOTIFIED} == forwarded
+
+
+def desync_counter() -> tuple[ControllerFlow, list[tuple[str, Step]]]:
+    seen: list[tuple[str, Step]] = []
+    return ControllerFlow(wait_timeout=30, on_desync=lambda callback, step: seen.append((callback, step))), seen
+
+
+def test_a_hot_switch_runs_to_migration_without_a_desync() -> None:
+    """hot switch -> (the replacement ranks register) report_strategies(["migration"]) ->
+    change_strategy migration -> report_result(0): every callback where it is expected."""
+    flow, desyncs = desync_counter()
+    assert flow.refusal("hot switch") is None
+    flow.notified("hot switch", "stream:1")
+    assert flow.step is Step.SWITCHING and flow.wait_limit() is None  # NORMAL waits for ranks, not ClusterD
+    flow.on_callback("report_strategies", strategies=("migration",))
+    assert flow.step is Step.AWAIT_STRATEGY and flow.wait_limit() == 30
+    assert flow.refusal("change_strategy", "migration") is None
+    flow.notified("change_strategy", "stream:1", "migration")
+    flow.on_callback("report_result", code=0, strategy="migration")
+    assert flow.step is Step.IDLE and desyncs == []
+
+
+def test_a_hot_switch_whose_pause_failed_offers_exit_and_times_out_into_exiting() -> None:
+    """ClusterD answers ["exit"] with no signal (it deletes the first pod): the
+    controller's plain wait runs out into EXIT, and so does the flow; no desync."""
+    clock = Clock()
+    desyncs: list[tuple[str, Step]] = []
+    flow = ControllerFlow(wait_timeout=30, clock=clock, on_desync=lambda c, s: desyncs.append((c, s)))
+    flow.global_time = 900  # an earlier cycle's: not this wait's
+    flow.notified("hot switch", "stream:1")
+    flow.on_callback("report_strategies", strategies=("exit",))
+    assert flow.step is Step.AWAIT_STRATEGY and flow.wait_limit() == 30
+    assert flow.refusal("change_strategy", "migration") == "strategy_not_offered"
+    clock.now += 30 + EXPIRY_MARGIN + 1
+    assert flow.expire() and flow.step is Step.EXITING and desyncs == []
+
+
+def test_a_failed_migration_waits_for_dump_or_exit() -> None:
+    flow, desyncs = desync_counter()
+    flow.notified("hot switch", "stream:1")
+    flow.on_callback("report_strategies", strategies=("migration",))
+    flow.notified("change_strategy", "stream:1", "migration")
+    flow.on_callback("report_result", code=406, strategy="migration")
+    assert flow.step is Step.AWAIT_FINAL and desyncs == []
+
+
+def test_stop_switch_is_taken_only_while_a_switch_waits() -> None:
+    """Latched in the controller's one wake-up slot: given outside a switch, the next
+    fault flow's first wait would consume it as the wrong event."""
+    flow = ControllerFlow(wait_timeout=30)
+    assert flow.refusal("stop switch") == "unexpected_step"
+    flow.notified("hot switch", "stream:1")
+    assert flow.refusal("hot switch") == "unexpected_step"
+    assert flow.refusal("stop switch") is None
+    flow.notified("stop switch", "stream:1")
+    assert flow.step is Step.IDLE and flow.refusal("stop switch") == "unexpected_step"
+
+
+def test_a_fault_while_a_switch_waits_starts_the_fault_flow() -> None:
+    flow, desyncs = desync_counter()
+    flow.notified("hot switch", "stream:1")
+    flow.on_callback("report_fault_ranks")
+    assert flow.step is Step.AWAIT_STOP and desyncs == []
 
 
 def test_the_module_docstring_table_is_the_expected_table() -> None:

@@ -22,6 +22,7 @@ from bridge._proto import recover_pb2 as pb
 from bridge.config import ControllerConfig, load_config
 from bridge.controller import ControllerHost
 from bridge.flow import ControllerFlow, Step
+from bridge.hooks import HookSignal
 from bridge.metrics import BridgeMetrics
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
@@ -169,6 +170,9 @@ class FakeController:
     def tft_notify_controller_dump(self) -> int:
         return self._call("dump")
 
+    def tft_notify_controller_prepare_action(self, action: str, fault_ranks: dict[int, int] | None = None) -> int:
+        return self._call("prepare_action", action, dict(fault_ranks or {}))
+
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
 
@@ -176,9 +180,11 @@ class FakeController:
 class FakeHooks:
     def __init__(self) -> None:
         self.runs: list[tuple[str, list[object]]] = []
+        self.signals: list[HookSignal | None] = []
 
-    async def run(self, action: str, node_rank_ids: Sequence[object]) -> str:
+    async def run(self, action: str, node_rank_ids: Sequence[object], signal: HookSignal | None = None) -> str:
         self.runs.append((action, list(node_rank_ids)))
+        self.signals.append(signal)
         return "ok"
 
 
@@ -494,3 +500,83 @@ async def test_bad_argument_lines_are_budgeted_too(rig: Rig, caplog: pytest.LogC
     lines = [r for r in caplog.records if r.name == "bridge.signals"]
     assert 1 <= len(lines) <= 10, len(lines)
     assert rig.module.calls == []
+
+
+# --------------------------------------------------------------------------- node hooks get the whole signal
+
+async def test_recover_in_place_restarts_only_the_fault_ranks_and_exits_no_node(rig: Rig) -> None:
+    """ClusterD's in-place recover: changeStrategy recover with extraParams
+    recover-in-place and fault_nodes_restart. The controller gets recover; the hook gets
+    the fault ranks with their types (not widened to the pod) and the strategy; the
+    change_strategy itself asks no node to exit (TaskD restarts, it does not exit)."""
+    rig.flow.on_callback("report_fault_ranks")
+    rig.send(stop_train())
+    await eventually(lambda: rig.flow.step is Step.STOP_SENT)
+    rig.flow.on_callback("report_stop_complete", 0)
+    rig.send(signal("globalFault", ["on_global_rank", "fault_nodes_exit"], faults={5: 1}))
+    await eventually(lambda: rig.flow.step is Step.GLOBAL_SENT)
+    rig.flow.on_callback("report_strategies", strategies=("exit", "recover"))
+    rig.send(signal("changeStrategy", ["change_strategy", "fault_nodes_restart"], faults={5: 1}, node_ranks=["2"],
+                    changeStrategy="recover", extraParams="recover-in-place"))
+    await eventually(lambda: [run[0] for run in rig.hooks.runs] == ["fault_nodes_exit", "fault_nodes_restart"],
+                     what="the restart hook")
+    assert rig.module.calls[-1] == ("change_strategy", ("recover", "recover-in-place"))
+    restart = rig.hooks.signals[-1]
+    assert restart is not None and rig.hooks.runs[-1] == ("fault_nodes_restart", ["2"])
+    assert dict(restart.fault_ranks) == {5: 1}
+    assert (restart.strategy, restart.extra_params, restart.uuid) == ("recover", "recover-in-place", UUID)
+    assert restart.actions == ("change_strategy", "fault_nodes_restart")
+
+
+@pytest.mark.parametrize("extra, hooked", [("", True), ("recover-in-place", False)])
+async def test_a_recover_asks_its_nodes_to_exit_unless_it_is_in_place(rig: Rig, extra: str, hooked: bool) -> None:
+    """TaskD's recover plugin exits the agents of a recover's nodeRankIds (the pods
+    ClusterD still wants restarted, filterRecoverPodsNodeRankIds), after the notify."""
+    rig.flow.on_callback("report_fault_ranks")
+    rig.send(stop_train())
+    await eventually(lambda: rig.flow.step is Step.STOP_SENT)
+    rig.flow.on_callback("report_stop_complete", 0)
+    rig.send(signal("globalFault", ["on_global_rank"], faults={4: 1, 5: 1}))
+    await eventually(lambda: rig.flow.step is Step.GLOBAL_SENT)
+    rig.flow.on_callback("report_strategies", strategies=("exit", "recover"))
+    rig.send(signal("changeStrategy", ["change_strategy"], faults={4: 1, 5: 1}, node_ranks=["1", "2"],
+                    changeStrategy="recover", extraParams=extra))
+    await eventually(lambda: rig.module.names()[-1] == "change_strategy", what="the strategy forwarded")
+    if hooked:
+        await eventually(lambda: rig.hooks.runs == [("change_strategy", ["1", "2"])], what="the exit hook")
+        context = rig.hooks.signals[-1]
+        assert context is not None and context.strategy == "recover" and dict(context.fault_ranks) == {4: 1, 5: 1}
+    else:
+        rig.send(stop_train(uuid="later"))  # handled after: a hook would have run before its refusal
+        await eventually(lambda: rig.refused("unexpected_step") == 1, what="the later signal handled")
+        assert rig.hooks.runs == []
+
+
+async def test_save_and_exit_asks_its_nodes_to_exit_after_the_dump(rig: Rig) -> None:
+    rig.send(signal("saveAndExit", ["save_and_exit"], uuid="", node_ranks=["0", "3"]))
+    await eventually(lambda: rig.hooks.runs == [("save_and_exit", ["0", "3"])], what="the exit hook")
+    assert rig.module.names() == ["dump"]
+
+
+# --------------------------------------------------------------------------- hot switch
+
+async def test_stop_switch_ends_the_switch_but_never_reaches_the_controller(rig: Rig) -> None:
+    """Told in NORMAL, the controller latches it for the next fault flow's first wait
+    (signals.STOP_SWITCH); the flow still leaves SWITCHING."""
+    rig.send(signal("hot-switch", ["hot switch"], uuid="", faults={4: 1, 5: 1}))
+    await eventually(lambda: rig.flow.step is Step.SWITCHING, what="the switch forwarded")
+    assert rig.module.calls == [("prepare_action", ("hot switch", {4: 1, 5: 1}))]
+    rig.send(signal("hot-switch", ["stop switch"], uuid=""))
+    await eventually(lambda: rig.notifies("stop switch", "withheld") == 1, what="stop switch withheld")
+    assert rig.flow.step is Step.IDLE and rig.module.names() == ["prepare_action"]
+    rig.send(signal("hot-switch", ["stop switch"], uuid="", faults={9: 1}))  # no switch now
+    await eventually(lambda: rig.refused("unexpected_step") == 1, what="a stop switch outside a switch refused")
+    assert rig.module.names() == ["prepare_action"]
+
+
+async def test_new_pod_running_is_only_logged(rig: Rig) -> None:
+    rig.send(signal("hot-switch", ["hot switch"], uuid="", faults={4: 1}))
+    rig.send(signal("hot-switch", ["new pod running"], uuid=""))
+    rig.send(stop_train(uuid="later"))  # a fault before the migration: forwarded, the switch is over
+    await eventually(lambda: rig.module.names() == ["prepare_action", "stop_train"], what="the stop forwarded")
+    assert rig.refused("unexpected_step") == 0 and rig.refused("unknown_action") == 0

@@ -1250,6 +1250,23 @@ async def test_sim_clusterd_stdin_commands(sim: SimClusterD, client: Client) -> 
     assert await stream.ended() == grpc.StatusCode.OK
 
 
+async def test_sim_clusterd_hot_switch_commands() -> None:
+    from bridge.cli import build_parser
+    from bridge.sim import cli
+    from bridge.sim.cli import run_command
+
+    args = build_parser().parse_args(["sim-clusterd", "--job", JOB, "--hot-switch"])
+    assert cli.build(args).jobs[JOB].hot_switch
+    async with own_sim(HOT, timings=T.scaled(1.0, new_pod_timeout=5.0)) as (sim, client):
+        stream = await client.session(sim)
+        assert "failed" in await run_command(sim, JOB, "new-pod-running")  # no switch runs
+        assert "unknown command" in await run_command(sim, JOB, "sub-health x")
+        assert await run_command(sim, JOB, "sub-health 3") == "sub-healthy fault on rank 3: started"
+        assert list((await stream.next()).actions) == ["hot switch"]
+        assert await run_command(sim, JOB, "new-pod-running") == "the backup pod runs"
+        assert list((await stream.next()).actions) == ["new pod running"]
+
+
 # --------------------------------------------------------------------------- release profiles
 
 async def test_v7_0_signals_have_no_fields_7_to_9_and_isolate_ranks_are_not_read() -> None:
@@ -1336,3 +1353,177 @@ async def test_master_does_not_repeat_a_retry_cycle_that_succeeded() -> None:
     async with own_sim(timings=timings) as (sim, client):
         await successful_retry_cycle(client, await client.session(sim), {3: 0})
         assert sim.journal.select("fault-centre", "retry-repeat", JOB) == []
+
+
+# --------------------------------------------------------------------------- hot switch
+
+HOT = SimJob(JOB, world_size=8, devices_per_pod=2, strategies=("recover", "dump"), hot_switch=True)
+
+
+async def at_pause_result_wait(sim: SimClusterD, client: Client) -> Stream:
+    """A hot switch of pod 1 up to ClusterD's wait for the client's strategies."""
+    stream = await client.session(sim)
+    assert await sim.sub_health_fault(JOB, 3) == "started"
+    await stream.next()  # hot switch
+    await sim.new_pod_running(JOB)
+    await stream.next()  # new pod running
+    return stream
+
+
+async def test_a_hot_switch_migrates_with_uuid_less_signals_and_ends_with_a_reset() -> None:
+    """hot_switch_controller.go: hot switch (the pod's ranks, type 1), new pod running,
+    the client's ["migration"], changeStrategy migration, the result 0, a reset."""
+    async with own_sim(HOT, timings=T.scaled(1.0, new_pod_timeout=5.0)) as (sim, client):
+        stream = await client.session(sim)
+        assert await sim.sub_health_fault(JOB, 5) == "started"
+        switch = await stream.next()
+        assert (switch.signalType, list(switch.actions), switch.uuid) == ("hot-switch", ["hot switch"], "")
+        assert faults_of(switch) == {4: 1, 5: 1}  # the whole pod
+        await stream.no_signal(0.2)  # waits for the backup pod
+        await sim.new_pod_running(JOB)
+        running = await stream.next()
+        assert (running.signalType, list(running.actions), running.uuid) == ("hot-switch", ["new pod running"], "")
+        assert await client.strategies(["migration"]) == 0
+        migration = await stream.next()
+        assert (migration.signalType, list(migration.actions)) == ("changeStrategy", ["change_strategy"])
+        assert (migration.changeStrategy, migration.uuid, list(migration.faultRanks)) == ("migration", "", [])
+        assert await client.status(0, "migration") == 0
+        assert await stream.ended() == grpc.StatusCode.OK
+        assert sim.journal.states(JOB)[1:] == [
+            "NotifyPrepareHotSwitchState", "WaitNewPodState", "WaitNotifyPodRunningResultState",
+            "WaitReportPauseResultState", "WaitOldPodDeletedState", "WaitNotifyRestartTrainResultState",
+            "WaitReportRestartTrainResultState", "InitState", "INIT",
+        ]
+        assert [e.name for e in sim.journal.select("kube", job_id=JOB)] == ["create-backup-pod", "delete-old-pod"]
+        assert sim.violations == []
+
+
+@pytest.mark.parametrize("answer", [["exit"], []])
+async def test_a_hot_switch_offered_exit_deletes_the_first_pod_and_turns_the_switch_off(answer: list[str]) -> None:
+    async with own_sim(HOT, timings=T.scaled(1.0, new_pod_timeout=5.0)) as (sim, client):
+        stream = await at_pause_result_wait(sim, client)
+        assert await client.strategies(answer) == 0
+        assert await stream.ended() == grpc.StatusCode.OK  # no changeStrategy exit before it
+        assert [(e.name, e.detail.get("pod")) for e in sim.journal.select("kube", job_id=JOB)] == [
+            ("create-backup-pod", None), ("delete-pod", "0")]
+        await client.subscribe(sim)
+        assert (await sim.sub_health_fault(JOB, 3)).startswith("skipped: hot switch off")
+
+
+async def test_a_backup_pod_that_never_runs_gives_stop_switch() -> None:
+    async with own_sim(HOT, timings=T.scaled(1.0, new_pod_timeout=0.2)) as (sim, client):
+        stream = await client.session(sim)
+        assert await sim.sub_health_fault(JOB, 3) == "started"
+        await stream.next()
+        stop = await stream.next()
+        assert (stop.signalType, list(stop.actions), stop.uuid) == ("hot-switch", ["stop switch"], "")
+        assert await stream.ended() == grpc.StatusCode.OK
+
+
+async def test_a_migration_that_fails_deletes_the_first_pod() -> None:
+    async with own_sim(HOT, timings=T.scaled(1.0, new_pod_timeout=5.0)) as (sim, client):
+        stream = await at_pause_result_wait(sim, client)
+        assert await client.strategies(["migration"]) == 0
+        await stream.next()
+        assert await client.status(406, "migration") == 0
+        assert await stream.ended() == grpc.StatusCode.OK
+        assert [e.name for e in sim.journal.select("kube", job_id=JOB)][-1] == "delete-pod"
+
+
+@pytest.mark.parametrize("job, rank, why", [
+    (SimJob(JOB, world_size=8, devices_per_pod=2), 3, "hot switch off"),  # no subHealthyStrategy label
+    (HOT, 1, "fault on the master pod"),
+])
+async def test_a_sub_health_fault_without_a_hot_switch_is_skipped(job: SimJob, rank: int, why: str) -> None:
+    async with own_sim(job) as (sim, client):
+        stream = await client.session(sim)
+        assert (await sim.sub_health_fault(JOB, rank)).startswith(f"skipped: {why}")
+        await stream.no_signal(0.2)
+
+
+async def test_a_hot_switch_waits_for_an_idle_job() -> None:
+    async with own_sim(HOT) as (sim, client):
+        stream = await client.session(sim)
+        assert await client.fault({0: 1}) == 0
+        await stream.next()  # stopTrain: a cycle runs
+        assert (await sim.sub_health_fault(JOB, 5)).startswith("skipped: the job's state machine is in")
+
+
+async def test_hot_switch_alone_lets_init_answer_0() -> None:
+    """``process-recover-enable and subhealthy hotswtich not open``: either opens Init."""
+    job = SimJob(JOB, world_size=8, devices_per_pod=2, process_recover=False, hot_switch=True)
+    async with own_sim(job) as (sim, client):
+        assert await client.init() == 0
+
+
+# --------------------------------------------------------------------------- recover-in-place
+
+IN_PLACE = SimJob(JOB, world_size=8, devices_per_pod=2, strategies=("recover-in-place", "recover", "dump"))
+
+
+async def test_recover_in_place_keeps_the_fault_ranks_and_restarts_them_in_place() -> None:
+    """controller.go: a business report's fault on one pod, recover-in-place configured:
+    globalFault names only the fault rank (no whole pod, no node to exit), 3 s later
+    than a plain type-1 cycle; changeStrategy recover with extraParams recover-in-place
+    and fault_nodes_restart for that pod."""
+    async with own_sim(IN_PLACE) as (sim, client):
+        stream = await client.session(sim)
+        stop, global_fault = await run_to_strategy_wait(sim, client, stream, {3: 1})
+        assert (list(global_fault.actions), faults_of(global_fault)) == (["on_global_rank", "fault_nodes_exit"], {3: 1})
+        assert list(global_fault.nodeRankIds) == []
+        assert await client.strategies(["exit", "dump", "recover"]) == 0
+        change = await stream.next()
+        assert list(change.actions) == ["change_strategy", "fault_nodes_restart"]
+        assert (change.changeStrategy, change.extraParams) == ("recover", "recover-in-place")
+        assert (faults_of(change), list(change.nodeRankIds)) == ({3: 1}, ["1"])
+        assert await client.status(0, "recover") == 0
+        assert await stream.ended() == grpc.StatusCode.OK
+        assert sim.podgroup(JOB)["ProcessRecoverStatus"] == "recover-success"
+        assert sim.violations == []
+
+
+async def test_recover_in_place_waits_one_check_period_before_global_fault() -> None:
+    timings = T.scaled(1.0, global_fault_delay=0.05, in_place_check_delay=0.5)
+    for job, extra in ((IN_PLACE, 0.5), (SimJob(JOB, world_size=8, devices_per_pod=2), 0.0)):
+        async with own_sim(job, timings=timings) as (sim, client):
+            stream = await client.session(sim)
+            assert await client.fault({3: 1}) == 0
+            await stream.next()
+            assert await client.stop_complete() == 0
+            sent = time.monotonic()
+            await stream.next(5)
+            took = time.monotonic() - sent
+            assert took >= timings.flush_delay + timings.global_fault_delay + extra
+
+
+async def test_software_faults_on_two_pods_are_not_recovered_in_place() -> None:
+    async with own_sim(IN_PLACE) as (sim, client):
+        stream = await client.session(sim)
+        stop, global_fault = await run_to_strategy_wait(sim, client, stream, {3: 1, 4: 1})
+        assert faults_of(global_fault) == {2: 1, 3: 1, 4: 1, 5: 1}  # whole pods again
+        assert await client.strategies(["exit", "dump", "recover"]) == 0
+        change = await stream.next()
+        assert (list(change.actions), change.changeStrategy, change.extraParams) == (
+            ["change_strategy"], "recover", "")
+
+
+async def test_a_failed_in_place_recover_falls_back_to_dump_with_the_pods_exiting() -> None:
+    async with own_sim(IN_PLACE) as (sim, client):
+        stream = await client.session(sim)
+        await run_to_strategy_wait(sim, client, stream, {3: 1})
+        assert await client.strategies(["exit", "dump", "recover"]) == 0
+        await stream.next()
+        assert await client.status(406, "recover") == 0
+        dump = await stream.next()
+        assert (list(dump.actions), dump.changeStrategy) == (["change_strategy", "fault_nodes_exit"], "dump")
+        assert (faults_of(dump), list(dump.nodeRankIds)) == ({2: 1, 3: 1}, ["1"])
+
+
+async def test_v7_0_has_neither_recover_in_place_nor_hot_switch() -> None:
+    job = SimJob(JOB, world_size=8, devices_per_pod=2, strategies=("recover-in-place", "recover", "dump"),
+                 hot_switch=True)
+    async with own_sim(job, release=RELEASES["7.0"]) as (sim, client):
+        stream = await client.session(sim)
+        assert (await sim.sub_health_fault(JOB, 3)).startswith("skipped: hot switch off")
+        _, global_fault = await run_to_strategy_wait(sim, client, stream, {3: 1})
+        assert faults_of(global_fault) == {2: 1, 3: 1}  # widened to the pod as ever

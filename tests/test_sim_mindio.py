@@ -1058,6 +1058,19 @@ def test_hot_switch_offers_migration(m: Any) -> None:
     assert result_calls() == [(0, "Mindio do repair operation ok", {}, "migration")]
 
 
+def test_a_hot_switch_whose_pause_fails_offers_exit_and_ends_in_exit(m: Any) -> None:
+    """StepFinishCallback: the pause failed, so only ``["exit"]``; ClusterD answers that
+    with no signal (it deletes the job's first pod), so the wait runs out into EXIT."""
+    start(m)
+    training.fail_next_pause()
+    assert m.tft_notify_controller_prepare_action("hot switch", {2: 1}) == 0
+    training.connect_ranks([2])
+    record = training.wait_callback("report_strategies")
+    assert record is not None and record.args == ({}, ["exit"])
+    assert training.wait_state("EXIT", timeout=10)
+    assert result_calls() == []
+
+
 # ---------------------------------------------------------------------------- calls the real one punishes
 
 

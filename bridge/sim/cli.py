@@ -39,6 +39,9 @@ commands on stdin (one per line):
   device-fault RANK[,RANK...] [uce]   a device fault only the fault centre sees: preExitProcess
                                       for those ranks after 10.85 s (uce: 20.80 s), no state change
   kill-master                         killMaster now, then reset (the stream ends with OK)
+  sub-health RANK                     a sub-healthy NPU fault on RANK: with --hot-switch, a hot
+                                      switch of its pod (hot switch; stop switch after 60 s)
+  new-pod-running                     the running hot switch's backup pod runs (new pod running)
   help                                print this list"""
 
 
@@ -54,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keepalive", type=float, metavar="SECONDS",
                         help="keep-alive interval (default: the real 5 s, times --time-scale)")
     parser.add_argument("--process-recover", choices=["on", "off"], default="on")
+    parser.add_argument("--hot-switch", action="store_true",
+                        help="the PodGroup label subHealthyStrategy=hotSwitch: sub-healthy faults start hot switches")
     parser.add_argument("--release", choices=["master", "7.3", "7.0"], default="master",
                         help="the ClusterD release to play: its keep-alive ping policy, fault centre and protocol "
                              "(docs/releases.md; default master)")
@@ -86,7 +91,7 @@ def build(args: argparse.Namespace) -> SimClusterD:
 
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     job = SimJob(args.job, world_size=args.world_size, devices_per_pod=args.devices_per_pod,
-                 strategies=strategies, process_recover=args.process_recover == "on")
+                 strategies=strategies, process_recover=args.process_recover == "on", hot_switch=args.hot_switch)
     return SimClusterD([job], timings=timings_from(args), release=release(args.release))
 
 
@@ -108,6 +113,11 @@ async def run_command(sim: SimClusterD, job_id: str, line: str) -> str:
         if name == "kill-master" and not rest:
             await sim.kill_master(job_id)
             return "killMaster started"
+        if name == "sub-health" and len(rest) == 1 and rest[0].isdigit():
+            return f"sub-healthy fault on rank {rest[0]}: {await sim.sub_health_fault(job_id, int(rest[0]))}"
+        if name == "new-pod-running" and not rest:
+            await sim.new_pod_running(job_id)
+            return "the backup pod runs"
     except (ValueError, KeyError, RuntimeError) as error:
         return f"command {line.strip()!r} failed: {error}"
     return f"unknown command {line.strip()!r}; type help"

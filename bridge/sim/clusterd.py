@@ -34,8 +34,15 @@ Where it knowingly differs from the real server:
   stays cached; the real one expires after ~10 s). :meth:`SimClusterD.start_clusterd_fault`
   is a shortcut the real server has no direct equivalent of (FaultOccur from the centre
   at once); :meth:`SimClusterD.pre_exit` is the realistic device fault.
-* Platform mode (``ProcessRecoverStrategy`` and friends), ``recover-in-place``, NIC switch,
-  stress test, hot switch and scale-out (``upgrade``) are not simulated here (platform
+* The hot switch (:meth:`SimClusterD.sub_health_fault`, bridge/sim/clusterd_hot_switch.py)
+  has no pods: a test says when the backup pod runs (:meth:`SimClusterD.new_pod_running`)
+  and the old pod is gone ``timings.old_pod_delete_delay`` after ClusterD asked (not
+  measured: the scheduler's speed).
+* Recover-in-place knows only business reports' faults: device faults that keep a pod
+  from restarting in place, and the fault centre's check that the fault disappeared,
+  are not modelled (one ``in_place_check_delay``, then it has).
+* Platform mode (``ProcessRecoverStrategy`` and friends), NIC switch, stress test and
+  scale-out (``upgrade``) are not simulated here (platform
   mode is :mod:`bridge.platform.sim.clusterd`). A successful downgrade parks the job in
   ``ScaleRunningState`` until a new type-"1" fault or a reset.
 * The OM pause skips the NIC-switch step: pause StopComplete -> changeStrategy continue.
@@ -114,7 +121,9 @@ class SimJob:
     names are dropped; ``elastic-training`` enables downgrade). ``process_recover``: the
     label process-recover-enable == "on" (False: Init answers 403). ``pod_group_exists``:
     False makes Init answer 502 and Register 402. ``rank_table_job_id``: the pods'
-    ``jobID`` label, the id config.Config uses (defaults to ``job_id``).
+    ``jobID`` label, the id config.Config uses (defaults to ``job_id``). ``hot_switch``:
+    the label subHealthyStrategy == "hotSwitch" (it also lets Init answer 0 without
+    process_recover).
     """
 
     job_id: str
@@ -122,6 +131,7 @@ class SimJob:
     devices_per_pod: int = 8
     strategies: tuple[str, ...] = ("retry", "recover", "dump", "exit")
     process_recover: bool = True
+    hot_switch: bool = False
     pod_group_exists: bool = True
     rank_table_job_id: str | None = None
 
@@ -274,7 +284,7 @@ class SimClusterD:
 
     def init_job(self, job: SimJob) -> None:
         self.inited[job.job_id] = JobConfig(job.job_id, rules.job_strategies(job.strategies),
-                                            job.devices_per_pod)
+                                            job.devices_per_pod, job.hot_switch)
 
     def register_job(self, job_id: str) -> None:
         self.controllers[job_id] = JobController(self, self.inited[job_id])
@@ -422,6 +432,16 @@ class SimClusterD:
         delay = self.timings.pre_exit_uce_delay if uce else self.timings.pre_exit_delay
         ctl.schedule_pre_exit([str(rank) for rank in ranks], delay,
                               f"device fault ({'UCE' if uce else 'non-UCE'} hardware code)")
+
+    async def sub_health_fault(self, job_id: str, rank: int) -> str:
+        """A sub-healthy NPU fault on ``rank`` from the fault centre: with the job's hot
+        switch on, idle, and not on the master pod, a hot switch of that rank's pod
+        (bridge/sim/clusterd_hot_switch.py). Returns ``started`` or why it was skipped."""
+        return self._controller(job_id).start_hot_switch(str(rank))
+
+    async def new_pod_running(self, job_id: str) -> None:
+        """The running hot switch's backup pod is Running: ``new pod running`` follows."""
+        self._controller(job_id).new_pod_running()
 
     async def save_and_exit(self, job_id: str) -> None:
         """saveAndExit [save_and_exit]; then a RecoverStatus for dump, dump_exit twice."""

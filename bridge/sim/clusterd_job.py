@@ -33,6 +33,7 @@ from bridge._proto import recover_pb2 as pb
 
 from . import clusterd_rules as rules
 from .clusterd_channels import Outgoing, ReportSlot, Subscriber
+from .clusterd_hot_switch import HotSwitch
 from .clusterd_rules import FaultCache, FaultPair
 from .clusterd_release import Release
 from .clusterd_timings import Timings
@@ -70,6 +71,7 @@ class JobConfig:
     job_id: str
     strategies: tuple[str, ...]
     devices_per_pod: int
+    hot_switch: bool = False  # the PodGroup label subHealthyStrategy is "hotSwitch"
 
 
 class Host(Protocol):
@@ -135,6 +137,12 @@ class JobController:
         #: loop time at which the running cycle's globalFault is due, while it waits.
         self._global_fault_due: float | None = None
         self._retry_start_pending = False
+        #: jobInfo.HotSwitch: from the PodGroup at Init, off after a failed hot switch
+        self.hot_switch_enabled = config.hot_switch
+        self.hot_switch: HotSwitch | None = None  # the running hot switch
+        #: recoverInPlacePodFaults: the pods ReportProcessFault named (recover-in-place on)
+        self.soft_fault_pods: dict[str, None] = {}
+        self.in_place = False  # restartFaultProcess: this cycle restarts its faulty processes in place
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -182,6 +190,9 @@ class JobController:
         self.unhealthy = False
         self.agent_strategies = []
         self.results = []
+        self.hot_switch = None
+        self.soft_fault_pods = {}
+        self.in_place = False
         self.gen = Generation()
         if start_new:
             self.host.record("state", "INIT", self.job_id, event=reason, uuid="")
@@ -247,6 +258,8 @@ class JobController:
                              reason="no live subscriber: ClusterD's event loop cannot notify")
             return "lost"
         self.gen.faults.save(pairs)
+        if source == "ReportProcessFault" and rules.RECOVER_IN_PLACE in self.config.strategies:
+            self._note_soft_fault_pods(pairs)
         has_normal = any(fault_type == rules.NORMAL for _, fault_type in pairs)
         if has_normal:
             self.unhealthy = True
@@ -268,6 +281,22 @@ class JobController:
             self._start(self._decide("faultOccur"), "scale-in-fault")
             return "started"
         return "joined"
+
+    def _note_soft_fault_pods(self, pairs: list[FaultPair]) -> None:
+        """``updateRestartProcessOrPodInfoBySoftFault``: every pod a business report names
+        may restart its processes in place; a rank id that is no integer adds none."""
+        numbers = [rules.go_atoi(rank) for rank, _ in pairs]
+        if any(n is None for n in numbers):
+            return
+        for number in numbers:
+            assert number is not None
+            self.soft_fault_pods[str(number // self.config.devices_per_pod)] = None
+
+    def _can_restart_in_place(self) -> bool:
+        """``updateRestartFaultProcess``: recover-in-place configured and a business report
+        named the faulty pods; not when software faults span more than one pod."""
+        return (rules.RECOVER_IN_PLACE in self.config.strategies and len(self.soft_fault_pods) == 1
+                and self.host.release.hot_switch_and_in_place)
 
     def _retry_report(self, has_retry_type: bool) -> str:
         """UCE/HCCL faults reported alone: the fault centre's retry processor turns the
@@ -509,6 +538,10 @@ class JobController:
             self._enter("NotifyGlobalFaultState", "faultFlushFinished")
             if not pure_retry:
                 await self._sleep(timings.global_fault_delay)
+                self.in_place = self._can_restart_in_place()
+                if self.in_place:  # waitNormalFaultRecovery: one check period, then the fault is gone
+                    self._global_fault_due = asyncio.get_running_loop().time() + timings.in_place_check_delay
+                    await self._sleep(timings.in_place_check_delay)
             self._global_fault_due = None
             await self._notify_global_fault(pure_retry, had_hccl)
             self._enter("WaitReportRecoverStrategyState", "notifySuccess")
@@ -526,6 +559,10 @@ class JobController:
         if pure_retry:
             signal = self._signal("globalFault", rules.GLOBAL_FAULT_RETRY_ACTIONS,
                                   self.gen.faults.retry, timeout=timeout)
+        elif self.in_place:
+            # Not widened to whole pods; no pod is to exit (restartPodPods is empty).
+            self.gen.faults.keep_normal_in_place()
+            signal = self._signal("globalFault", rules.GLOBAL_FAULT_ACTIONS, self.gen.faults.normal, timeout=timeout)
         else:
             ranks = self._expand()
             nodes = rules.pod_indices(ranks, self.config.devices_per_pod, self.host.rng)
@@ -537,7 +574,7 @@ class JobController:
         job, agent = self.config.strategies, self.agent_strategies
         if not self.results:
             strategy = rules.choose_first(job, agent, bool(self.gen.faults.normal),
-                                          self._rank0_pod_faulty())
+                                          self._rank0_pod_faulty(), self.in_place)
             if strategy == rules.RETRY and rules.RETRY not in agent:
                 # "uce repair not enabled by controller": the retry faults become normal.
                 self.gen.faults.retry_to_normal()
@@ -546,7 +583,7 @@ class JobController:
             return strategy
         last = self.results[-1].strategy
         if last == rules.RETRY:
-            return rules.choose_after_retry_failure(job, agent, self._rank0_pod_faulty())
+            return rules.choose_after_retry_failure(job, agent, self._rank0_pod_faulty(), self.in_place)
         if last in (rules.RECOVER, rules.DOWNGRADE):
             return rules.choose_after_recover_failure(job, agent)
         return rules.EXIT
@@ -561,11 +598,20 @@ class JobController:
             if strategy == rules.RETRY and rules.HCCL in self.gen.faults.all_types():
                 # HCCL: the real server lets the network converge first (UCE: at once).
                 await self._sleep(self.host.timings.hccl_retry_pause)
-            await self._notify(self._signal(
-                "changeStrategy", rules.CHANGE_STRATEGY_ACTIONS,
-                self.gen.faults.retry + self.gen.faults.normal,
-                change_strategy=strategy, extra_params=extra, node_rank_ids=self._fault_pods(),
-            ))
+            if strategy == rules.RECOVER_IN_PLACE:
+                strategy = await self._notify_recover_in_place()
+            else:
+                actions = rules.CHANGE_STRATEGY_ACTIONS
+                if self.in_place and strategy != rules.RETRY:
+                    # handleRestartFaultProcess, any other choice: no longer in place;
+                    # the faults widen to whole pods and those pods' nodes exit.
+                    self.in_place = False
+                    self._expand()
+                    actions = rules.IN_PLACE_EXIT_ACTIONS
+                await self._notify(self._signal(
+                    "changeStrategy", actions, self.gen.faults.retry + self.gen.faults.normal,
+                    change_strategy=strategy, extra_params=extra, node_rank_ids=self._fault_pods(),
+                ))
             if strategy == rules.EXIT:
                 self._enter("CheckRecoverResultState", "notifyExitSuccess")
                 await self._exit_tail(rules.EXIT)
@@ -581,6 +627,19 @@ class JobController:
             event = await self._check_result(request, strategy)
             if event == "recoverableRetryError":
                 return
+
+    async def _notify_recover_in_place(self) -> str:
+        """handleRestartFaultProcess for recover-in-place: the controller gets ``recover``
+        (extraParams ``recover-in-place``), the pods named by business reports restart
+        just the fault ranks (``fault_nodes_restart``); the faults stay unwidened. What
+        ClusterD then waits for is a recover's result."""
+        pods = list(self.soft_fault_pods)
+        self.host.rng.shuffle(pods)  # a Go map
+        await self._notify(self._signal(
+            "changeStrategy", rules.IN_PLACE_CHANGE_ACTIONS, self.gen.faults.normal,
+            change_strategy=rules.RECOVER, extra_params=rules.RECOVER_IN_PLACE, node_rank_ids=pods,
+        ))
+        return rules.RECOVER
 
     def _record_result(self, request: pb.RecoverStatusRequest, expected: str) -> None:
         self.results.append(request)
@@ -749,6 +808,33 @@ class JobController:
         if request.status.code == CLIENT_ERROR:
             await self._kill_job("continueTrainFail")
         self._finish_now("switchNicRecvContinue")
+
+    def start_hot_switch(self, rank: str) -> str:
+        """A sub-healthy fault on ``rank``'s pod (``notifyFaultInfoForJob``): a hot switch
+        when the job has it on, is idle and the pod is not the master's; else skipped.
+        Returns ``started`` or why it was skipped."""
+        pod = int(rank) // self.config.devices_per_pod
+        if not self.hot_switch_enabled or not self.host.release.hot_switch_and_in_place:
+            why = "hot switch off for the job (subHealthyStrategy is not hotSwitch, or one failed)"
+        elif not self.live:
+            why = "no live subscriber"
+        elif self.state != "INIT":
+            why = f"the job's state machine is in {self.state}"
+        elif pod == 0:
+            why = "fault on the master pod"
+        else:
+            self.hot_switch = HotSwitch(self)
+            ranks = [str(pod * self.config.devices_per_pod + i) for i in range(self.config.devices_per_pod)]
+            self._start(self.hot_switch.run(ranks), "hot-switch")
+            return "started"
+        self.host.record("fault-centre", "sub-health-skipped", self.job_id, rank=rank, reason=why)
+        return f"skipped: {why}"
+
+    def new_pod_running(self) -> None:
+        """The backup pod of the running hot switch reached Running."""
+        if self.hot_switch is None:
+            raise RuntimeError(f"new_pod_running: job {self.job_id} runs no hot switch")
+        self.hot_switch.pod_running()
 
     def start_save_and_exit(self) -> None:
         self.require_idle("save_and_exit")

@@ -73,7 +73,7 @@ class RecoverService(pb_grpc.RecoverServicer):
         if job is None or not job.pod_group_exists:
             return self._reply("Init", request, OPERATE_POD_GROUP_ERROR,
                                f"job(uid={job_id}) one of jobName, pgName, ns is empty")
-        if not job.process_recover:
+        if not job.process_recover and not job.hot_switch:
             # Go formats the nil error of that branch as "<nil>".
             return self._reply("Init", request, PROCESS_RECOVER_OFF,
                                f"job(uid={job_id}) process-recover-enable and subhealthy "

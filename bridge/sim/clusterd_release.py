@@ -22,6 +22,9 @@ release, next to MindCluster's own synchronous client (docs/releases.md):
   client's value is an unknown field the server never reads), and there is no
   ``HealthCheck`` RPC (UNIMPLEMENTED). v7.2.RC1 to v7.3.2 and branch v26.0.0 share
   master's recover.proto and config.proto.
+* **Hot switch and recover-in-place** (read in the sources): v7.3.2 has both, as master
+  does; v7.0.RC1 has neither (a ``recover-in-place`` annotation is an unknown name,
+  dropped; a sub-healthy fault starts no switch).
 
 Delays are in real seconds here and scale with the simulator's :class:`Timings`
 (``Timings.retry_repeat_delay_*``, ``Timings.fault_centre_delay``).
@@ -68,13 +71,15 @@ class Release:
     signal_fields_7_to_9: bool = True  #: ProcessManageSignal timeout, nodeRankIds, extraParams
     isolate_rank_ids: bool = True  #: RecoverStatusRequest.isolateRankIds is read
     health_check: bool = True  #: the HealthCheck RPC exists
+    hot_switch_and_in_place: bool = True  #: the hot switch and recover-in-place exist
 
 
 MASTER = Release("master", "master (and branch v26.0.0)", MASTER_PING_POLICY)
 V7_3 = Release("7.3", "v7.3.2 (v7.2.RC1-v7.3.2 share its protocol)", DEFAULT_PING_POLICY,
                repeats_retry_cycle=True)
 V7_0 = Release("7.0", "v7.0.RC1", DEFAULT_PING_POLICY, slow_fault_centre=True,
-               signal_fields_7_to_9=False, isolate_rank_ids=False, health_check=False)
+               signal_fields_7_to_9=False, isolate_rank_ids=False, health_check=False,
+               hot_switch_and_in_place=False)
 
 RELEASES: dict[str, Release] = {release.name: release for release in (MASTER, V7_3, V7_0)}
 

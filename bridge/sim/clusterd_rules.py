@@ -71,6 +71,10 @@ GLOBAL_FAULT_ACTIONS = ("on_global_rank", "fault_nodes_exit")
 CHANGE_STRATEGY_ACTIONS = ("change_strategy",)
 SAVE_AND_EXIT_ACTIONS = ("save_and_exit",)
 FAULT_NODES_EXIT_ACTIONS = ("fault_nodes_exit",)
+#: an in-place recover: the controller gets ``recover``, the nodes restart the fault ranks
+IN_PLACE_CHANGE_ACTIONS = ("change_strategy", "fault_nodes_restart")
+#: a recover-in-place cycle that chose something else: the faulty pods' nodes exit
+IN_PLACE_EXIT_ACTIONS = ("change_strategy", "fault_nodes_exit")
 PRE_EXIT_ACTIONS = ("pre exit process",)
 
 DOWNGRADE_EXTRA_PARAMS = '{"scale-in-strategy": "DP"}'
@@ -206,6 +210,13 @@ class FaultCache:
         self.normal = self.normal + self.retry
         self.retry = []
 
+    def keep_normal_in_place(self) -> list[str]:
+        """``recoverInPlaceFaultAssociateSameNodeRank``: a recover-in-place cycle does not
+        widen its faults to whole pods; they all become type "1" as they are."""
+        self.normal = [(rank, NORMAL) for rank, _ in dedupe_faults(self.normal + self.retry)]
+        self.retry = []
+        return [rank for rank, _ in self.normal]
+
     def expand_normal(self, devices_per_pod: int) -> tuple[list[str], bool]:
         """``normalFaultAssociateSameNodeRank``: every normal fault widens to all ranks of
         its pod, all type "1". Returns the expanded rank ids and whether a non-numeric
@@ -254,16 +265,20 @@ def can_downgrade(job: Sequence[str], agent: Sequence[str], rank0_pod_faulty: bo
 
 
 def choose_first(job: Sequence[str], agent: Sequence[str], has_normal_faults: bool,
-                 rank0_pod_faulty: bool) -> str:
+                 rank0_pod_faulty: bool, in_place: bool = False) -> str:
     """``firstChooseStrategy``: retry is decided on the job's configuration alone (the
     caller handles an agent that did not offer it); the rest needs both sides."""
     if RETRY in job and not has_normal_faults:
         return RETRY
-    return choose_after_retry_failure(job, agent, rank0_pod_faulty)
+    return choose_after_retry_failure(job, agent, rank0_pod_faulty, in_place)
 
 
 def choose_after_retry_failure(job: Sequence[str], agent: Sequence[str],
-                               rank0_pod_faulty: bool) -> str:
+                               rank0_pod_faulty: bool, in_place: bool = False) -> str:
+    """``chooseForRetryFail``: recover-in-place first when the cycle can restart its
+    faulty processes in place (configured, and the agent offered ``recover``)."""
+    if in_place and RECOVER_IN_PLACE in job and RECOVER in agent:
+        return RECOVER_IN_PLACE
     if _supported(RECOVER, job, agent):
         return RECOVER
     if can_downgrade(job, agent, rank0_pod_faulty):

@@ -53,6 +53,15 @@ class Timings:
     pre_exit_uce_delay: float = 20.80
     #: ReportProcessFault with an unknown fault type (e.g. "9"): preExitProcess.
     unknown_type_pre_exit_delay: float = 10.95
+    #: recover-in-place: waitNormalFaultRecovery checks whether the fault is gone after
+    #: one JobFaultCheckPeriod (a business report's fault always is), before globalFault.
+    in_place_check_delay: float = 3.0
+    #: hot switch: how long ClusterD waits for the backup pod to run before ``stop switch``
+    #: (monitorNewPodStatus: one minute, from the code).
+    new_pod_timeout: float = 60.0
+    #: hot switch: from ClusterD asking for the old pod's deletion to its informer seeing
+    #: it gone (the scheduler's work; not measured).
+    old_pod_delete_delay: float = 1.0
 
     def scaled(self, factor: float, **overrides: object) -> Timings:
         """Every delay times ``factor`` (ratios and orderings kept), then ``overrides``."""

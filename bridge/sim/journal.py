@@ -24,10 +24,13 @@ from typing import Any
 #: stale globalFault of a cycle a reset aborted during its wait). ``report-blocked``: a
 #: Report* call found its one-slot buffer full and now waits inside the server until the
 #: slot drains (its ``rpc`` entry then says 0) or a reset closes it (599); a test that
-#: resets a job to see the 599 waits for this entry instead of sleeping.
+#: resets a job to see the 599 waits for this entry instead of sleeping. ``kube``: a
+#: Kubernetes operation ClusterD asked for that the simulation has no pods to perform (a
+#: hot switch's backup pod, an old pod's or the first pod's deletion). ``stuck``: a flow
+#: that moves nowhere until the next reset, as the real one does.
 KINDS: frozenset[str] = frozenset(
     {"rpc", "signal", "stream-open", "stream-end", "state", "fault-lost", "violation",
-     "annotation", "report-late", "report-blocked", "fault-centre"}
+     "annotation", "report-late", "report-blocked", "fault-centre", "kube", "stuck"}
 )
 
 Predicate = Callable[["JournalEntry"], bool]

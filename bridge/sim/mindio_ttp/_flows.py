@@ -618,7 +618,12 @@ class Flows(MindXEngine):
     # ------------------------------------------------------------------ hot switch
 
     def on_step_finish(self) -> Ret:
-        if not self.report_strategies(["migration"]):
+        """StepFinishCallback: pause training, offer ``["migration"]`` (``["exit"]`` when
+        the pause failed: ``training.fail_next_pause``, or no step finished yet), wait
+        MINDIO_WAIT_MINDX_TIME; anything but migration (an exit, a stop switch, the wait
+        running out) ends in EXIT."""
+        paused = self.do_pause() and self.training.take_failure(("pause",)) is None
+        if not self.report_strategies(["migration"] if paused else ["exit"]):
             return self.exit_because("report_strategies failed")
         if not self.mindx_wait(self.wait_mindx(), "change_strategy migration"):
             return self.exit_because("timed out waiting for migration")

@@ -200,6 +200,12 @@ class Training:
         with self.cond:
             self._failures.append(name)
 
+    def fail_next_pause(self) -> None:
+        """The next hot switch's pause fails: the controller offers ``["exit"]`` instead
+        of ``["migration"]`` (StepFinishCallback)."""
+        with self.cond:
+            self._failures.append("pause")
+
     def fail_next_dump(self) -> None:
         """The next dump fails: report_result(499, "DumpCallback: save ckpt failed, ret: 1")."""
         with self.cond:
