@@ -392,12 +392,6 @@ class Ranks:
         self.starts: dict[int, int] = {}  # how many times each rank was started
         self._lock = threading.Lock()  # the node agent's thread restarts ranks too
 
-    def pod_of(self, rank: int) -> int:
-        return rank // self.devs
-
-    def pod_ranks(self, pod: int) -> list[int]:
-        return list(range(pod * self.devs, (pod + 1) * self.devs))
-
     def start(self, ranks: Iterable[int] | None = None, *, restarted: bool = False, fault_rank: int = -1,
               fault_step: int = 8, fault_kind: str = "none") -> None:
         for rank in range(self.world_size) if ranks is None else ranks:
@@ -467,9 +461,10 @@ class NodeAgent:
         self.clusterd = clusterd
         self.ranks = ranks
         self.restarts: list[list[int]] = []  # appended by the agent's thread, read by the test
+        self.errors: list[BaseException] = []  # the same
+        self._seen = 0  # ClusterD's log lines looked at so far (the agent's thread only)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="node-agent")
-        self.errors: list[BaseException] = []
 
     def start(self) -> NodeAgent:
         self._seen = self.clusterd.log.mark()
