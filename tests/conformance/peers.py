@@ -331,6 +331,18 @@ class ClusterDHarness:
         """``POST path?query`` (``/fault/device``, ``/pod/restart``, ``/pg/annotate`` ...)."""
         return self._request("POST", path, query)
 
+    def fault_device(self, rank: int, code: str | None = None, level: str | None = None) -> Any:
+        """An NPU fault on ``rank``'s device, as the device plugin reports it (default code
+        80C98000, level RestartNPU): only the fault centre sees it."""
+        return self.post("/fault/device", rank=rank, code=code, level=level)
+
+    def fault_clear(self, rank: int | None = None) -> Any:
+        return self.post("/fault/clear", rank=rank)
+
+    def pod_restart(self, rank: int, delay: float | None = None) -> Any:
+        """Delete the pod of ``rank`` and create it again ``delay`` s later (a new uid)."""
+        return self.post("/pod/restart", rank=rank, delay=delay)
+
     def state(self) -> dict[str, Any]:
         """``GET /state``: the PodGroup's annotations and labels, the pods."""
         result: dict[str, Any] = self._request("GET", "/state")
