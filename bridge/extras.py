@@ -1,0 +1,32 @@
+"""The bridge's side services around the link, started and stopped with it.
+
+What ClusterD asks of the job beyond the recovery path: its operator (OM) requests
+(``om.py``). Each is a loop of its own over the link's ClusterD channel; none of them
+touches the report path. They start once the link runs and stop right before the
+controller is destroyed (``Link.stop``'s ``before_destroy``), while the channel is still
+open, so no stream of theirs sees the channel close under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .config import BridgeConfig
+from .link import Link, spawn
+from .metrics import BridgeMetrics
+from .om import OmResponder
+
+
+class SideServices:
+    """Owns the side loops of one bridge run; ``tasks`` are supervised by the daemon."""
+
+    def __init__(self, config: BridgeConfig, link: Link, metrics: BridgeMetrics) -> None:
+        self.om = OmResponder(config.job_id, link.client, metrics, ready=link.session.live.wait)
+        self.tasks: dict[str, asyncio.Task[Any]] = {}
+
+    def start(self) -> None:
+        self.tasks["om"] = spawn("om", self.om.run())
+
+    def stop(self) -> None:
+        self.om.stop()
