@@ -124,6 +124,8 @@ class SimJob:
     process_recover: bool = True
     pod_group_exists: bool = True
     rank_table_job_id: str | None = None
+    #: the nodes' super pod (device info ``SuperPodID``); < 0: not a super pod, NIC switch refused
+    super_pod_id: int = 0
 
     @property
     def config_job_id(self) -> str:

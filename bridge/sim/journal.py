@@ -27,7 +27,8 @@ from typing import Any
 #: resets a job to see the 599 waits for this entry instead of sleeping.
 KINDS: frozenset[str] = frozenset(
     {"rpc", "signal", "stream-open", "stream-end", "state", "fault-lost", "violation",
-     "annotation", "report-late", "report-blocked", "fault-centre"}
+     "annotation", "report-late", "report-blocked", "fault-centre",
+     "om", "om-stream-open", "om-stream-end", "om-notify", "om-response"}
 )
 
 Predicate = Callable[["JournalEntry"], bool]
