@@ -47,7 +47,8 @@ class AuxStream(Generic[T]):
     """Subscribe to ``method`` with ``request`` and hand each message to ``handle``.
 
     ``prepare`` runs before each subscription (the Fault service's Register); False
-    skips this round (counted as a failure, retried after the back-off). ``handle`` is
+    skips this round (counted as a failure, retried after the back-off); a gRPC error
+    it raises counts like the stream's own (``UNIMPLEMENTED`` included). ``handle`` is
     awaited on the loop, one message at a time; an exception in it is logged and counted,
     never ends the loop."""
 
@@ -68,6 +69,7 @@ class AuxStream(Generic[T]):
         self.on_unimplemented = on_unimplemented
         self.subscribed = asyncio.Event()  # set while a subscription is open (tests wait for it)
         self.subscriptions = 0
+        self.unimplemented = False  # the last attempt found the method not served
         self._stopping = asyncio.Event()
         self._call: Any = None
         self._budget = LogBudget(burst=3, window=300.0)
@@ -111,15 +113,19 @@ class AuxStream(Generic[T]):
 
     async def _once(self) -> str:
         """One subscription: ``ended`` (clean end), ``failed`` or ``unimplemented``."""
-        if self.prepare is not None and not await self.prepare():
-            return "failed"
-        assert self.client.channel is not None
-        call = self.client.channel.unary_stream(self.method, request_serializer=None,
-                                                response_deserializer=self.decode)(self.request, timeout=None)
-        self._call = call
-        self.subscriptions += 1
-        self.subscribed.set()
+        call: Any = None
         try:
+            if self.prepare is not None and not await self.prepare():
+                return "failed"
+            if self._stopping.is_set():  # stopped during prepare: no call to cancel yet
+                return "ended"
+            assert self.client.channel is not None
+            call = self.client.channel.unary_stream(self.method, request_serializer=None,
+                                                    response_deserializer=self.decode)(self.request, timeout=None)
+            self._call = call
+            self.subscriptions += 1
+            self.subscribed.set()
+            self.unimplemented = False
             while True:
                 message = await call.read()
                 if message is grpc.aio.EOF:
@@ -135,10 +141,13 @@ class AuxStream(Generic[T]):
             raise
         except grpc.aio.AioRpcError as error:
             if error.code() is grpc.StatusCode.UNIMPLEMENTED:
-                log.warning("ClusterD does not serve %s (UNIMPLEMENTED, an older release): re-checked every %.0f s",
-                            self.method, self.client.config.recheck_disabled)
+                if not self.unimplemented:
+                    log.warning("ClusterD does not serve %s (UNIMPLEMENTED, an older release): re-checked every "
+                                "%.0f s", self.method, self.client.config.recheck_disabled)
+                self.unimplemented = True
                 self.on_unimplemented()
                 return "unimplemented"
+            self.unimplemented = False
             suppressed = self._budget.allow(error.code())
             if suppressed is not None:
                 log.warning("ClusterD's %s stream ended: %s %s; subscribing again after a back-off%s", self.name,
@@ -146,5 +155,6 @@ class AuxStream(Generic[T]):
             return "failed"
         finally:
             self.subscribed.clear()
-            call.cancel()
+            if call is not None:
+                call.cancel()
             self._call = None

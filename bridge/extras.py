@@ -1,7 +1,8 @@
 """The bridge's side services around the link, started and stopped with it.
 
 What ClusterD asks of the job beyond the recovery path: its operator (OM) requests
-(``om.py``). Each is a loop of its own over the link's ClusterD channel; none of them
+(``om.py``); what ClusterD's fault centre saw for the job, for the flight recorder
+(``faultinfo.py``). Each is a loop of its own over the link's ClusterD channel; none of them
 touches the report path. They start once the link runs and stop right before the
 controller is destroyed (``Link.stop``'s ``before_destroy``), while the channel is still
 open, so no stream of theirs sees the channel close under it.
@@ -15,6 +16,7 @@ from typing import Any
 from .config import BridgeConfig
 from .link import Link, spawn
 from .metrics import BridgeMetrics
+from .faultinfo import FaultInfoReader
 from .om import OmResponder
 
 
@@ -23,10 +25,14 @@ class SideServices:
 
     def __init__(self, config: BridgeConfig, link: Link, metrics: BridgeMetrics) -> None:
         self.om = OmResponder(config.job_id, link.client, metrics, ready=link.session.live.wait)
+        self.fault_info = FaultInfoReader(config.job_id, link.client, metrics, ready=link.session.live.wait,
+                                          on_info=link.recorder.clusterd_faults)
         self.tasks: dict[str, asyncio.Task[Any]] = {}
 
     def start(self) -> None:
         self.tasks["om"] = spawn("om", self.om.run())
+        self.tasks["fault-info"] = spawn("fault-info", self.fault_info.run())
 
     def stop(self) -> None:
         self.om.stop()
+        self.fault_info.stop()

@@ -128,6 +128,22 @@ def _abandon(item: object) -> None:
         item.sent.exception()  # retrieved: the waiter may already be cancelled by the reset
 
 
+async def next_item(queue: asyncio.Queue[T], stop: asyncio.Event) -> T | None:
+    """The queue's next item, or None once ``stop`` is set first (an item already taken
+    off the queue is still returned, never lost)."""
+    if stop.is_set():
+        return None
+    getter = asyncio.ensure_future(queue.get())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({getter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not getter.done():
+            getter.cancel()
+    return getter.result() if getter.done() and not getter.cancelled() else None
+
+
 class OmChannels:
     """The OM channels one ClusterD ``reset()`` creates (``initControllerChan``)."""
 

@@ -40,6 +40,7 @@ import grpc
 from bridge._proto import recover_pb2 as pb
 
 from . import clusterd_rules as rules
+from .clusterd_channels import next_item
 from .clusterd_job import CLIENT_ERROR, RECOVER_STATUS, STOP_COMPLETE, CycleEnded, JobController
 
 if TYPE_CHECKING:
@@ -330,18 +331,7 @@ class OmService:
         om = ctl.gen.om
         queue: asyncio.Queue[Any] = getattr(om, queue_name)
         journal.record("om-stream-open", method, request.jobId, role=request.role)
-        while not om.closed.is_set():
-            getter = asyncio.ensure_future(queue.get())
-            closed = asyncio.ensure_future(om.closed.wait())
-            try:
-                await asyncio.wait({getter, closed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                closed.cancel()
-                if not getter.done():
-                    getter.cancel()
-            if not getter.done() or getter.cancelled():
-                break
-            message = getter.result()
+        while (message := await next_item(queue, om.closed)) is not None:
             journal.record("om-notify", method, request.jobId, ranks=sorted(_ranks_of(message)))
             await context.write(message)
             om.notified.set()
