@@ -26,9 +26,10 @@ request within a second that it did not perform it, with the answer ClusterD's c
   ``changeStrategy continue``: training resumes, nothing is isolated. Any code that
   ClusterD counts as a failure would isolate or recover healthy ranks.
 
-Each request is logged, counted in ``tft_bridge_om_requests_total{operation,result}``
-and named in the flight recorder; its reply is a unary call with the RPC deadline, made
-once (ClusterD's result channels hold one answer: a second reply would block its handler).
+Each request is logged and counted in ``tft_bridge_om_requests_total{operation,result}``;
+its reply is a unary call with the RPC deadline (in the flight recorder's cycle of the
+pause as an RPC), made once: ClusterD's result channels hold one answer, a second reply
+would block its handler.
 """
 
 from __future__ import annotations
@@ -74,16 +75,13 @@ def _shown(ranks: list[str]) -> str:
 
 
 class OmResponder:
-    """The two notify streams and their answers. ``on_request(operation, ranks)`` tells
-    the flight recorder (O(1), on the loop)."""
+    """The two notify streams and their answers."""
 
     def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, *,
-                 ready: Callable[[], Awaitable[Any]],
-                 on_request: Callable[[str, int, str], None] = lambda operation, ranks, result: None) -> None:
+                 ready: Callable[[], Awaitable[Any]]) -> None:
         self.job_id = job_id
         self.client = client
         self.metrics = metrics
-        self.on_request = on_request
         request = client_info(job_id, client.config.role)
         self.streams = [
             AuxStream("switch_nic", client, metrics, NOTIFY_SWITCH, request, pb.SwitchRankList.FromString,
@@ -112,9 +110,9 @@ class OmResponder:
         ranks = list(request.rankID)
         log.warning("ClusterD asks the job to switch the NICs of ranks %s (ops %s): declined, the bridge cannot "
                     "switch NICs (that needs the ranks); ClusterD answers the operator 'switch nic failed' and "
-                    "recovers the job", _shown(ranks), list(request.op)[:SHOWN_RANKS])
+                    "runs its failure path (a recovery cycle with no fault ranks)", _shown(ranks), list(request.op)[:SHOWN_RANKS])
         reply = pb.SwitchResult(jobId=self.job_id, result=False)
-        await self._reply("switch_nic", REPLY_SWITCH, reply.SerializeToString(), len(ranks))
+        await self._reply("switch_nic", REPLY_SWITCH, reply.SerializeToString())
 
     async def _stress_test(self, request: pb.StressTestRankParams) -> None:
         if self._foreign("stress_test", request.jobId):
@@ -123,9 +121,9 @@ class OmResponder:
         log.warning("ClusterD asks the job to stress-test ranks %s: declined, the bridge cannot run stress tests "
                     "(that needs the ranks); answered 'exec failed', ClusterD resumes training", _shown(ranks))
         reply = declined_stress_result(self.job_id, request)
-        await self._reply("stress_test", REPLY_STRESS_TEST, reply.SerializeToString(), len(ranks))
+        await self._reply("stress_test", REPLY_STRESS_TEST, reply.SerializeToString())
 
-    async def _reply(self, operation: str, method: str, payload: bytes, ranks: int) -> None:
+    async def _reply(self, operation: str, method: str, payload: bytes) -> None:
         try:
             status = await self.client.call_status(method, payload)
         except RpcFailure as failure:
@@ -137,4 +135,3 @@ class OmResponder:
             if status.code != 0:
                 log.error("ClusterD refused the %s answer: code %d %s", operation, status.code, status.info[:200])
         self.metrics.om_requests.labels(operation, result).inc()
-        self.on_request(operation, ranks, result)
