@@ -117,3 +117,18 @@ def test_the_trace_carries_the_cause() -> None:
     assert root["tft_bridge.clusterd_faults"] == "node-1 NPU 0: 80C98000 (RestartNPU)"
     details = [a.value.string_value for span in spans for event in span.events for a in event.attributes]
     assert "ClusterD fault centre: node-1 NPU 0: 80C98000 (RestartNPU)" in details
+
+
+async def test_the_reader_registers_again_after_a_clusterd_restart(jobs: list[SimulatedJob], tmp_path: Path) -> None:
+    """The stream's end deletes ClusterD's publisher: the reader registers again, and the
+    faults that came meanwhile are read at once (GetFaultMsgSignal), not at their next change."""
+    job = await recorded_recovery(jobs, tmp_path)
+    assert job.bridge is not None and job.bridge.side is not None
+    reader = job.bridge.side.fault_info
+    await job.sim.stop()
+    job.sim.device_fault(JOB, [1])  # reported while ClusterD is down: kept in its device info
+    await job.sim.start(job.sim.address or "")
+    await eventually(lambda: reader.last is not None and reader.last["signal"] == "fault", 15,
+                     what="the fault read after the restart")
+    assert reader.last is not None and reader.last["devices"][0]["device"] == "1"
+    assert job.metrics.sample("tft_bridge_clusterd_stream_failures_total", {"stream": "fault_info"}) >= 1

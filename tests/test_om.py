@@ -158,3 +158,20 @@ def test_declined_result_covers_every_rank_and_op() -> None:
     result = declined_stress_result("j", request)
     assert {rank: {op: r.code for op, r in v.rankResult.items()} for rank, v in result.stressResult.items()} == {
         "3": {"aic": "1", "p2p": "1"}, "4": {"p2p": "1"}}
+
+
+async def test_the_streams_come_back_after_a_clusterd_restart(jobs: list[SimulatedJob]) -> None:
+    """A broken notify stream is counted and subscribed again (jittered back-off): after
+    ClusterD restarts, its next stress test is still answered."""
+    job = await start_job(jobs, SimJob(JOB, world_size=8, devices_per_pod=4))
+    await om_subscribed(job)
+    await job.sim.restart()
+    await eventually(lambda: job.metrics.sample("tft_bridge_clusterd_stream_failures_total",
+                                                {"stream": "stress_test"}) >= 1, 10, what="the broken stream counted")
+    await job.subscribed()
+    await om_subscribed(job)
+    async with Operator(job.sim.address or "") as operator:
+        assert (await operator.stress_test(JOB, [1])).code == 0
+        assert (await operator.response(JOB, "stress_test", timeout=20)).startswith("stress test finish")
+    assert job.metrics.sample("tft_bridge_om_requests_total", {"operation": "stress_test", "result": "declined"}) == 1
+    assert_clean(job)

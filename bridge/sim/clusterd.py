@@ -246,6 +246,7 @@ class SimClusterD:
             subscriber = ctl.gen.subscriber
             if subscriber is not None:
                 subscriber.end(grpc.StatusCode.UNAVAILABLE, "ClusterD stopped")
+            ctl.gen.om.server_stopped = True  # its notify streams break too (clusterd_om.py)
             tasks += ctl.shutdown()
         self.device_faults.close()
         for publisher in self.publishers.values():

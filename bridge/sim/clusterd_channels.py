@@ -156,6 +156,7 @@ class OmChannels:
         self.notified = asyncio.Event()  # a listener wrote the notify (NotifySuccessEvent)
         self.operation = ""  # "switch_nic" or "stress_test" while a flow runs
         self.closed = asyncio.Event()
+        self.server_stopped = False  # closed by a server stop: the streams end UNAVAILABLE, not OK
 
     def close(self) -> None:
         self.closed.set()

@@ -62,6 +62,7 @@ class FaultPublisher:
     role: str
     queue: asyncio.Queue[fault_pb2.FaultMsgSignal] = field(default_factory=asyncio.Queue)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    server_stopped: bool = False  # its stream ends UNAVAILABLE (a server stop), not OK (a new Register)
 
 
 def fault_signal(job_id: str, faults: Iterable[DeviceFault]) -> fault_pb2.FaultMsgSignal:
@@ -115,7 +116,9 @@ class DeviceFaults:
                 publisher.queue.put_nowait(message)
 
     def close(self) -> None:
+        """A server stop: every stream breaks."""
         for publisher in self.publishers.values():
+            publisher.server_stopped = True
             publisher.stopped.set()
         self.publishers.clear()
 
@@ -161,7 +164,12 @@ class FaultService(fault_pb2_grpc.FaultServicer):
         finally:
             if self.centre.publishers.get(key) is publisher:
                 del self.centre.publishers[key]
-        self.sim.journal.record("om-stream-end", "Fault.SubscribeFaultMsgSignal", request.jobId, 0, reason="stopped")
+        if publisher.server_stopped:
+            self.sim.journal.record("om-stream-end", "Fault.SubscribeFaultMsgSignal", request.jobId, 14,
+                                    reason="ClusterD stopped")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "ClusterD stopped")
+        self.sim.journal.record("om-stream-end", "Fault.SubscribeFaultMsgSignal", request.jobId, 0,
+                                reason="publisher replaced")
 
     async def GetFaultMsgSignal(self, request: fault_pb2.ClientInfo, context: Any) -> fault_pb2.FaultQueryResult:
         if not MIN_JOB_ID <= len(request.jobId) <= 128:

@@ -335,6 +335,9 @@ class OmService:
             journal.record("om-notify", method, request.jobId, ranks=sorted(_ranks_of(message)))
             await context.write(message)
             om.notified.set()
+        if om.server_stopped:
+            journal.record("om-stream-end", method, request.jobId, 14, reason="ClusterD stopped")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "ClusterD stopped")
         journal.record("om-stream-end", method, request.jobId, 0, reason="reset")
 
     async def SubscribeNotifySwitch(self, request: pb.ClientInfo, context: Any) -> None:
