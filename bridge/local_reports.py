@@ -89,10 +89,12 @@ def bind_private(path: Path) -> socket.socket:
     """A listening unix socket at ``path`` with mode 0600, never reachable with wider
     rights: bound in a fresh 0700 directory beside it, chmod-ed, then renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    private = Path(tempfile.mkdtemp(prefix=".report-fault-", dir=path.parent))  # mode 0700
+    # mode 0700; a staged path no longer than the final one (a unix socket path has at
+    # most 107 bytes: a long state directory fails here, logged, rather than at a client)
+    private = Path(tempfile.mkdtemp(prefix=".rf", dir=path.parent))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        staged = private / SOCKET_NAME
+        staged = private / "s"
         sock.bind(str(staged))
         os.chmod(staged, 0o600)
         sock.listen(16)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bridge.cli import main
-from bridge.local_reports import SOCKET_NAME, request
+from bridge.local_reports import SOCKET_NAME, bind_private, bridge_running, request
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
 
@@ -88,3 +88,14 @@ async def test_no_bridge_running_is_refused(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / SOCKET_NAME).touch()  # a leftover file answers nothing
     assert await report_fault("--config", str(config), "5:1") == 3
     assert "no bridge answers on" in capsys.readouterr().err
+
+
+def test_the_socket_is_bound_privately_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    sock = bind_private(tmp_path / SOCKET_NAME)
+    try:
+        assert stat.S_IMODE((tmp_path / SOCKET_NAME).stat().st_mode) == 0o600
+        assert [p.name for p in tmp_path.iterdir()] == [SOCKET_NAME]  # the private staging directory is gone
+        assert bridge_running(tmp_path / SOCKET_NAME)
+    finally:
+        sock.close()
+    assert not bridge_running(tmp_path / SOCKET_NAME)  # a leftover file answers nothing

@@ -28,7 +28,7 @@ def report_fault(config: Path, state: Path, *args: str) -> subprocess.CompletedP
 def test_a_rank_handed_to_the_bridge_is_recovered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     peers = find_real_peers()
     assert peers is not None
-    state = tmp_path / "state"
+    state = tmp_path / "s"  # a unix socket path has at most 107 bytes
     monkeypatch.setenv("STATE_DIRECTORY", str(state))  # the daemon's, as systemd passes it
     with RealJob(peers, tmp_path, "daemon") as job:
         try:
