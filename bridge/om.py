@@ -13,11 +13,15 @@ the bridge hosts only the controller. So it subscribes to both streams and answe
 request within a second that it did not perform it, with the answer ClusterD's code
 (``om_controller.go``) takes its no-harm way out on:
 
-* NIC switch: ``SwitchResult{result: false}``. ``handleWaitSwitchNicFinish`` answers the
-  operator "switch nic failed" (``SwitchNicFailEvent``) and ClusterD runs its
-  ``handleNotifyStopTrain``: ``stopTrain ["stop_train"]`` with the cycle's cached faults
-  (none), a process-level cycle the paused controller takes as a fault flow
-  (docs/clusterd.md, "Operator (OM) flows"); training resumes when it ends.
+* NIC switch: ``SwitchResult{result: false}``, what TaskD answers for a switch that
+  failed. ``handleWaitSwitchNicFinish`` answers the operator "switch nic failed"
+  (``SwitchNicFailEvent``) and ClusterD runs its ``handleNotifyStopTrain``:
+  ``stopTrain ["stop_train"]`` with the cycle's cached faults (none), a recovery cycle
+  with no fault rank. Measured (real ClusterD on super-pod nodes, real controller): with
+  ``retry`` configured ClusterD chooses dump and the job exits to be restarted; without,
+  it chooses recover and the controller's repair of no ranks waits for workers that never
+  come, until ClusterD's report timeout (docs/clusterd.md section 12). The only answer
+  that resumes training, ``result: true``, would tell the operator the NICs were switched.
 * Stress test: every rank and op answered with code ``"1"`` (``StressTestExecFail``,
   "exec failed", the code TaskD's worker gives a test it could not run).
   ``parseStressTestResult`` isolates a node only for code ``"2"`` (fault found: the node
