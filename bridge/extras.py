@@ -33,7 +33,7 @@ class SideServices:
         directory = state_directory(config.controller.state_directory, config.job_id)
         self.local_reports = LocalReports(config.job_id, config.controller.world_size, directory, link.sink, metrics,
                                           accepting=lambda: link.controller.started,
-                                          live=link.session.live.is_set)
+                                          live=link.session.live.is_set, step=lambda: link.flow.step)
         self.tasks: dict[str, asyncio.Task[Any]] = {}
 
     def start(self) -> None:

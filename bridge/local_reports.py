@@ -15,8 +15,8 @@ so it is never reachable with wider rights). One request per connection: a JSON 
 ``{"job_id": ..., "faults": "RANK:TYPE,..."}``, at most ``MAX_REQUEST`` bytes, read within
 ``READ_TIMEOUT``; one JSON line answers it: ``{"ok": true, "faults": canonical, "live":
 bool}`` or ``{"ok": false, "reason": ..., "error": ...}``. A request for another job, a
-malformed fault string, a rank outside the world, or a bridge whose controller is not
-running is refused with the reason, counted in
+malformed fault string, a rank outside the world, a bridge whose controller is not
+running, paused by ClusterD or ending (``step_refusal``) is refused with the reason, counted in
 ``tft_bridge_local_fault_reports_total{result}`` (malformed input also in
 ``tft_bridge_bad_inputs_total{kind="report_fault_request"}``) and logged.
 """
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from . import faults as codec
+from .flow import Step
 from .metrics import BridgeMetrics
 from .reports import ReportFields
 
@@ -51,6 +52,24 @@ class RequestError(ValueError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def step_refusal(step: Step) -> str | None:
+    """Why a handed fault must not go in at the controller's ``step``, or None.
+
+    The fault goes through the controller's own callback path, so the bridge's flow
+    tracker takes it as the controller's report. Paused by ClusterD (an operator pause),
+    the real controller still waits for ``continue``; the tracker would move on to wait
+    for a stop and refuse that continue, and ClusterD would kill the job when its wait
+    ran out. Dumping or exiting, the job is ending. Anywhere else the report joins the
+    flow as a controller's report would (outside the steps where the controller reports
+    faults itself it counts one ``tft_bridge_flow_desync_total``)."""
+    if step in (Step.PAUSE_SENT, Step.PAUSED):
+        return ("training is paused by ClusterD (an operator pause): the report would make the bridge refuse the "
+                "pause's continue; hand it over once training resumes")
+    if step in (Step.DUMPING, Step.EXITING, Step.EXITED):
+        return "the controller is saving or exiting: the job is ending"
+    return None
 
 
 def parse_request(raw: bytes, job_id: str, world_size: int) -> dict[int, int]:
@@ -125,10 +144,12 @@ def bridge_running(path: Path, timeout: float = 1.0) -> bool:
 class LocalReports:
     """The socket's server, on the event loop. ``sink`` is the controller's callback
     entry (``Link.sink``); ``accepting()`` says whether the controller runs (a fault for a
-    controller that is not running would be reported for ranks nobody recovers)."""
+    controller that is not running would be reported for ranks nobody recovers);
+    ``step()`` is the controller's flow step (``step_refusal``)."""
 
     def __init__(self, job_id: str, world_size: int, directory: Path, sink: Callable[[ReportFields], None],
-                 metrics: BridgeMetrics, *, accepting: Callable[[], bool], live: Callable[[], bool]) -> None:
+                 metrics: BridgeMetrics, *, accepting: Callable[[], bool], live: Callable[[], bool],
+                 step: Callable[[], Step]) -> None:
         self.job_id = job_id
         self.world_size = world_size
         self.path = directory / SOCKET_NAME
@@ -136,6 +157,7 @@ class LocalReports:
         self.metrics = metrics
         self.accepting = accepting
         self.live = live
+        self.step = step
         self._server: asyncio.AbstractServer | None = None
         self._stopped = asyncio.Event()
 
@@ -188,6 +210,8 @@ class LocalReports:
             if not self.accepting():
                 raise RequestError("refused", "the controller is not running (process-level recovery off, or the "
                                               "bridge is starting or stopping): nothing would recover these ranks")
+            if (refusal := step_refusal(self.step())) is not None:
+                raise RequestError("refused", refusal)
         except RequestError as error:
             self.metrics.local_reports.labels(error.reason).inc()
             if error.reason == "bad_input":

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from bridge.cli import main
-from bridge.local_reports import SOCKET_NAME, bind_private, bridge_running, request
+from bridge.flow import Step
+from bridge.local_reports import SOCKET_NAME, LocalReports, bind_private, bridge_running, request, step_refusal
+from bridge.metrics import BridgeMetrics
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
 
@@ -99,3 +101,29 @@ def test_the_socket_is_bound_privately_and_leaves_nothing_behind(tmp_path: Path)
     finally:
         sock.close()
     assert not bridge_running(tmp_path / SOCKET_NAME)  # a leftover file answers nothing
+
+
+@pytest.mark.parametrize("step", list(Step))
+def test_which_steps_refuse_a_handed_fault(step: Step) -> None:
+    refused = step_refusal(step)
+    assert (refused is not None) == (step in (Step.PAUSE_SENT, Step.PAUSED, Step.DUMPING, Step.EXITING, Step.EXITED))
+
+
+async def test_a_fault_during_an_operator_pause_is_refused(tmp_path: Path) -> None:
+    """Taken as the controller's report it would make the bridge refuse the pause's
+    continue, which the paused controller still waits for: refused, nothing handed on."""
+    handed: list[object] = []
+    metrics = BridgeMetrics()
+    server = LocalReports(JOB, 8, tmp_path, handed.append, metrics, accepting=lambda: True, live=lambda: True,
+                          step=lambda: Step.PAUSED)
+    task = asyncio.create_task(server.run())
+    try:
+        await eventually((tmp_path / SOCKET_NAME).exists, 5, what="the socket")
+        answer = await asyncio.to_thread(request, tmp_path / SOCKET_NAME, JOB, "5:1")
+        assert answer["ok"] is False and answer["reason"] == "refused"
+        assert "training is paused by ClusterD" in answer["error"]
+        assert handed == [] and metrics.sample("tft_bridge_local_fault_reports_total", {"result": "refused"}) == 1
+    finally:
+        server.stop()
+        await task
+    assert not (tmp_path / SOCKET_NAME).exists()  # removed when the bridge stops
