@@ -50,3 +50,28 @@ def test_a_rank_handed_to_the_bridge_is_recovered(tmp_path: Path, monkeypatch: p
         except Exception:
             print(job.dump())
             raise
+
+
+def test_a_rank_that_dies_while_a_recovery_waits_is_recovered_with_it(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The case the controller never reports (docs/mindio-controller.md): a rank that
+    dies after the stop-complete of a recovery. Handed over, it reaches ClusterD before its
+    globalFault, which then names its pod too, and the node agent restarts both pods."""
+    peers = find_real_peers()
+    assert peers is not None
+    state = tmp_path / "s"
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    with RealJob(peers, tmp_path, "daemon") as job:
+        try:
+            job.start()
+            mark = job.clusterd.log.mark()
+            job.ranks.kill([0])  # the first fault: pod 0
+            job.clusterd.wait_log("receive ReportStopComplete", mark, 60, "the cycle's stop-complete")
+            job.ranks.kill([3])  # dies while the controller waits for ClusterD's globalFault
+            done = report_fault(job.entry.config_path, state, "3:1")  # type: ignore[attr-defined]
+            assert done.returncode == 0, done.stderr
+            job.clusterd.wait_annotation("ProcessRecoverStatus", lambda v: v == "recover-success", 120)
+            assert [0, 1, 2, 3] in job.clusterd.fault_lists(mark)  # both pods restarted
+        except Exception:
+            print(job.dump())
+            raise
