@@ -60,6 +60,13 @@ BENCHMARKS = (
     Benchmark("scale and storm", "10 000- and 100 000-rank fault maps and a one-second callback storm through the "
               "whole path", ("bench_scale.py",), ("bench_scale.py", "--rounds-10k", "5", "--rounds-100k", "2",
                                                   "--storm", "2000")),
+    Benchmark("footprint", "CPU, memory, threads and descriptors of the process hosting the controller, idle, with "
+              "every rank connected and through a recovery, at 16, 1 000 and 10 000 ranks, the bridge against the "
+              "synchronous client", ("bench_footprint.py",), ("bench_footprint.py", "--quick"),
+              "Both sides host the same stub controller, whose ranks are Python objects in the measured process and "
+              "whose NORMAL loop polls every 20 ms (the real one every 2 s): the `bridge-sync` rows are the "
+              "bridge's own share. One TCP connection per rank is held open to the controller's port; the stub "
+              "reads nothing from it."),
     Benchmark("soak", "consecutive recovery cycles: memory, descriptors and threads", ("soak.py", "--cycles", "200"),
               ("soak.py", "--cycles", "40")),
 )

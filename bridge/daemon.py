@@ -355,7 +355,7 @@ class Bridge:
         self._stop.set()  # from here on a part that ends is stopping, not dying
         if self._on_stopping is not None:
             self._on_stopping()
-        self.notifier.stopping("stopping: draining reports, then destroying the controller")
+        self.notifier.stopping("stopping: destroying the controller, then draining reports")
         for watch in self._thread_watches.values():
             watch.cancel()
         ranks_connected = False
