@@ -10,8 +10,8 @@ and training stays paused (measured on the real server).
 
 Switching NICs and stressing NPUs needs the ranks' processes (TaskD's workers do it);
 the bridge hosts only the controller. So it subscribes to both streams and answers each
-request within a second that it did not perform it, with the answer ClusterD's code
-(``om_controller.go``) takes its no-harm way out on:
+request within a second (``REPLY_DELAY``) that it did not perform it, each with the
+answer that says so in ClusterD's terms (``om_controller.go``):
 
 * NIC switch: ``SwitchResult{result: false}``, what TaskD answers for a switch that
   failed. ``handleWaitSwitchNicFinish`` answers the operator "switch nic failed"
@@ -60,6 +60,11 @@ DECLINED = "not performed: tft-bridge hosts the MindIO controller only; stress t
 #: ClusterD's stress ops (om_service.go: "0: aic, 1: p2p"), as result keys.
 STRESS_OP_NAMES = {0: "aic", 1: "p2p"}
 SHOWN_RANKS = 8  # how many ranks a log line names
+#: How long an answer waits. ClusterD gives the operator the outcome on a response stream
+#: that can be opened only while the flow runs ("is not stress test" otherwise) and whose
+#: unread message a reset drops; answered at once, the whole flow ended within about 10 ms
+#: of the operator's call, before an operator's tool had opened that stream (measured).
+REPLY_DELAY = 0.25
 
 
 def declined_stress_result(job_id: str, request: pb.StressTestRankParams) -> pb.StressTestResult:
@@ -82,8 +87,9 @@ class OmResponder:
     """The two notify streams and their answers."""
 
     def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, *,
-                 ready: Callable[[], Awaitable[Any]]) -> None:
+                 ready: Callable[[], Awaitable[Any]], reply_delay: float = REPLY_DELAY) -> None:
         self.job_id = job_id
+        self.reply_delay = reply_delay
         self.client = client
         self.metrics = metrics
         request = client_info(job_id, client.config.role)
@@ -128,6 +134,7 @@ class OmResponder:
         await self._reply("stress_test", REPLY_STRESS_TEST, reply.SerializeToString())
 
     async def _reply(self, operation: str, method: str, payload: bytes) -> None:
+        await asyncio.sleep(self.reply_delay)
         try:
             status = await self.client.call_status(method, payload)
         except RpcFailure as failure:
