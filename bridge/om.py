@@ -56,7 +56,12 @@ REPLY_SWITCH = "/Recover/ReplySwitchNicResult"
 REPLY_STRESS_TEST = "/Recover/ReplyStressTestResult"
 #: ClusterD's StressTestExecFail (clusterd/pkg/common/constant/const.go): the test did not run.
 STRESS_TEST_EXEC_FAIL = "1"
-DECLINED = "not performed: tft-bridge hosts the MindIO controller only; stress tests need the training ranks"
+DECLINED = "not run: tft-bridge hosts the controller only"
+#: Ranks answered one by one; a larger job gets an empty result, which ClusterD's
+#: parseStressTestResult reads the same way (nothing isolated, training resumes): one
+#: entry per rank and op would pass gRPC's 4 MiB message limit near 50 000 ranks, and
+#: ClusterD echoes the whole result into its log and the operator's message.
+MAX_RESULT_RANKS = 4096
 #: ClusterD's stress ops (om_service.go: "0: aic, 1: p2p"), as result keys.
 STRESS_OP_NAMES = {0: "aic", 1: "p2p"}
 SHOWN_RANKS = 8  # how many ranks a log line names
@@ -68,8 +73,11 @@ REPLY_DELAY = 0.25
 
 
 def declined_stress_result(job_id: str, request: pb.StressTestRankParams) -> pb.StressTestResult:
-    """Every rank and op of ``request`` answered "exec failed" (module docstring)."""
+    """Every rank and op of ``request`` answered "exec failed" (module docstring); no
+    rank at all beyond ``MAX_RESULT_RANKS``."""
     result = pb.StressTestResult(jobId=job_id)
+    if len(request.stressParam) > MAX_RESULT_RANKS:
+        return result
     for rank, ops in request.stressParam.items():
         rank_result = result.stressResult[rank]
         for op in ops.ops or (0,):
@@ -120,7 +128,8 @@ class OmResponder:
         ranks = list(request.rankID)
         log.warning("ClusterD asks the job to switch the NICs of ranks %s (ops %s): declined, the bridge cannot "
                     "switch NICs (that needs the ranks); ClusterD answers the operator 'switch nic failed' and "
-                    "runs its failure path (a recovery cycle with no fault ranks)", _shown(ranks), list(request.op)[:SHOWN_RANKS])
+                    "runs its failure path (a recovery cycle with no fault ranks)", _shown(ranks),
+                    list(request.op)[:SHOWN_RANKS])
         reply = pb.SwitchResult(jobId=self.job_id, result=False)
         await self._reply("switch_nic", REPLY_SWITCH, reply.SerializeToString())
 

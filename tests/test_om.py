@@ -11,7 +11,7 @@ from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc as pb_grpc
 from bridge.daemon import EXIT_CONTROLLER_ENDED
 from bridge.flow import Step
-from bridge.om import declined_stress_result
+from bridge.om import MAX_RESULT_RANKS, declined_stress_result
 from bridge.sim.clusterd import SimClusterD, SimJob
 from bridge.sim.clusterd_timings import FAST
 from bridge.sim.scenario import SimulatedJob
@@ -169,6 +169,10 @@ def test_declined_result_covers_every_rank_and_op() -> None:
     result = declined_stress_result("j", request)
     assert {rank: {op: r.code for op, r in v.rankResult.items()} for rank, v in result.stressResult.items()} == {
         "3": {"aic": "1", "p2p": "1"}, "4": {"p2p": "1"}}
+    huge = pb.StressTestRankParams(jobId="j")
+    for rank in range(MAX_RESULT_RANKS + 1):
+        huge.stressParam[str(rank)].ops.append(0)
+    assert len(declined_stress_result("j", huge).stressResult) == 0  # bounded: ClusterD resumes all the same
 
 
 async def test_the_streams_come_back_after_a_clusterd_restart(jobs: list[SimulatedJob]) -> None:
