@@ -4,7 +4,8 @@ run the simulated ClusterD, run the AI-platform policy agent.
 Exit codes: 0 ok; 1 start-up failed; 2 bad configuration or bad input; 75 ClusterD sent
 killMaster (the job is being rescheduled; the systemd unit restarts the bridge for it);
 76 the controller ended on its own (EXIT/FINAL; the unit restarts the bridge with a fresh
-controller).
+controller). ``report-fault``: 0 handed over; 2 bad input; 3 refused (no bridge runs for the
+job, it serves another job, or its controller is not running).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import faults as codec
 from .config import BridgeConfig, ConfigError, config_warnings, load_config
@@ -139,6 +141,46 @@ def _json_int(value: object, what: str) -> int:
     raise ValueError(f"{what} {value!r} is not a decimal integer")
 
 
+# --------------------------------------------------------------------------- report-fault
+
+EXIT_REFUSED = 3
+
+
+def cmd_report_fault(args: argparse.Namespace) -> int:
+    """Hand faults to the job's running bridge (bridge/local_reports.py)."""
+    from .config import ConfigError
+    from .local_reports import SOCKET_NAME, RequestError, parse_faults, request, target
+
+    try:
+        job_id, directories, world_size = target(args.config, args.job_id)
+        if args.state_dir:
+            directories = [Path(args.state_dir)]
+        parse_faults(args.faults, world_size)  # the bridge checks again; a typo is said here at once
+    except (RequestError, ValueError, ConfigError) as error:
+        print(f"tft-bridge report-fault: {error}", file=sys.stderr)
+        return 2
+    for directory in directories:
+        path = directory / SOCKET_NAME
+        if not path.exists():
+            continue
+        try:
+            answer = request(path, job_id, args.faults)
+        except OSError as error:
+            print(f"tft-bridge report-fault: no bridge answers on {path} ({error.strerror or error}): is the "
+                  f"bridge for job {job_id!r} running, and may this user use its state directory?", file=sys.stderr)
+            return EXIT_REFUSED
+        if answer.get("ok"):
+            live = "" if answer.get("live") else " (queued: ClusterD's subscription is not live yet)"
+            print(f"handed to the bridge of job {job_id}: {answer.get('faults')}{live}")
+            return 0
+        print(f"tft-bridge report-fault: refused by the bridge: {answer.get('error')}", file=sys.stderr)
+        return 2 if answer.get("reason") == "bad_input" else EXIT_REFUSED
+    where = " or ".join(str(d / SOCKET_NAME) for d in directories)
+    print(f"tft-bridge report-fault: no bridge is running for job {job_id!r} (no socket at {where})",
+          file=sys.stderr)
+    return EXIT_REFUSED
+
+
 # --------------------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,6 +228,16 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = fsub.add_parser("format", help='canonical string of a JSON map, e.g. \'{"4": 1, "1": 0}\'')
     fmt.add_argument("json")
     faults.set_defaults(func=cmd_faults)
+    report = commands.add_parser("report-fault", help="hand faults (RANK:TYPE,...) to the job's running bridge, "
+                                                      "which reports them to ClusterD as the controller's own")
+    report.add_argument("--config", required=True, help="the job's TOML configuration file")
+    report.add_argument("--job-id", default="", help="the job id, when the config takes it from the unit's "
+                                                     "environment (MINDX_TASK_ID)")
+    report.add_argument("--state-dir", default="", help="the bridge's state directory (default: from the config, "
+                                                        "else /var/lib/tft-bridge/<config name or job id>)")
+    report.add_argument("faults", metavar="RANK:TYPE[,...]",
+                        help="fault ranks and types: 0 UCE, 1 other (a dead process), 2 HCCL; e.g. 5:1,6:1")
+    report.set_defaults(func=cmd_report_fault)
     add_history_parser(commands)
     add_platform_parser(commands)
     return parser

@@ -62,6 +62,7 @@ from typing import Any
 from .clusterd import Session
 from .config import BridgeConfig, config_warnings
 from .controller import ControllerHost, StartupError, load_controller_module
+from .extras import SideServices
 from .flow import ControllerFlow, Step
 from .link import Link, finish, spawn
 from .metrics import BridgeMetrics, MetricsServer
@@ -124,6 +125,7 @@ class Bridge:
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # supervised: its end stops the bridge
         self._thread_watches: dict[str, asyncio.Task[None]] = {}  # supervised threads, polled
         self._status = ""
+        self.side: SideServices | None = None  # built with the link (extras.py)
         self._on_stopping = on_stopping  # told once when the stop begins (the CLI arms its exit deadline)
         directory = state_directory(config.controller.state_directory, config.job_id)
         self.orphan = OrphanWatch(ControllerMarker(directory, self.metrics), self.metrics, config.job_id)
@@ -204,6 +206,9 @@ class Bridge:
                                  recorder=self.recording.recorder)
         await link.start()
         self._tasks.update(link.tasks)
+        self.side = SideServices(c, link, self.metrics)
+        self.side.start()
+        self._tasks.update(self.side.tasks)
         self._watch_thread("controller hand-off thread", lambda: link.handoff.alive)
         # Started with the first subscription (None until then): a dead one would leave
         # every Report* call waiting for an answer that never comes.
@@ -362,7 +367,7 @@ class Bridge:
                 ranks_connected = await self._await_rank_loss()
             if self.exit_code == EXIT_CONTROLLER_ENDED:
                 await self._await_stream_for_last_reports()
-            await link.stop(before_destroy=self._stop_ranktable)
+            await link.stop(before_destroy=self._stop_side)
             if link.controller.destroy_abandoned:
                 self.abandoned.append("tft_destroy_controller")
                 log.warning("the controller's destroy is left running; the process exits without running the "
@@ -425,6 +430,12 @@ class Bridge:
     def _stop_ranktable(self) -> None:
         if self.ranktable is not None:
             self.ranktable.stop()
+
+    def _stop_side(self) -> None:
+        """Right before the destroy: the side services end while the channel is open."""
+        self._stop_ranktable()
+        if self.side is not None:
+            self.side.stop()
 
 
 async def _until_dead(alive: Callable[[], bool]) -> None:

@@ -64,6 +64,15 @@ REFUSAL_REASONS = ("foreign_job", "duplicate", "malformed", "no_actions", "stale
 #: Why the flight recorder (bridge/recorder/) lost events or writes.
 RECORDER_ERROR_REASONS = ("queue_full", "disk_full", "unwritable", "corrupt", "write_failed", "events_truncated",
                           "record_failed", "otel_export", "otel_queue_full")
+#: ClusterD's operator (OM) flows the bridge answers (bridge/om.py), and what came of each.
+OM_OPERATIONS = ("switch_nic", "stress_test")
+OM_RESULTS = ("declined", "reply_failed", "foreign_job")
+#: The auxiliary ClusterD streams (bridge/om.py, bridge/faultinfo.py), for their failures.
+AUX_STREAMS = ("switch_nic", "stress_test", "fault_info")
+#: What came of a FaultMsgSignal from ClusterD's Fault service (bridge/faultinfo.py).
+FAULT_INFO_RESULTS = ("received", "foreign_job", "truncated", "unavailable")
+#: What came of a fault handed to the bridge by ``tft-bridge report-fault`` (bridge/local_reports.py).
+LOCAL_REPORT_RESULTS = ("accepted", "bad_input", "wrong_job", "refused")
 RESUME_RESULTS = ("re_reported", "rebound", "answered_stop_complete", "answered_strategies",
                   "answered_without_repair", "too_late")
 #: Final strategies every job with process-level recovery can end a cycle with (the elastic
@@ -199,6 +208,23 @@ class BridgeMetrics:
             "tft_bridge_cycle_resumes",
             "Recoveries carried across a ClusterD restart or freeze (a new subscription mid-flow), by result",
             ["result"], registry=r)
+        self.om_requests = Counter(
+            "tft_bridge_om_requests",
+            "ClusterD operator requests for the job's ranks (NIC switch, stress test) by operation and result: "
+            "declined (answered at once that the bridge does not perform it, so ClusterD resumes or recovers the "
+            "job), reply_failed (the answer did not reach ClusterD), foreign_job", ["operation", "result"],
+            registry=r)
+        self.aux_stream_failures = Counter(
+            "tft_bridge_clusterd_stream_failures",
+            "Failed subscriptions or broken streams of the auxiliary ClusterD streams (switch_nic, stress_test, "
+            "fault_info), each followed by a re-subscription after a jittered back-off", ["stream"], registry=r)
+        self.fault_info = Counter(
+            "tft_bridge_fault_info_messages",
+            "Messages of ClusterD's Fault service for the job, by result (received, foreign_job, truncated: cut to "
+            "the recorder's bound, unavailable: the release does not serve it)", ["result"], registry=r)
+        self.local_reports = Counter(
+            "tft_bridge_local_fault_reports",
+            "Faults handed to the bridge by tft-bridge report-fault, by result", ["result"], registry=r)
         self.keepalive_age.set_function(lambda: 0.0)
         self.controller_connected.set_function(lambda: 0.0)
         self._precreate()
@@ -233,6 +259,15 @@ class BridgeMetrics:
             self.recorder_errors.labels(reason)
         for result in ("written", "unchanged", "rejected", "write_failed"):
             self.ranktable_updates.labels(result)
+        for operation in OM_OPERATIONS:
+            for result in OM_RESULTS:
+                self.om_requests.labels(operation, result)
+        for stream in AUX_STREAMS:
+            self.aux_stream_failures.labels(stream)
+        for result in FAULT_INFO_RESULTS:
+            self.fault_info.labels(result)
+        for result in LOCAL_REPORT_RESULTS:
+            self.local_reports.labels(result)
 
     def count_desync(self, callback: str, step: Step) -> None:
         """The ``on_desync`` hook of ``ControllerFlow``: one unexpected callback."""

@@ -155,6 +155,7 @@ class NullRecorder:
     def session(self, state: str) -> None: ...
     def hook(self, action: str, result: str) -> None: ...
     def repeated(self) -> None: ...
+    def clusterd_faults(self, info: dict[str, Any]) -> None: ...
     def tick(self) -> None: ...
     def close(self) -> None: ...
 
@@ -164,6 +165,7 @@ class Recorder(NullRecorder):
 
     enabled = True
     LATE = 60.0  # seconds a closed cycle still takes late events (a report's RPC, a repeated signal)
+    FAULTS_HOLD = 120.0  # seconds ClusterD's fault information waits for the cycle it caused
 
     def __init__(self, job_id: str, flow: ControllerFlow, writer: RecorderWriter, *, grace: float = GRACE,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -179,6 +181,9 @@ class Recorder(NullRecorder):
         self._last_key: str | None = None  # the cycle closed last, for late events
         self._last_uuid: str | None = None
         self._last_closed = float("-inf")
+        # ClusterD's fault information (bridge/faultinfo.py) not yet in any cycle: (when, summary).
+        self._held_faults: tuple[float, dict[str, Any]] | None = None
+        self._faults_unavailable = False
 
     @property
     def current(self) -> str | None:
@@ -195,7 +200,20 @@ class Recorder(NullRecorder):
         self._cycle = cycle
         if not tentative:
             self.writer.put(("open", cycle.key, opened_by, self._wall(at), self.job_id))
+        self._faults_into(cycle, at)
         return cycle
+
+    def _faults_into(self, cycle: _Cycle, at: float) -> None:
+        """A new cycle takes ClusterD's fault information seen shortly before it (the
+        fault centre publishes a device fault before the recovery it causes), or says
+        that the release does not serve it."""
+        held = self._held_faults
+        if held is not None and at - held[0] <= self.FAULTS_HOLD:
+            self._emit(cycle, held[0], "clusterd_faults", held[1])
+            if not cycle.tentative:  # a signal asking nothing of the controller may not be the cycle
+                self._held_faults = None
+        elif self._faults_unavailable:
+            self._emit(cycle, at, "clusterd_faults", {"signal": "unavailable", "devices": []})
 
     def _commit(self, cycle: _Cycle) -> None:
         """A tentative cycle becomes real: write its opening and what it held back."""
@@ -205,8 +223,11 @@ class Recorder(NullRecorder):
         self.writer.put(("open", cycle.key, cycle.opened_by, self._wall(cycle.opened_at), self.job_id))
         if cycle.uuid:
             self.writer.put(("uuid", cycle.key, cycle.uuid))
+        held = self._held_faults
         for at, kind, data in cycle.pending:
             self.writer.put(("event", cycle.key, self._wall(at), kind, data))
+            if held is not None and data is held[1]:
+                self._held_faults = None  # the cycle it was held for
         cycle.pending.clear()
 
     def _emit(self, cycle: _Cycle | str, at: float, kind: str, data: dict[str, Any]) -> None:
@@ -425,6 +446,26 @@ class Recorder(NullRecorder):
                 self._emit(cycle, self._clock(), "repeat", {"of": self._last_uuid or ""})
         except Exception as error:  # noqa: BLE001 - recording must never break the signal path
             self._guard("repeated", error)
+
+    def clusterd_faults(self, info: dict[str, Any]) -> None:
+        """What ClusterD's fault centre saw for the job (bridge/faultinfo.py: a bounded
+        summary). Goes into the running cycle; outside one it waits ``FAULTS_HOLD``
+        seconds for the cycle it causes. "unavailable" (the release has no Fault
+        service) is said once in every cycle from then on."""
+        try:
+            at = self._clock()
+            if info.get("signal") == "unavailable":
+                self._faults_unavailable = True
+                if self._cycle is not None:
+                    self._emit(self._cycle, at, "clusterd_faults", info)
+                return
+            self._faults_unavailable = False
+            if self._cycle is not None:
+                self._emit(self._cycle, at, "clusterd_faults", info)
+            elif info.get("signal") != "normal":
+                self._held_faults = (at, info)
+        except Exception as error:  # noqa: BLE001 - recording must never break its caller
+            self._guard("clusterd_faults", error)
 
     def hook(self, action: str, result: str) -> None:
         """A node hook ClusterD asked for, and its result."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import STATE_ROOT, STORE_NAME, RecorderConfig, candidate_directories
-from .model import PARTIES, boundary, describe, in_time_order, faults_text, summarise
+from .model import PARTIES, boundary, clusterd_faults_text, describe, faults_text, in_time_order, summarise
 from .store import CycleRow, find_cycle, last_cycles, open_reader
 
 
@@ -157,6 +157,11 @@ def cycle_json(row: CycleRow, now: float, with_events: bool) -> dict[str, Any]:
     return data
 
 
+def cause_text(cause: dict[str, Any] | None) -> str:
+    """What ClusterD's fault centre saw (bridge/faultinfo.py), or "-" when it said nothing."""
+    return "-" if not cause else f"ClusterD: {clusterd_faults_text(cause)}"
+
+
 def table(rows: list[CycleRow], now: float) -> str:
     header = ("START", "CYCLE", "FAULTS", "STRATEGY", "OUTCOME", "DURATION", "PHASES", "WAITED FOR")
     lines = [header]
@@ -186,6 +191,7 @@ def timeline(row: CycleRow, now: float) -> str:
         f"{int(row.started % 1 * 1000):03d}  (opened by {row.opened_by})",
         f"  outcome   {row.outcome or 'open'}  strategy {_strategy(row, summary)}  duration {_seconds(ended - row.started)}",
         f"  faults    {faults_text(summary.get('faults'))}",
+        f"  cause     {cause_text(summary.get('clusterd_faults'))}",
         "  waited    " + ", ".join(f"{p} {_seconds(summary['waits'].get(p, 0.0))}" for p in PARTIES),
     ]
     if len(row.uuids) > 1:

@@ -168,6 +168,33 @@ def fault_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def clusterd_faults_text(info: dict[str, Any]) -> str:
+    """"node-1 NPU 0: 80C98000 (RestartNPU)" -- one line for a log, the history, a trace."""
+    if info.get("signal") == "unavailable":
+        return "not available (this ClusterD release does not serve its Fault service)"
+    if info.get("signal") == "normal" or not info.get("devices"):
+        return "cleared (ClusterD sees no fault for the job)"
+    parts = []
+    for device in info["devices"]:
+        name = f"{device.get('type') or 'NPU'} {device['device']}" if device.get("device") else "node"
+        levels = f" ({','.join(device['levels'])})" if device.get("levels") else ""
+        parts.append(f"{device['node']} {name}: {','.join(device.get('codes') or ['-'])}{levels}")
+    more = f"; {info['more']} more device(s)" if info.get("more") else ""
+    return "; ".join(parts) + more
+
+
+def clusterd_cause(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What ClusterD's fault centre saw in the cycle (bridge/faultinfo.py): the last
+    fault it published, else the last thing it said (cleared, unavailable); None when
+    nothing was heard."""
+    heard = [e for e in events if e["kind"] == "clusterd_faults"]
+    faults = [e for e in heard if e.get("signal") == "fault" and e.get("devices")]
+    chosen = (faults or heard or [None])[-1]
+    if chosen is None:
+        return None
+    return {k: v for k, v in chosen.items() if k not in ("t", "kind")}
+
+
 def summarise(events: list[dict[str, Any]], started: float, ended: float, opened_by: str) -> dict[str, Any]:
     """The analysis stored with a closed cycle (and computed for open ones)."""
     return {
@@ -179,6 +206,7 @@ def summarise(events: list[dict[str, Any]], started: float, ended: float, opened
         "rpcs": sum(1 for e in events if e["kind"] == "rpc"),
         "refusals": sum(1 for e in events if e["kind"] == "refused"),
         "drops": sum(1 for e in events if e["kind"] == "dropped"),
+        "clusterd_faults": clusterd_cause(events),
     }
 
 
@@ -247,6 +275,8 @@ def describe(event: dict[str, Any]) -> str:
         return f"outcome {event.get('outcome')} (strategy {event.get('strategy') or '-'})"
     if kind == "hook":
         return f"node hook {event.get('action')} -> {event.get('result')}"
+    if kind == "clusterd_faults":
+        return f"ClusterD fault centre: {clusterd_faults_text(event)}"
     if kind == "repeat":
         return (f"REPEAT of the retry cycle {event.get('of') or '-'} that succeeded: ClusterD runs it again "
                 f"(its fault centre kept the repaired fault), no new fault")

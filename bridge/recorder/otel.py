@@ -49,7 +49,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2 as trace
 
 from .._version import __version__
 from .config import OtelConfig, header_pairs
-from .model import describe, phases
+from .model import clusterd_faults_text, describe, phases
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,8 @@ def build_request(record: dict[str, Any], service_name: str = "tft-bridge") -> c
             "tft_bridge.fault_ranks": sum((summary.get("faults") or {}).get("by_type", {}).values()),
             **{f"tft_bridge.waited.{party}_seconds": float(seconds)
                for party, seconds in (summary.get("waits") or {}).items()},
+            "tft_bridge.clusterd_faults": (clusterd_faults_text(summary["clusterd_faults"])
+                                           if summary.get("clusterd_faults") else None),
             "tft_bridge.events_dropped": record.get("events_dropped") or None,
         }),
         status=_status(outcome in _FAILED, outcome in _OK, f"recovery {outcome}"))

@@ -77,12 +77,13 @@ from typing import Any
 
 import grpc
 
-from bridge._proto import config_pb2_grpc
+from bridge._proto import config_pb2_grpc, fault_pb2_grpc
 from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc as pb_grpc
 
 from . import clusterd_rules as rules
 from .clusterd_config import ConfigService, Publisher
+from .clusterd_fault import UCE_CODE, UCE_LEVEL, DeviceFaults, FaultService
 from .clusterd_job import JobConfig, JobController
 from .clusterd_recover import RecoverService
 from .clusterd_release import MASTER, RELEASES, Release
@@ -134,6 +135,8 @@ class SimJob:
     hot_switch: bool = False
     pod_group_exists: bool = True
     rank_table_job_id: str | None = None
+    #: the nodes' super pod (device info ``SuperPodID``); < 0: not a super pod, NIC switch refused
+    super_pod_id: int = 0
 
     @property
     def config_job_id(self) -> str:
@@ -199,6 +202,9 @@ class SimClusterD:
         self._annotations: dict[str, dict[str, str]] = {}
         self._labels: dict[str, dict[str, str]] = {}
         self.rank_tables: dict[str, str] = {}
+        # The nodes' device faults (device-info ConfigMaps: survive a restart) and the
+        # Fault service's publishers (dropped at a stop), bridge/sim/clusterd_fault.py.
+        self.device_faults = DeviceFaults(self)
         # Test instructions.
         self._fail_next = 0
         self._delay_next = 0.0
@@ -226,6 +232,8 @@ class SimClusterD:
         server = grpc.aio.server(options=list(server_options(self.release)))
         pb_grpc.add_RecoverServicer_to_server(RecoverService(self), server)  # type: ignore[no-untyped-call]
         config_pb2_grpc.add_ConfigServicer_to_server(ConfigService(self), server)  # type: ignore[no-untyped-call]
+        if self.release.fault_service:
+            fault_pb2_grpc.add_FaultServicer_to_server(FaultService(self), server)  # type: ignore[no-untyped-call]
         if self.server_credentials is not None:
             # What a TLS-terminating proxy in front of ClusterD looks like to a client.
             port = server.add_secure_port(listen, self.server_credentials)
@@ -248,7 +256,9 @@ class SimClusterD:
             subscriber = ctl.gen.subscriber
             if subscriber is not None:
                 subscriber.end(grpc.StatusCode.UNAVAILABLE, "ClusterD stopped")
+            ctl.gen.om.server_stopped = True  # its notify streams break too (clusterd_om.py)
             tasks += ctl.shutdown()
+        self.device_faults.close()
         for publisher in self.publishers.values():
             tasks += publisher.tasks
             publisher.close("ClusterD stopped")
@@ -410,6 +420,8 @@ class SimClusterD:
         ``lost``."""
         ctl = self._controller(job_id)
         pairs = [(str(rank), str(kind)) for rank, kind in faults.items()]
+        self.device_faults.inject(job_id, [rank for rank, kind in faults.items() if kind != 0])
+        self.device_faults.inject(job_id, [rank for rank, kind in faults.items() if kind == 0], UCE_CODE, UCE_LEVEL)
         return ctl.report_faults(pairs, "fault-centre")
 
     async def pause(self, job_id: str, timeout: int = 0) -> None:
@@ -430,6 +442,7 @@ class SimClusterD:
         ``fault-centre`` entry now and the signal later."""
         ctl = self._controller(job_id)
         delay = self.timings.pre_exit_uce_delay if uce else self.timings.pre_exit_delay
+        self.device_faults.inject(job_id, ranks, *((UCE_CODE, UCE_LEVEL) if uce else ()))
         ctl.schedule_pre_exit([str(rank) for rank in ranks], delay,
                               f"device fault ({'UCE' if uce else 'non-UCE'} hardware code)")
 
@@ -442,6 +455,17 @@ class SimClusterD:
     async def new_pod_running(self, job_id: str) -> None:
         """The running hot switch's backup pod is Running: ``new pod running`` follows."""
         self._controller(job_id).new_pod_running()
+
+    def device_fault(self, job_id: str, ranks: Iterable[int | str], code: str = "80C98000",
+                     level: str = "RestartNPU") -> None:
+        """An NPU fault the device plugin reports for ``ranks`` (the harness's ``POST
+        /fault/device``): published on the Fault service only; no signal by itself here
+        (use :meth:`pre_exit` for the fault centre's preExitProcess as well)."""
+        self.device_faults.inject(job_id, ranks, code, level)
+
+    def clear_device_faults(self, job_id: str) -> None:
+        """The device faults recovered (``POST /fault/clear``): a "normal" FaultMsgSignal."""
+        self.device_faults.clear(job_id)
 
     async def save_and_exit(self, job_id: str) -> None:
         """saveAndExit [save_and_exit]; then a RecoverStatus for dump, dump_exit twice."""

@@ -1,7 +1,7 @@
 """The simulated ClusterD's channels: one-slot report buffers and the signal outbox.
 
 ClusterD hands every report to its state machine through a Go channel of capacity 1 and
-sends signals through another. Their quirks are the protocol's sharpest edges, so they
+sends signals through another. The OM channels (NIC switch, stress test) are one-slot too. Their quirks are the protocol's sharpest edges, so they
 are modelled exactly: a put into an empty slot succeeds with nobody waiting; a put into
 a full slot blocks until the slot drains or the channel is closed by a reset (the RPC
 then answers 599); a closed slot's contents are simply gone.
@@ -126,3 +126,42 @@ def _abandon(item: object) -> None:
     if isinstance(item, Outgoing) and item.sent is not None and not item.sent.done():
         item.sent.set_exception(ConnectionError("the stream ended before the signal was written"))
         item.sent.exception()  # retrieved: the waiter may already be cancelled by the reset
+
+
+async def next_item(queue: asyncio.Queue[T], stop: asyncio.Event) -> T | None:
+    """The queue's next item, or None once ``stop`` is set first (an item already taken
+    off the queue is still returned, never lost)."""
+    if stop.is_set():
+        return None
+    getter = asyncio.ensure_future(queue.get())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({getter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not getter.done():
+            getter.cancel()
+    return getter.result() if getter.done() and not getter.cancelled() else None
+
+
+class OmChannels:
+    """The OM channels one ClusterD ``reset()`` creates (``initControllerChan``)."""
+
+    def __init__(self) -> None:
+        self.switch_notify: asyncio.Queue[pb.SwitchRankList] = asyncio.Queue(maxsize=1)
+        self.stress_notify: asyncio.Queue[pb.StressTestRankParams] = asyncio.Queue(maxsize=1)
+        self.switch_result: asyncio.Queue[pb.SwitchResult] = asyncio.Queue(maxsize=1)
+        self.stress_result: asyncio.Queue[pb.StressTestResult] = asyncio.Queue(maxsize=1)
+        self.responses: asyncio.Queue[str] = asyncio.Queue()
+        self.notified = asyncio.Event()  # a listener wrote the notify (NotifySuccessEvent)
+        self.operation = ""  # "switch_nic" or "stress_test" while a flow runs
+        self.closed = asyncio.Event()
+        self.server_stopped = False  # closed by a server stop: the streams end UNAVAILABLE, not OK
+
+    def close(self) -> None:
+        self.closed.set()
+
+    def respond(self, message: str) -> None:
+        """``replyOMResponse``: only while an OM flow runs."""
+        if self.operation:
+            self.responses.put_nowait(message)

@@ -32,7 +32,7 @@ import grpc
 from bridge._proto import recover_pb2 as pb
 
 from . import clusterd_rules as rules
-from .clusterd_channels import Outgoing, ReportSlot, Subscriber
+from .clusterd_channels import OmChannels, Outgoing, ReportSlot, Subscriber
 from .clusterd_hot_switch import HotSwitch
 from .clusterd_rules import FaultCache, FaultPair
 from .clusterd_release import Release
@@ -108,10 +108,12 @@ class Generation:
         #: slot makes them answer 599), only by a server stop.
         self.puts: set[asyncio.Task[Any]] = set()
         self.cycle: asyncio.Task[Any] | None = None
+        self.om = OmChannels()  # the NIC-switch and stress-test channels (clusterd_om.py)
 
     def close(self, *, cancel_puts: bool = False) -> None:
         for slot in self.slots.values():
             slot.close()
+        self.om.close()
         current = asyncio.current_task()
         for task in self.tasks | (self.puts if cancel_puts else set()):
             if task is not current:
@@ -499,7 +501,12 @@ class JobController:
             self.agent_strategies.append(rules.DUMP)
             await self._dump_for_fault("dumpForFault")
             return
-        self._enter("NotifyStopTrainState", "notifyFinish")
+        await self.stop_train_cycle("notifyFinish")
+
+    async def stop_train_cycle(self, event: str) -> None:
+        """``handleNotifyStopTrain`` and the fault cycle after it (also the OM flows'
+        failure path, clusterd_om.py)."""
+        self._enter("NotifyStopTrainState", event)
         self.uuid = rules.new_uuid()
         await self._notify(self._signal("stopTrain", rules.STOP_TRAIN_ACTIONS,
                                         self.gen.faults.stop_train_faults()))

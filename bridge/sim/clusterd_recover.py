@@ -21,6 +21,7 @@ from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc as pb_grpc
 
 from .clusterd_channels import Outgoing, Subscriber
+from .clusterd_om import OmService
 from .clusterd_job import RECOVER_STATUS, RECOVER_STRATEGY, STOP_COMPLETE, JobController
 from .clusterd_wire import fault_pairs, request_detail, signal_detail
 
@@ -40,7 +41,7 @@ def grpc_code(code: grpc.StatusCode) -> int:
     return int(code.value[0])
 
 
-class RecoverService(pb_grpc.RecoverServicer):
+class RecoverService(OmService, pb_grpc.RecoverServicer):
     """ClusterD's Recover service over the simulation's state."""
 
     def __init__(self, sim: SimClusterD) -> None:

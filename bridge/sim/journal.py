@@ -30,7 +30,8 @@ from typing import Any
 #: that moves nowhere until the next reset, as the real one does.
 KINDS: frozenset[str] = frozenset(
     {"rpc", "signal", "stream-open", "stream-end", "state", "fault-lost", "violation",
-     "annotation", "report-late", "report-blocked", "fault-centre", "kube", "stuck"}
+     "annotation", "report-late", "report-blocked", "fault-centre", "kube", "stuck",
+     "om", "om-stream-open", "om-stream-end", "om-notify", "om-response"}
 )
 
 Predicate = Callable[["JournalEntry"], bool]

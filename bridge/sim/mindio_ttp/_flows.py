@@ -431,7 +431,12 @@ class Flows(MindXEngine):
         whole pod, the controller got one rank) lost the state the repair copies from,
         and the repair never completes: the real controller hung there until ClusterD gave
         up with exit. So does this one: no result, only dump, exit, downgrade or a destroy
-        end it (``training.repair_hang_ranks`` names the ranks)."""
+        end it (``training.repair_hang_ranks`` names the ranks).
+
+        With no error ranks at all (a recover after a stop_train without fault ranks,
+        ClusterD's answer to a declined NIC switch) the real controller stops and cleans
+        every device and then waits for new workers that never come ("arf wait new
+        workers register..."): no result until the ARF wait runs out. So does this one."""
         training = self.training
         with self.cond:
             wanted = set(self.errors)
@@ -452,7 +457,7 @@ class Flows(MindXEngine):
         while True:
             with self.cond:
                 event = self.event
-                done = wanted <= self.arf_restarted
+                done = bool(wanted) and wanted <= self.arf_restarted
                 under = self.arf_restarted - wanted
             if event is Event.DUMP:
                 return Ret.ERROR

@@ -1,0 +1,53 @@
+"""The cause of a fault in its record, on the real peers: an NPU fault reported through
+ClusterD's device info (the harness's ``POST /fault/device``), the rank on that NPU dies,
+the job recovers, and ``tft-bridge history`` names the node, the NPU, the fault code and
+its level as ClusterD's Fault service published them. ClusterD v7.3.2 (its harness)
+serves no Fault service: the record says so."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..conftest import eventually_sync
+from ..processes import ROOT
+from .peers import BridgeDaemon, HarnessOptions, find_real_peers, unavailable
+from .realjob import RealJob
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+
+
+def history(directory: Path, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "bridge.cli", "history", "--state-dir", str(directory), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize(("release", "cause"), [
+    ("master", "cause     ClusterD: node-1 NPU 0: 80C98000 (RestartNPU)"),
+    ("7.3.2", "cause     ClusterD: not available (this ClusterD release does not serve its Fault service)"),
+])
+def test_history_names_the_npu_and_fault_code_of_a_recovered_fault(tmp_path: Path, release: str, cause: str) -> None:
+    peers = find_real_peers()
+    assert peers is not None
+    with RealJob(peers, tmp_path, "daemon", HarnessOptions(release=release)) as job:
+        try:
+            job.start()
+            assert isinstance(job.entry, BridgeDaemon)
+            job.clusterd.post("/fault/device", rank=2)  # rank 2: node-1, NPU 0 (2 devices per node)
+            job.ranks.kill([2])  # the process on the failed NPU dies; the controller reports it
+            job.clusterd.wait_annotation("ProcessRecoverStatus", lambda v: v == "recover-success", 120)
+            cycle = eventually_sync(lambda: next((c for c in job.entry.cycles()  # type: ignore[attr-defined]
+                                                  if c.get("outcome") == "success"), None), 60,
+                                    "the recovered cycle in the flight recorder")
+            text = history(job.entry.recorder_dir, "--cycle", cycle["key"])  # type: ignore[attr-defined]
+            assert cause in text, text
+        except Exception:
+            print(job.dump())
+            raise
