@@ -22,14 +22,11 @@ from pathlib import Path
 import pytest
 
 from ..conftest import eventually_sync
-from .peers import HarnessOptions, find_real_peers, kill_all_on_sigterm, unavailable
+from .peers import HarnessOptions, find_real_peers, kill_all_on_sigterm
 from .realjob import RealJob
+from .tier import skip_unless_the_tier_runs_here
 
-_reason = unavailable()
-if _reason is None and os.environ.get("TFT_BRIDGE_CONFORMANCE") == "separate":
-    _reason = "the real-peer scenarios run in CI's conformance stage (.ci/conformance), not in this run"
-if _reason is not None:
-    pytest.skip(f"conformance tier: {_reason}", allow_module_level=True)
+skip_unless_the_tier_runs_here()
 
 pytestmark = [pytest.mark.real_peers, pytest.mark.timeout(300)]
 

@@ -1,7 +1,7 @@
 """A NIC switch through the bridge on the real peers, with nodes in a super pod.
 
 The shipped harness's nodes have no super pod, so ClusterD refuses a NIC switch there
-(tests/conformance/test_om_real.py). This runs only with a harness built from
+(tests/conformance/test_real_om.py). This runs only with a harness built from
 ``real-peers/harness-src`` with ``harness-superpod.patch`` (a ``-super-pod ID`` flag for
 the nodes' device info), named by ``TFT_BRIDGE_SUPERPOD_HARNESS``: the bridge declines the
 switch at once (``result`` false) and ClusterD takes its failure path, a recovery cycle
@@ -19,11 +19,14 @@ import pytest
 
 from ..conftest import eventually_sync
 from ..om_operator import Operator
-from .peers import HarnessOptions, find_real_peers, unavailable
+from .peers import HarnessOptions, find_real_peers
 from .realjob import RealJob
+from .tier import skip_unless_the_tier_runs_here
+
+skip_unless_the_tier_runs_here()
 
 BINARY = os.environ.get("TFT_BRIDGE_SUPERPOD_HARNESS", "")
-pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
+pytestmark = [pytest.mark.real_peers, pytest.mark.timeout(300),
               pytest.mark.skipif(not Path(BINARY).is_file(),
                                  reason="TFT_BRIDGE_SUPERPOD_HARNESS names no harness built with -super-pod")]
 

@@ -13,10 +13,13 @@ from pathlib import Path
 import pytest
 
 from ..processes import ROOT
-from .peers import BridgeDaemon, find_real_peers, unavailable
+from .peers import BridgeDaemon, find_real_peers
 from .realjob import RealJob
+from .tier import skip_unless_the_tier_runs_here
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+skip_unless_the_tier_runs_here()
+
+pytestmark = [pytest.mark.real_peers, pytest.mark.timeout(300)]
 
 
 def report_fault(config: Path, state: Path, *args: str) -> subprocess.CompletedProcess[str]:

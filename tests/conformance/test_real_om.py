@@ -15,10 +15,13 @@ import pytest
 
 from ..conftest import eventually_sync
 from ..om_operator import Operator
-from .peers import HarnessOptions, find_real_peers, unavailable
+from .peers import HarnessOptions, find_real_peers
 from .realjob import RealJob
+from .tier import skip_unless_the_tier_runs_here
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+skip_unless_the_tier_runs_here()
+
+pytestmark = [pytest.mark.real_peers, pytest.mark.timeout(240)]
 
 
 def last_step(job: RealJob) -> int:

@@ -15,10 +15,13 @@ import pytest
 
 from ..conftest import eventually_sync
 from ..processes import ROOT
-from .peers import BridgeDaemon, HarnessOptions, find_real_peers, unavailable
+from .peers import BridgeDaemon, HarnessOptions, find_real_peers
 from .realjob import RealJob
+from .tier import skip_unless_the_tier_runs_here
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+skip_unless_the_tier_runs_here()
+
+pytestmark = [pytest.mark.real_peers, pytest.mark.timeout(300)]
 
 
 def history(directory: Path, *args: str) -> str:
