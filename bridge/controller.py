@@ -30,12 +30,9 @@ from typing import Any
 from . import controller_abi
 from .affinity import ControllerPin
 from .config import STUB_CONTROLLER, ControllerConfig
-from .reports import ReportFields
+from .reporttypes import CALLBACKS, ReportFields
 
 log = logging.getLogger(__name__)
-
-CALLBACKS = ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result")
-
 
 class StartupError(RuntimeError):
     """The controller could not be loaded, initialised or started."""

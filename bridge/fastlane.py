@@ -96,8 +96,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import faults as codec
 from . import realtime
-from .relay import METHODS
-from .reports import ControllerReport, report_of, status_code
+from .reporttypes import KINDS, METHODS, ControllerReport, report_of, status_code
 from .rpcthread import Call
 
 if TYPE_CHECKING:
@@ -107,11 +106,6 @@ if TYPE_CHECKING:
     from .relay import Relay
 
 log = logging.getLogger(__name__)
-
-#: callback -> the outbox's kind of report (relay.METHODS)
-KINDS = {"report_fault_ranks": "fault", "report_stop_complete": "stop_complete",
-         "report_strategies": "strategy", "report_result": "result"}
-
 
 def request(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
     """The request a callback makes, encoded as ``ReportPath`` encodes it (reports.py),
@@ -188,7 +182,7 @@ def _ranks(report: ControllerReport) -> int:
 
 #: Posts one batch of reports to the event loop (``Handoff``); may raise RuntimeError
 #: when the loop is closed.
-Post = Callable[["list[ControllerReport]"], None]
+Post = Callable[[list[ControllerReport]], None]
 
 
 class ReportLane:

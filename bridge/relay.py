@@ -51,6 +51,7 @@ from .backoff import Backoff
 from .clusterd import ClusterDClient, Delivery, RpcFailure, Session
 from .codes import Code
 from .metrics import BridgeMetrics, drop_reason_for_code
+from .reporttypes import METHODS
 from .rpcthread import Call, ChainBroken
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,6 @@ DROP_CODES = {
     "shutdown": Code.ServerInnerError,  # never sent
 }
 
-METHODS = {
-    "fault": "/Recover/ReportProcessFault",
-    "stop_complete": "/Recover/ReportStopComplete",
-    "strategy": "/Recover/ReportRecoverStrategy",
-    "result": "/Recover/ReportRecoverStatus",
-}
 
 
 @dataclass

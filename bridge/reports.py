@@ -44,9 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, Protocol
 
 from . import faults as codec
 from . import realtime
@@ -58,35 +56,23 @@ from .metrics import BridgeMetrics
 from .recorder import NullRecorder
 from .relay import Relay
 from .repeats import RepeatedCycles
-from .rpcthread import Call
+from .reporttypes import ControllerReport, ReportFields, report_of, status_code
 from .resume import CycleResume
-
-if TYPE_CHECKING:
-    from .fastlane import ReportLane
 
 log = logging.getLogger(__name__)
 
-
-class ControllerReport(NamedTuple):
-    """One callback invocation, as handed to the event loop."""
-
-    callback: str
-    args: tuple[Any, ...]
-    at: float  # time.monotonic() on the controller's thread
-    waiter: Future[int] | None = None  # resolved with the delivery outcome (seed API callers)
-    # The report thread's call, when the hand-off thread already queued this report
-    # there (bridge/fastlane.py); None for every other report.
-    presend: Call | None = None
+#: Posts one batch of reports to the event loop; may raise RuntimeError when the loop is closed.
+Post = Callable[[list[ControllerReport]], None]
 
 
-#: A ControllerReport from its five fields, in one C call: NamedTuple's ``__new__`` is a
-#: Python function, one more to run cold between a callback and the wire.
-report_of: Callable[[tuple[Any, ...]], ControllerReport] = partial(tuple.__new__, ControllerReport)
+class ReportLane(Protocol):
+    """What the THREAD hand-off needs of the report lane (``fastlane.ReportLane``)."""
 
+    deliver: Post  # on the loop: handles one held batch as a posted one is handled
 
-# What a callback puts on the hand-off queue: a ControllerReport's fields as a plain
-# tuple (a ControllerReport itself is one too).
-ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
+    def dispatch(self, reports: list[ControllerReport], post: Post) -> None: ...
+
+    def release(self) -> None: ...
 
 
 #: How the controller's callbacks reach the event loop (``Handoff(mode=...)``).
@@ -545,12 +531,6 @@ class ReportPath:
 def _answer(report: ControllerReport, code: int) -> None:
     if report.waiter is not None and not report.waiter.done():
         report.waiter.set_result(code)
-
-
-def status_code(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"status code must be an int, got {value!r}")
-    return value
 
 
 #: callback name -> its handler: the one place each callback is handled.

@@ -74,12 +74,12 @@ from typing import Any
 import grpc
 
 from . import realtime
+from .reporttypes import REPORT_METHODS
 
 log = logging.getLogger(__name__)
 
-#: The unary methods made on this thread: the report path's (relay.METHODS).
-THREADED = frozenset({"/Recover/ReportProcessFault", "/Recover/ReportStopComplete",
-                      "/Recover/ReportRecoverStrategy", "/Recover/ReportRecoverStatus"})
+#: The unary methods made on this thread: the report path's four.
+THREADED = REPORT_METHODS
 
 
 class ChainBroken(Exception):

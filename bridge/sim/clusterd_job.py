@@ -775,3 +775,27 @@ class JobController:
                     f"{method} fault rankId={rank!r} faultType={fault_type!r}: ClusterD accepts it "
                     f"unvalidated, but {problem}",
                 )
+
+
+@dataclass
+class SimJob:
+    """The job's PodGroup as ClusterD reads it at Init.
+
+    ``strategies``: the recover-strategy annotation (``exit`` is always added; unknown
+    names are dropped; ``elastic-training`` enables downgrade). ``process_recover``: the
+    label process-recover-enable == "on" (False: Init answers 403). ``pod_group_exists``:
+    False makes Init answer 502 and Register 402. ``rank_table_job_id``: the pods'
+    ``jobID`` label, the id config.Config uses (defaults to ``job_id``).
+    """
+
+    job_id: str
+    world_size: int = 8
+    devices_per_pod: int = 8
+    strategies: tuple[str, ...] = ("retry", "recover", "dump", "exit")
+    process_recover: bool = True
+    pod_group_exists: bool = True
+    rank_table_job_id: str | None = None
+
+    @property
+    def config_job_id(self) -> str:
+        return self.rank_table_job_id or self.job_id
