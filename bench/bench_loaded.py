@@ -66,7 +66,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.reports import ControllerReport
-from bridge.rpcthread import THREADED, _AfterSend
+from bridge.lowlevel import AfterSend
+from bridge.rpcthread import THREADED
 from bridge.sim.clusterd import SimJob
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob, free_port
@@ -233,7 +234,7 @@ def stamp_call_start(callable_: Any, name: str, started: list[tuple[str, float]]
     wrapping for the bridge's callables and the synchronous client's). A grpcio without
     the private ``_channel`` leaves the callable as it is, and the split goes without it."""
     holder = callable_
-    # The bridge's own proxy (rpcthread._AfterSend) promotes its thread once the call
+    # The bridge's own proxy (lowlevel.AfterSend) promotes its thread once the call
     # started: the stamp goes inside it, where the synchronous client's goes.
     while callable(getattr(getattr(getattr(holder, "_channel", None), "_channel", None), "segregated_call", None)):
         holder = holder._channel
@@ -241,7 +242,7 @@ def stamp_call_start(callable_: Any, name: str, started: list[tuple[str, float]]
     if callable(getattr(inner, "segregated_call", None)):
         # The bridge's own proxy, reused: it tells its callback once segregated_call
         # returned, gRPC's core having created the call and written the request.
-        holder._channel = _AfterSend(inner, lambda: started.append((name, time.monotonic())))
+        holder._channel = AfterSend(inner, lambda: started.append((name, time.monotonic())))
 
 
 class _StampedCallable:

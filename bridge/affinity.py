@@ -40,43 +40,13 @@ puts every thread pinned here back on the CPUs it had.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable
+
+from .lowlevel import SetAffinity, cpu_mask, last_errno, libc_function
 
 log = logging.getLogger(__name__)
-
-_CPU_SET_WORDS = 16  # glibc's cpu_set_t: 1 024 CPUs in unsigned longs
-_CpuSet = ctypes.c_ulong * _CPU_SET_WORDS
-_WORD_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
-
-#: ``sched_setaffinity(thread id, mask size, mask)``, 0 or -1 with errno set.
-SetAffinity = Callable[[int, int, object], int]
-
-
-def _libc_function(name: str, keep_gil: bool) -> Callable[..., int] | None:
-    """``name`` from the C library, or None where it is missing. ``PyDLL`` functions
-    keep the GIL (for the controller's thread, inside a callback: releasing it could let
-    another thread take it and keep the controller waiting up to the switch interval);
-    ``CDLL`` functions release it (for a call that may migrate the caller)."""
-    try:
-        library = ctypes.PyDLL(None, use_errno=True) if keep_gil else ctypes.CDLL(None, use_errno=True)
-        function = getattr(library, name)
-    except (OSError, AttributeError):
-        return None
-    function.restype = ctypes.c_int
-    function.argtypes = () if name == "sched_getcpu" else (ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p)
-    return function  # type: ignore[no-any-return]
-
-
-def cpu_mask(cpus: set[int] | frozenset[int]) -> _CpuSet:
-    words = _CpuSet()
-    for cpu in cpus:
-        if 0 <= cpu < _CPU_SET_WORDS * _WORD_BITS:
-            words[cpu // _WORD_BITS] |= 1 << (cpu % _WORD_BITS)
-    return words
 
 
 def allowed_cpus() -> frozenset[int]:
@@ -95,9 +65,9 @@ class ControllerPin:
 
     def __init__(self, enabled: bool = True) -> None:
         self.allowed = allowed_cpus()
-        self.getcpu = _libc_function("sched_getcpu", keep_gil=True)
-        self.pin_here: SetAffinity | None = _libc_function("sched_setaffinity", keep_gil=True)
-        self.pin_moving: SetAffinity | None = _libc_function("sched_setaffinity", keep_gil=False)
+        self.getcpu = libc_function("sched_getcpu", keep_gil=True)
+        self.pin_here: SetAffinity | None = libc_function("sched_setaffinity", keep_gil=True)
+        self.pin_moving: SetAffinity | None = libc_function("sched_setaffinity", keep_gil=False)
         self.masks = {cpu: cpu_mask({cpu}) for cpu in self.allowed}
         self._everywhere = cpu_mask(self.allowed)
         #: Off where there is nothing to choose between or no way to pin.
@@ -123,8 +93,8 @@ class ControllerPin:
         if mask is None:  # running outside the set it was allowed at start (a cpuset changed)
             self._refuse(f"the controller's thread runs on CPU {cpu}, outside the bridge's CPUs")
             return
-        if self.pin_here(0, ctypes.sizeof(mask), ctypes.addressof(mask)) != 0:
-            self._refuse(f"sched_setaffinity: {os.strerror(ctypes.get_errno())}")
+        if self.pin_here(0, mask.size, mask.address) != 0:
+            self._refuse(f"sched_setaffinity: {os.strerror(last_errno())}")
             return
         self._pinned.add(threading.get_native_id())
         self.thread = threading.get_ident()
@@ -154,8 +124,8 @@ class ControllerPin:
         assert self.pin_moving is not None
         mask = self.masks[cpu]
         with self._lock:
-            if self.pin_moving(0, ctypes.sizeof(mask), ctypes.addressof(mask)) != 0:
-                why = f"sched_setaffinity: {os.strerror(ctypes.get_errno())}"
+            if self.pin_moving(0, mask.size, mask.address) != 0:
+                why = f"sched_setaffinity: {os.strerror(last_errno())}"
             else:
                 self._pinned.add(threading.get_native_id())
                 self.handoff_cpu = cpu
@@ -182,4 +152,4 @@ class ControllerPin:
             if self.pin_moving is None:
                 return
             for thread in pinned:
-                self.pin_moving(thread, ctypes.sizeof(self._everywhere), ctypes.addressof(self._everywhere))
+                self.pin_moving(thread, self._everywhere.size, self._everywhere.address)

@@ -40,14 +40,13 @@ import collections
 import logging
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from . import faults as codec
-from . import realtime
+from . import lowlevel, realtime
 from .affinity import ControllerPin
 from .clusterd import SessionState
 from .codes import Code
@@ -138,7 +137,7 @@ class Handoff:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._fd = -1
-        self._write = _gil_holding_write() if mode == WAKE else None
+        self._write = lowlevel.gil_holding_write() if mode == WAKE else None
         if mode == WAKE and self._write is None:
             log.warning("no GIL-holding write available: the controller hand-off falls back to a thread")
         if mode == WAKE and self._write is not None:
@@ -166,7 +165,7 @@ class Handoff:
         self._pending.append(item)
         if not self._armed:
             self._armed = True
-            self._write(self._fd, _ONE, 8)  # type: ignore[misc]
+            self._write(self._fd, lowlevel.EVENTFD_ONE, 8)  # type: ignore[misc]
 
     def _drain(self) -> None:
         """On the loop: everything put so far, in order. The eventfd is read *before*
@@ -304,25 +303,6 @@ def _as_report(item: object) -> ControllerReport:
     if type(item) is tuple and len(item) == 4:  # a callback's fields, the common case: one C call
         return report_of((*item, None))
     return ControllerReport._make((*item, None))  # type: ignore[misc]  # raises for anything but 4 fields
-
-
-_ONE = (1).to_bytes(8, sys.byteorder)  # an eventfd write: one 8-byte counter increment
-
-
-def _gil_holding_write() -> Callable[[int, bytes, int], int] | None:
-    """libc ``write`` called without releasing the GIL (ctypes ``PyDLL``); None where
-    unavailable (no eventfd or no libc), which selects the THREAD hand-off."""
-    if not hasattr(os, "eventfd"):
-        return None
-    try:
-        import ctypes
-
-        write = ctypes.PyDLL(None).write
-    except (ImportError, OSError, AttributeError):
-        return None
-    write.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
-    write.restype = ctypes.c_ssize_t
-    return write  # type: ignore[no-any-return]
 
 
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:

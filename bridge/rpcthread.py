@@ -53,12 +53,10 @@ receiving thread with a sync hint, so Linux places it on the writer's CPU, where
 preempts a normal-policy writer at once (the synchronous client) but cannot preempt a
 realtime one; it then went to the other CPU, which had been idle for milliseconds and
 took ~0.1 ms to wake. So ``make`` runs its ``on_sent`` (the promotion) right after
-gRPC has written the request: the proxy ``_AfterSend`` stands in for the channel object
-of each method's callable (gRPC's ``_channel``, whose ``segregated_call`` starts the
-call and writes the request, before the calling thread waits in ``next_event``). That
-is gRPC's internal structure: where a gRPC release has none of it, ``on_sent`` runs
-just before the call, as before, and ``after_send`` says so (a test fails on such a
-release, so an upgrade cannot lose it silently).
+gRPC has written the request (``lowlevel.after_send``: gRPC's internal structure, the
+one place the bridge reaches into it). Where a gRPC release has none of it, ``on_sent``
+runs just before the call, as before, and ``after_send`` says so (a guard test fails on
+such a release, so an upgrade cannot lose it silently).
 """
 
 from __future__ import annotations
@@ -73,7 +71,7 @@ from typing import Any
 
 import grpc
 
-from . import realtime
+from . import lowlevel, realtime
 from .reporttypes import REPORT_METHODS
 
 log = logging.getLogger(__name__)
@@ -207,10 +205,7 @@ class RpcThread:
         if method not in self._callables:
             callable_ = self.channel.unary_unary(
                 method, request_serializer=None, response_deserializer=self._deserialize)
-            inner = getattr(callable_, "_channel", None)
-            if callable(getattr(inner, "segregated_call", None)):
-                callable_._channel = _AfterSend(inner, self._sent)
-            else:
+            if not lowlevel.after_send(callable_, self._sent):
                 self.after_send = False
             self._callables[method] = callable_
         return self._callables[method]
@@ -288,24 +283,6 @@ class RpcThread:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
-
-
-class _AfterSend:
-    """gRPC's channel object as one method's callable sees it, telling ``sent`` once
-    ``segregated_call`` has started the call, which writes the request; everything else
-    goes to the channel object itself."""
-
-    def __init__(self, channel: Any, sent: Callable[[], None]) -> None:
-        self._channel = channel
-        self._sent = sent
-
-    def segregated_call(self, *args: Any, **kwargs: Any) -> Any:
-        call = self._channel.segregated_call(*args, **kwargs)
-        self._sent()
-        return call
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._channel, name)
 
 
 def _resolve(future: asyncio.Future[Any], outcome: tuple[Any, BaseException | None]) -> None:
