@@ -145,11 +145,8 @@ class ClusterDClient:
         self.realtime_priority = realtime_priority  # of the report thread (bridge/realtime.py)
         self.channel: grpc.aio.Channel | None = None
         self._callables: dict[str, Any] = {}
-        # The Report* calls go over a synchronous channel on a thread of their own
-        # (bridge/rpcthread.py: grpc.aio's wake-ups on busy cores); False
-        # sends them with grpc.aio like the other calls, the way rpcthread.py's figures
-        # were measured against (nothing in the bridge sets it).
-        self.report_thread = True
+        # The Report* calls' thread and synchronous channel (bridge/rpcthread.py: grpc.aio
+        # hands each call between the loop and gRPC's poller thread, one more wake-up).
         self.rpc_thread: RpcThread | None = None
         # (method, code or gRPC status, started, seconds) of every unary call: the
         # flight recorder's RPC timeline (bridge.recorder; O(1), on the loop).
@@ -168,7 +165,7 @@ class ClusterDClient:
         stream is first opened: every report follows a subscription, so the channel is
         connected before the first report, and a client that never subscribes (the rank
         table's) holds no second connection or thread."""
-        if self.rpc_thread is None and self.report_thread:
+        if self.rpc_thread is None:
             options = channel_options(self.config, pings=0)
             sync_channel = (grpc.secure_channel(self.config.address, channel_credentials(self.config), options)
                             if self.config.tls else grpc.insecure_channel(self.config.address, options))
@@ -219,7 +216,7 @@ class ClusterDClient:
         made there (then use ``call``). With ``after``: chained, sent only once ``after``
         answered code 0 (rpcthread.py, "Chained calls"). Await it with ``finish``;
         ``ChainBroken`` means it was never sent."""
-        threaded = self.rpc_thread if self.report_thread and method in THREADED else None
+        threaded = self.rpc_thread if method in THREADED else None
         if threaded is None:
             return None
         return threaded.submit(method, payload, timeout or self.config.rpc_timeout, after)

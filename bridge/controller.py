@@ -141,7 +141,6 @@ class ControllerHost:
         self.config = config
         self.started = external
         self.owned = not external
-        self.callbacks: dict[str, Callable[..., int]] = {}  # as registered (benchmarks call them directly)
         # True once a destroy did not return in time: its thread still runs and may hold
         # the controller's locks, so the process must not run the module's atexit destroy
         # (the daemon ends with os._exit; bridge/daemon.py).
@@ -173,8 +172,8 @@ class ControllerHost:
         if not self.owned:  # re-registering and re-initialising the caller's controller would break it
             raise StartupError("this controller is run by the caller (external=True): it is never started here")
         m, c = self.module, self.config
-        self.callbacks = {name: make_callback(name, sink, on_error, pin) for name in CALLBACKS}
-        for name, callback in self.callbacks.items():
+        for name in CALLBACKS:
+            callback = make_callback(name, sink, on_error, pin)
             if m.tft_register_mindx_callback(name, callback) != 0:
                 raise StartupError(f"the controller refused to register callback {name!r}")
         export_wait_time(c.wait_mindx_time)

@@ -210,8 +210,6 @@ class ReportLane:
         self.taken = 0  # reports sent this way (tests and benchmarks read it)
         self.chained = 0  # ... of which chained to the lane's call before them
         self._post: Post | None = None
-        # Makes a call's request where the call is made (benchmarks wrap it to stamp it).
-        self.prepare_request: Callable[[str, str, tuple[Any, ...]], bytes | None] = _request_or_none
         # On the loop: handles one held batch as a posted one is handled (``Handoff``).
         self.deliver: Post = lambda reports: None
         # Whether a cycle's strategies report must go through the loop, which may narrow
@@ -253,7 +251,7 @@ class ReportLane:
         post(reports)
 
     def _open(self) -> bool:
-        return (self.unhandled == 1 and self.client.report_thread and self.client.rpc_thread is not None
+        return (self.unhandled == 1 and self.client.rpc_thread is not None
                 and self.relay.idle() and self.session.live.is_set())
 
     def _take(self, reports: list[ControllerReport], index: int, kind: str, cycle: str | None,
@@ -269,7 +267,7 @@ class ReportLane:
         try:
             call, self._spare = self._spare or Call.blank(self.loop), None
             call.fill(METHODS[kind], self.client.config.rpc_timeout, self.last,
-                      partial(self.prepare_request, self.job_id, report.callback, report.args))
+                      partial(_request_or_none, self.job_id, report.callback, report.args))
         except Exception:  # noqa: BLE001 - the ordinary way is always open
             log.exception("the report lane failed; the report goes through the event loop")
             return False

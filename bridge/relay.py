@@ -103,7 +103,6 @@ class Relay:
         # and queues a fault report on the report thread, and here around every append.
         self.lane_lock = threading.Lock()
         self.presend_pending = 0  # reports queued by the lane, not adopted yet (under lane_lock)
-        self.sent: list[tuple[str, float]] = []  # (kind, monotonic time) each request went on the wire, bounded
         self.on_drop: Callable[[str, str | None, str], None] | None = None  # (kind, cycle, reason): the flight recorder
         # (kind): a cycle-bound report whose outcome is unknown was dropped (resume.py may
         # then reset ClusterD's cycle on purpose, to resume it deterministically).
@@ -150,7 +149,6 @@ class Relay:
             if waiter is not None:
                 head.waiters.append(waiter)
             self._adopt(head)
-            self._record(self.sent, "fault", _wire_time(presend))
             self._wakeup.set()
             return
         if not faults:
@@ -183,7 +181,6 @@ class Relay:
             presend.adopted = True
             pending.sending, pending.chained = True, presend
             self._adopt(pending)
-            self._record(self.sent, kind, _wire_time(presend))
             self._unsettle()
             presend.future.add_done_callback(lambda _: self._chain_ended(pending, presend))
             if not self.session.cycle_alive(cycle):
@@ -294,7 +291,6 @@ class Relay:
                 code = await self._in_flight(head, METHODS["fault"], b"", presend)
             else:
                 payload = codec.encode_process_fault_request(self.job_id, head.faults)
-                self._record(self.sent, "fault")
                 code = await self._in_flight(head, METHODS["fault"], payload)
         except ChainBroken:  # withdrawn before the report thread took it (stopping): it never left
             head.sending = False
@@ -331,7 +327,6 @@ class Relay:
                 if chained is not None:  # already queued behind its predecessor (``_chain_next``)
                     code = await self._in_flight(head, METHODS[head.kind], head.payload, chained)
                 else:
-                    self._record(self.sent, head.kind)
                     code = await self._call_unsettled(head, METHODS[head.kind], head.payload)
             except ChainBroken:
                 continue  # it never left: now the ordinary way, its cycle checked first
@@ -401,7 +396,6 @@ class Relay:
             return
         follower.sending = True
         follower.chained = chained
-        self._record(self.sent, follower.kind)
         self._unsettle()
         chained.future.add_done_callback(lambda _: self._chain_ended(follower, chained))
 
@@ -432,12 +426,6 @@ class Relay:
         self.metrics.reports_sent.labels(pending.kind).inc()
         pending.resolve(Code.OK)
 
-    @staticmethod
-    def _record(record: list[tuple[str, float]], kind: str, at: float | None = None) -> None:
-        record.append((kind, time.monotonic() if at is None else at))
-        if len(record) > 1000:
-            del record[:500]
-
     async def drain(self, timeout: float) -> bool:
         """Wait until the outbox is empty (shutdown); False on timeout."""
         deadline = time.monotonic() + timeout
@@ -450,9 +438,3 @@ def _retrieve(future: asyncio.Future[object]) -> None:
     """Mark an unawaited call's outcome as seen (asyncio logs an unretrieved exception)."""
     if not future.cancelled():
         future.exception()
-
-
-def _wire_time(call: Call) -> float | None:
-    """When a lane's call went on the wire, for the send log: the loop adopts it after the
-    call, so its own clock would say when it learned of it (None: not made yet, now)."""
-    return call.started if call.taken else None
