@@ -6,25 +6,21 @@ thread inside the callback (``realtime.py`` says why no other policy will do). A
 thread woken on the controller's CPU runs the moment the controller's thread goes back
 to waiting, which the real controller does right after its callbacks; woken on another
 CPU it waits out whatever busy process runs there. The end-to-end runs under load showed that
-choice of the scheduler is the whole of the remaining gap to the synchronous client
-under load: at two busy processes on a 2-core node the controller's second
-``report_fault_ranks`` reached the event loop 2.1 ms later at the median (4.4 ms p99)
-whenever the hand-off thread was queued on the other CPU.
+choice of the scheduler was the whole of the remaining gap to the synchronous client
+under load (docs/performance.md, "Measurements behind the design").
 
-Making the hand-off thread *follow* the controller's thread loses either way
-(measured on a loaded 2-core node): pinned after each batch, it is on the wrong CPU
-whenever the controller's thread has moved since its last callback (the benchmark's
-thread usually has: cb -> loop p99 3.5-5 ms); pinned from inside the callback, each pin
-costs the callback 30-200 us. So the controller's thread is pinned too, once: the first
+Making the hand-off thread *follow* the controller's thread loses either way (measured
+on a loaded node): pinned after each batch, it is on the wrong CPU whenever the
+controller's thread has moved since its last callback; pinned from inside the callback,
+each pin costs the callback itself, on which the controller blocks. So the controller's
+thread is pinned too, once: the first
 callback on a thread pins *that thread* to the CPU it is running on (``sched_getcpu``
 and ``sched_setaffinity`` through ``PyDLL``, which keep the GIL; the thread is already
 there, so nothing migrates), and the hand-off thread, after the batch that callback
 woke it for, pins itself to the same CPU (with the GIL released: pinning a running
 thread migrates it, and it may then wait for its new CPU). From then on every wake-up is
-local and the callback pays a thread-id comparison (measured with a put -> wake-up
-micro-benchmark of the report path's threads, 1 500 puts: hand-off p99 0.21 ms at two
-and four busy processes against 4.8-6.7 ms, put p99 unchanged; that benchmark is in
-the git history, ``bench/bench_loaded.py`` measures the path as built).
+local and the callback pays a thread-id comparison (``bench/bench_loaded.py`` measures
+the path as built).
 
 What it costs: the controller's state-machine thread can no longer move to an idle CPU.
 Where training processes are bound to cores the bridge may share, confine the unit to

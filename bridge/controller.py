@@ -4,14 +4,14 @@ The controller calls its four callbacks on its own C++ state-machine thread and 
 blocked until they return; an exception escaping one makes it abandon recovery and kill
 the job's ranks, a SystemExit aborts the whole process. So the callbacks installed here
 do exactly one thing: hand the arguments to the event loop and return 0. They never
-raise, never block and never copy a fault map on the controller's thread (copying
-100 000 ranks would block it for half a millisecond); the controller builds a fresh dict
-for every call and never touches it again, and the loop validates and copies it.
+raise, never block and never copy a fault map on the controller's thread (a map's copy
+grows with its ranks); the controller builds a fresh dict for every call and never
+touches it again, and the loop validates and copies it.
 
 Every instruction on the controller's thread counts: the thread has just woken, so
 its caches are cold and each bytecode costs several times its warm price. The callback
-builds one plain tuple and calls a C-level queue put (about 0.3 us warm, against 1.1 us
-for a dataclass and a Python-level put); the hand-off thread (``reports.Handoff``) turns
+builds one plain tuple and calls a C-level queue put (a fraction of a dataclass and a
+Python-level put: docs/performance.md); the hand-off thread (``reports.Handoff``) turns
 the tuple into a ``ControllerReport`` on the other side. Everything after the put is the
 return path, ``bridge/reports.py``.
 """

@@ -85,37 +85,26 @@ class Handoff:
     Two ways, chosen by ``mode``; both deliver in callback order, in batches, to
     ``handle`` on the loop, and neither raises into the callback.
 
-    ``THREAD`` is the default (``controller.handoff``): measured on a quiet 2-core node
-    with ``bench/bench_relay.py``, WAKE's wake-up costs the controller's thread itself
-    (the woken loop preempts it, the very effect SCHED_BATCH keeps off the THREAD
-    hand-off): callback block p50 19-40 us and p99 33-77 us, over the 50 us target at
-    10 000 and 100 000 ranks, against THREAD's p50 7-17 us and p99 16-45 us. Under CPU
-    load WAKE reached the loop far sooner, so a node whose cores are busy may choose it
-    (``bench/bench_relay.py --handoff wake`` measures it).
+    ``THREAD`` is the default (``controller.handoff``): WAKE's wake-up costs the
+    controller's thread itself (the woken loop preempts it, the very effect SCHED_BATCH
+    keeps off the THREAD hand-off), and the controller blocks on every callback. Under
+    CPU load WAKE reaches the loop sooner, so a node whose cores are busy may choose it
+    (``bench/bench_relay.py --handoff wake`` measures both; docs/performance.md).
 
-    ``WAKE``: the callback appends the tuple to a deque and, unless a wake-up
-    is already pending, writes to an eventfd the loop watches. The write is made through
-    a ctypes ``PyDLL`` function, which keeps the GIL: ``os.write`` and
-    ``call_soon_threadsafe`` release it around the syscall, and the woken loop could
-    then take the GIL and keep the controller's thread waiting up to the switch
-    interval (5 ms) to get it back. One thread wake-up per burst of reports, and the
-    woken thread is the loop itself under the normal policy: measured under CPU load, the
-    report path crossing controller thread -> hand-off thread -> loop, each wake-up
-    costing a scheduling delay on busy cores, the SCHED_BATCH hand-off thread the
-    worst of them (it waits for the running task's slice to end rather than
-    preempting: 8-185 ms callback -> ClusterD on a loaded node, against 1 ms for the
-    synchronous client). WAKE hands batches to the loop only: it has no report lane.
+    ``WAKE``: the callback appends the tuple to a deque and, unless a wake-up is already
+    pending, writes to an eventfd the loop watches, through a write that keeps the GIL
+    (``lowlevel.gil_holding_write``): ``os.write`` and ``call_soon_threadsafe`` release it
+    around the syscall, and the woken loop could then take the GIL and keep the
+    controller's thread waiting up to the interpreter's switch interval to get it back.
+    One thread wake-up per burst of reports, and no report lane.
 
     ``THREAD``: a ``SimpleQueue.put`` (a C call that keeps the GIL) wakes a hand-off
     thread blocked in ``get``, which calls ``call_soon_threadsafe`` once the callback has
-    returned. That thread runs as ``SCHED_BATCH``: under the normal policy Linux often
-    preempted the controller's thread at the put to run it, doubling the callback's
-    median block time. It is the one thread of the report path that is *not* realtime
-    (``realtime.py``): Linux puts a woken realtime thread on the CPU it last ran on,
-    whatever runs there, so it preempted the controller's thread at the put, which then
-    had to wait behind the busy processes for its CPU back while holding the GIL (block
-    p99 0.05-3.6 ms against 8-12 us as SCHED_BATCH, bench_loaded A/B at one and two busy
-    processes). Also the fall back where WAKE is unavailable (no eventfd/ctypes).
+    returned. That thread waits as ``SCHED_BATCH``: under the normal policy Linux often
+    preempted the controller's thread at the put to run it, and a woken realtime thread
+    goes to the CPU it last ran on whatever runs there, so it preempted the controller's
+    thread, which then waited for its CPU back while holding the GIL (``realtime.py``).
+    Also the fall back where WAKE is unavailable (no eventfd).
     With ``lane`` (``bridge/fastlane.py``) this thread may send a batch's report to
     ClusterD itself first (running ``SCHED_FIFO`` for the call), and posts the batch to
     the loop once no callback is left to dispatch (``ReportLane.release``).

@@ -1,14 +1,10 @@
 """The report RPCs on a thread of their own, over a synchronous gRPC channel.
 
-Measured: the controller's reports reached ClusterD later than the synchronous
-MindCluster client's, and much later when the node's cores are busy. On loopback against
-the simulated ClusterD in its own process (``bench/bench_loaded.py``), with two busy
-processes on the 2-core machine, a unary call made from the event loop with
-``grpc.aio`` took p99 36 ms from the call to the server having decoded the request; the
-same call made with a synchronous channel on a dedicated thread that the loop wakes,
-18 ms; made inline, 7.5 ms (p50 0.4 ms for all three). ``grpc.aio`` hands the call's
-completion-queue work between the loop and gRPC's own poller thread; each of those
-wake-ups waits for a core when the cores are busy. A synchronous call drives its
+Made with ``grpc.aio`` from the event loop, the controller's reports reached ClusterD
+later than the synchronous MindCluster client's, and much later when the node's cores
+are busy (docs/performance.md, "Measurements behind the design"): ``grpc.aio`` hands the
+call's completion-queue work between the loop and gRPC's own poller thread, and each of
+those wake-ups waits for a core when the cores are busy. A synchronous call drives its
 completion queue on the calling thread.
 
 The event loop must never block, so the call runs here, on one thread that only makes
@@ -51,8 +47,7 @@ for the answer (``fastlane.py``), but it must not be realtime when it writes the
 Traced with the scheduler's events on a loopback node: the write wakes ClusterD's
 receiving thread with a sync hint, so Linux places it on the writer's CPU, where it
 preempts a normal-policy writer at once (the synchronous client) but cannot preempt a
-realtime one; it then went to the other CPU, which had been idle for milliseconds and
-took ~0.1 ms to wake. So ``make`` runs its ``on_sent`` (the promotion) right after
+realtime one; it then went to the other CPU, idle and slow to wake. So ``make`` runs its ``on_sent`` (the promotion) right after
 gRPC has written the request (``lowlevel.after_send``: gRPC's internal structure, the
 one place the bridge reaches into it). Where a gRPC release has none of it, ``on_sent``
 runs just before the call, as before, and ``after_send`` says so (a guard test fails on
@@ -126,8 +121,8 @@ class Call:
     def blank(cls, loop: asyncio.AbstractEventLoop) -> Call:
         """A call for the report lane to ``fill`` later (any thread). The lane makes the
         next one ahead, after a call answered: creating it (its future asks the loop for
-        its debug mode, a Python call) cost ~15 us of a report's hop on the way to the
-        wire, where the path runs cold."""
+        its debug mode, a Python call) cost a measurable share of a report's hop on the way to the
+        wire, where the path runs cold (docs/performance.md)."""
         return cls("", b"", 0.0, loop.create_future(), loop, None)
 
     def fill(self, method: str, timeout: float, after: Call | None,
