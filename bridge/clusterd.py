@@ -136,9 +136,12 @@ class ClusterDClient:
     """The channel and the calls. Create and use it inside the running event loop."""
 
     def __init__(self, config: ClusterDConfig, metrics: BridgeMetrics, realtime_priority: int = 0,
-                 *, quiet_stream: bool = False) -> None:
+                 *, quiet_stream: bool = False,
+                 on_rpc: Callable[[str, int | str, float, float], None] | None = None) -> None:
         """``quiet_stream``: the client's stream gets no regular writes from ClusterD (the
-        rank table's), so its channel pings only every ``QUIET_STREAM_PING``."""
+        rank table's), so its channel pings only every ``QUIET_STREAM_PING``. ``on_rpc``:
+        told (method, code or gRPC status, started, seconds) of every unary call, on the
+        loop (the flight recorder's RPC timeline; O(1))."""
         self.config = config
         self._pings = max(config.grpc_keepalive, QUIET_STREAM_PING) if quiet_stream else None
         self.metrics = metrics
@@ -148,9 +151,7 @@ class ClusterDClient:
         # The Report* calls' thread and synchronous channel (bridge/rpcthread.py: grpc.aio
         # hands each call between the loop and gRPC's poller thread, one more wake-up).
         self.rpc_thread: RpcThread | None = None
-        # (method, code or gRPC status, started, seconds) of every unary call: the
-        # flight recorder's RPC timeline (bridge.recorder; O(1), on the loop).
-        self.on_rpc: Callable[[str, int | str, float, float], None] | None = None
+        self.on_rpc = on_rpc
 
     async def open(self) -> None:
         options = channel_options(self.config, pings=self._pings)
@@ -301,7 +302,10 @@ class Session:
 
     def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, on_signal: SignalHandler,
                  on_state: Callable[[SessionState], None] = lambda state: None,
-                 screen: SignalScreen = lambda signal, raw: None) -> None:
+                 screen: SignalScreen = lambda signal, raw: None, *,
+                 catch_up: Callable[[], None], before_subscribe: Callable[[], Awaitable[Any]]) -> None:
+        """``catch_up`` and ``before_subscribe`` keep the report path's order against
+        ClusterD's (below); required, so that no way of building a session forgets them."""
         self.job_id = job_id
         self.client = client
         self.config = client.config
@@ -317,11 +321,11 @@ class Session:
         # report of the ended stream still on the wire could otherwise arrive after it and
         # be consumed as the new cycle's answer. Report* calls use a connection of their
         # own (rpcthread.py), so nothing else orders the two.
-        self.before_subscribe: Callable[[], Awaitable[Any]] | None = None
+        self._before_subscribe = before_subscribe
         # Runs on the loop before it reacts to anything from ClusterD (a message, a
         # stream's end, a Subscribe): the report lane hands over the controller's reports
         # that left before the loop saw them (bridge/fastlane.py).
-        self.catch_up: Callable[[], None] = lambda: None
+        self._catch_up = catch_up
         self.state = SessionState.CONNECTING
         self.live = asyncio.Event()  # set while a subscription is live
         self.init_answered = asyncio.Event()
@@ -415,9 +419,8 @@ class Session:
                 if await self._sleep(backoff.next()):
                     break
                 continue
-            self.catch_up()
-            if self.before_subscribe is not None:
-                await self.before_subscribe()
+            self._catch_up()
+            await self._before_subscribe()
             reason = await self._subscribe_once()
             self._end_reason = reason if not self._resubscribe.is_set() else self._end_reason
             if self._stopping.is_set():
@@ -445,7 +448,7 @@ class Session:
                     log.warning("ClusterD signal stream silent for %.0f s (no keep-alive): treating it as dead", silence)
                     reason = "keepalive_timeout"
                     break
-                self.catch_up()
+                self._catch_up()
                 if item is grpc.aio.EOF:
                     reason = "cycle_end"
                     break
@@ -472,7 +475,7 @@ class Session:
         finally:
             call.cancel()
             self._call = None
-            self.catch_up()
+            self._catch_up()
             self._end_cycle()
             self.live.clear()
             self.metrics.subscription_up.set(0)

@@ -151,7 +151,12 @@ class ReportLane:
     batches."""
 
     def __init__(self, job_id: str, relay: Relay, session: Session, client: ClusterDClient,
-                 loop: asyncio.AbstractEventLoop, flow: ControllerFlow) -> None:
+                 loop: asyncio.AbstractEventLoop, flow: ControllerFlow, *, deliver: Post,
+                 loop_only_strategies: Callable[[str | None], bool]) -> None:
+        """``deliver``: on the loop, handles one held batch as a posted one is handled
+        (``Handoff.handle_posted``). ``loop_only_strategies(cycle)``: whether a cycle's
+        strategies report must go through the loop, which may narrow what it offers
+        (``resume.CycleResume.sends_itself``)."""
         self.job_id = job_id
         self.flow = flow
         self.relay = relay
@@ -169,11 +174,8 @@ class ReportLane:
         self.taken = 0  # reports sent this way (tests and benchmarks read it)
         self.chained = 0  # ... of which chained to the lane's call before them
         self._post: Post | None = None
-        # On the loop: handles one held batch as a posted one is handled (``Handoff``).
-        self.deliver: Post = lambda reports: None
-        # Whether a cycle's strategies report must go through the loop, which may narrow
-        # what it offers (``resume.CycleResume.sends_itself``); set by the link.
-        self.loop_only_strategies: Callable[[str | None], bool] = lambda cycle: False
+        self._deliver = deliver
+        self._loop_only_strategies = loop_only_strategies
 
     def dispatch(self, reports: list[ControllerReport], post: Post) -> None:
         """Route one batch (hand-off thread), and make the calls the lane took for it.
@@ -220,7 +222,7 @@ class ReportLane:
         thread makes it once the lock is free (``dispatch``). False when that failed (the
         ordinary way is always open)."""
         report = reports[index]
-        if kind == "strategy" and self.loop_only_strategies(cycle):
+        if kind == "strategy" and self._loop_only_strategies(cycle):
             return False
         rpc = self.client.rpc_thread
         try:
@@ -310,7 +312,7 @@ class ReportLane:
         with self.lock:
             held = self._unhold()
         for reports in held:
-            self.deliver(reports)
+            self._deliver(reports)
 
     def _unhold(self) -> list[list[ControllerReport]]:
         """The held batches, taken: from now on batches go straight to the loop (under

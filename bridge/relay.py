@@ -86,7 +86,12 @@ class Pending:
 
 class Relay:
     def __init__(self, job_id: str, client: ClusterDClient, session: Session, metrics: BridgeMetrics,
-                 limit: int = 10_000) -> None:
+                 limit: int = 10_000, *, on_drop: Callable[[str, str | None, str], None],
+                 on_outcome_unknown: Callable[[str], None]) -> None:
+        """``on_drop(kind, cycle, reason)``: a report was dropped (the flight recorder).
+        ``on_outcome_unknown(kind)``: a cycle-bound report whose outcome is unknown was
+        dropped while its cycle lives (resume.py may then reset ClusterD's cycle on
+        purpose, to resume it deterministically)."""
         self.job_id = job_id
         self.client = client
         self.session = session
@@ -103,10 +108,8 @@ class Relay:
         # and queues a fault report on the report thread, and here around every append.
         self.lane_lock = threading.Lock()
         self.presend_pending = 0  # reports queued by the lane, not adopted yet (under lane_lock)
-        self.on_drop: Callable[[str, str | None, str], None] | None = None  # (kind, cycle, reason): the flight recorder
-        # (kind): a cycle-bound report whose outcome is unknown was dropped (resume.py may
-        # then reset ClusterD's cycle on purpose, to resume it deterministically).
-        self.on_outcome_unknown: Callable[[str], None] | None = None
+        self._on_drop = on_drop
+        self._on_outcome_unknown = on_outcome_unknown
         metrics.outbox_depth.set_function(lambda: len(self._queue))
         session.cycle_listeners.append(self._cycle_over)
 
@@ -223,8 +226,7 @@ class Relay:
     def _drop(self, pending: Pending, reason: str) -> None:
         pending.resolve(DROP_CODES.get(reason, Code.ServerInnerError))
         self.metrics.reports_dropped.labels(pending.kind, reason).inc()
-        if self.on_drop is not None:
-            self.on_drop(pending.kind, pending.cycle, reason)
+        self._on_drop(pending.kind, pending.cycle, reason)
         log.warning("dropped %s report for cycle %s: %s", pending.kind, pending.cycle, reason)
 
     def _cycle_over(self, uuid: str) -> None:
@@ -337,8 +339,8 @@ class Relay:
                     continue
                 # Deadline or broken connection mid-call: ClusterD may hold it in a slot.
                 self._drop(head, f"outcome_unknown_{failure.status.lower()}")
-                if self.on_outcome_unknown is not None and self.session.cycle_alive(head.cycle):
-                    self.on_outcome_unknown(head.kind)  # (once the stream is gone, ClusterD has reset anyway)
+                if self.session.cycle_alive(head.cycle):
+                    self._on_outcome_unknown(head.kind)  # (once the stream is gone, ClusterD has reset anyway)
                 return True
             backoff.reset()
             if code == Code.OK:

@@ -67,8 +67,6 @@ Post = Callable[[list[ControllerReport]], None]
 class ReportLane(Protocol):
     """What the THREAD hand-off needs of the report lane (``fastlane.ReportLane``)."""
 
-    deliver: Post  # on the loop: handles one held batch as a posted one is handled
-
     def dispatch(self, reports: list[ControllerReport], post: Post) -> None: ...
 
     def release(self) -> None: ...
@@ -139,8 +137,6 @@ class Handoff:
             return
         self.mode = THREAD
         self.pin = ControllerPin(pin_cpu)
-        if lane is not None:
-            lane.deliver = self._handle_posted  # what the loop runs on a batch it takes from the lane
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         # The callbacks' sink: the C method itself, no Python frame on the controller's thread.
         self.put = self._queue.put
@@ -225,9 +221,9 @@ class Handoff:
             pin.follow()  # after the batch is on its way: a migration never delays it
 
     def _post(self, reports: list[ControllerReport]) -> None:
-        self._loop.call_soon_threadsafe(self._handle_posted, reports)
+        self._loop.call_soon_threadsafe(self.handle_posted, reports)
 
-    def _handle_posted(self, reports: list[ControllerReport]) -> None:
+    def handle_posted(self, reports: list[ControllerReport]) -> None:
         """On the loop: one batch from the hand-off thread; the lane learns it is handled
         (its reports are in the outbox) whatever happens."""
         try:
@@ -351,17 +347,20 @@ class ReportPath:
     clock, bind to a cycle, encode, queue in the outbox."""
 
     def __init__(self, job_id: str, flow: ControllerFlow, relay: Relay, metrics: BridgeMetrics,
-                 observer: Callable[[str], None] | None = None) -> None:
+                 observer: Callable[[str], None] | None = None, *, recorder: NullRecorder | None = None) -> None:
+        """``recorder``: the flight recorder (bridge/recorder/), told of every callback and
+        of a repeated retry cycle; its hooks are O(1)."""
         self.job_id = job_id
         self.flow = flow
         self.relay = relay
         self.metrics = metrics
         self.clock = RecoveryClock(metrics)
-        self.repeats = RepeatedCycles(metrics)  # a retry cycle ClusterD repeats after its success
+        self.recorder: NullRecorder = recorder or NullRecorder()
+        # A retry cycle ClusterD repeats after its success.
+        self.repeats = RepeatedCycles(metrics, on_repeat=self.recorder.repeated)
         self.observer: Callable[[str], None] = observer or (lambda line: None)
         self._observed = observer is not None  # formatting a 100 000-rank timeline line costs ms
         self.flow_faults: dict[int, int] = {}  # the controller's faults in the running flow
-        self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder/): O(1) hooks
         # Remembers this flow's answers, to carry the recovery across a ClusterD restart (resume.py).
         self.resume = CycleResume(job_id, flow, relay, metrics)
 

@@ -333,7 +333,7 @@ def resume_off(job: SimulatedJob, monkeypatch: pytest.MonkeyPatch) -> None:
     outbox's own rules are what the test holds)."""
     assert job.bridge is not None
     monkeypatch.setattr(job.bridge.link.reports.resume, "on_subscribed", lambda flow_faults: None)
-    monkeypatch.setattr(job.bridge.link.relay, "on_outcome_unknown", None)  # resume.outcome_unknown
+    monkeypatch.setattr(job.bridge.link.reports.resume, "outcome_unknown", lambda kind: None)
 
 
 def refusals(job: SimulatedJob) -> float:
