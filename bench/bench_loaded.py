@@ -65,8 +65,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bridge.reports import ControllerReport
-from bridge.rpcthread import THREADED, _AfterSend
+from bridge import fastlane
+from bridge.reporttypes import ControllerReport
+from bridge.lowlevel import AfterSend
+from bridge.reporttypes import REPORT_METHODS
 from bridge.sim.clusterd import SimJob
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob, free_port
@@ -75,6 +77,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from baseline import SyncClient, SyncRelay, p50_gap_interval, pct  # noqa: E402
 from bench_relay import JOB, NODE_RANKS, fault_map, signal_pair, until  # noqa: E402
 from fast_clusterd import FastClusterD, Stamp  # noqa: E402
+from taps import registered_callback, stamp_report_calls  # noqa: E402
+
+#: Where the report lane makes a call's request (stamped by ``stamp_bridge``, each job afresh).
+_LANE_REQUEST = fastlane._request_or_none
 
 if TYPE_CHECKING:  # annotations only (postponed): Python 3.10 has no typing.Self
     from typing_extensions import Self
@@ -206,7 +212,7 @@ def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
 
     link.handoff._handle = stamped
     lane = link.lane
-    dispatch, prepare = lane.dispatch, lane.prepare_request
+    dispatch, prepare = lane.dispatch, _LANE_REQUEST
 
     def stamped_dispatch(reports: list[ControllerReport], post: Any) -> None:
         stamps.handoff.append((reports[0].callback, time.monotonic()))
@@ -217,14 +223,9 @@ def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
         return prepare(job_id, callback, args)
 
     lane.dispatch = stamped_dispatch  # type: ignore[method-assign]
-    lane.prepare_request = stamped_prepare
-    rpc = link.client.rpc_thread
-    assert rpc is not None, "the report thread starts with the subscription"
-    for method in THREADED:
-        name = method.rsplit("/", 1)[1]
-        callable_ = rpc._callable(method)
-        stamp_call_start(callable_, name, stamps.started)
-        rpc._callables[method] = _StampedCallable(callable_, name, stamps)
+    fastlane._request_or_none = stamped_prepare  # type: ignore[assignment]  # where the lane makes a request
+    stamp_report_calls(job, stamps.wire, stamps.answered,
+                       wrap=lambda callable_, name: stamp_call_start(callable_, name, stamps.started))
     return stamps
 
 
@@ -233,7 +234,7 @@ def stamp_call_start(callable_: Any, name: str, started: list[tuple[str, float]]
     wrapping for the bridge's callables and the synchronous client's). A grpcio without
     the private ``_channel`` leaves the callable as it is, and the split goes without it."""
     holder = callable_
-    # The bridge's own proxy (rpcthread._AfterSend) promotes its thread once the call
+    # The bridge's own proxy (lowlevel.AfterSend) promotes its thread once the call
     # started: the stamp goes inside it, where the synchronous client's goes.
     while callable(getattr(getattr(getattr(holder, "_channel", None), "_channel", None), "segregated_call", None)):
         holder = holder._channel
@@ -241,28 +242,7 @@ def stamp_call_start(callable_: Any, name: str, started: list[tuple[str, float]]
     if callable(getattr(inner, "segregated_call", None)):
         # The bridge's own proxy, reused: it tells its callback once segregated_call
         # returned, gRPC's core having created the call and written the request.
-        holder._channel = _AfterSend(inner, lambda: started.append((name, time.monotonic())))
-
-
-class _StampedCallable:
-    """A report channel's callable that notes when each call goes on the wire and
-    when its answer is back."""
-
-    def __init__(self, call: Any, name: str, stamps: BridgeStamps) -> None:
-        self.call, self.name, self.stamps = call, name, stamps
-
-    def __call__(self, payload: bytes, timeout: float) -> Any:
-        self.stamps.wire.append((self.name, time.monotonic()))
-        try:
-            return self.call(payload, timeout=timeout)
-        finally:
-            self.stamps.answered.append((self.name, time.monotonic()))
-
-    def future(self, payload: bytes, timeout: float) -> Any:
-        self.stamps.wire.append((self.name, time.monotonic()))
-        pending = self.call.future(payload, timeout=timeout)
-        pending.add_done_callback(lambda _: self.stamps.answered.append((self.name, time.monotonic())))
-        return pending
+        holder._channel = AfterSend(inner, lambda: started.append((name, time.monotonic())))
 
 
 def gap_line(bridge: list[float], sync: list[float]) -> str:
@@ -330,7 +310,7 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
         assert rpc is not None
         print(f"  bridge: hand-off {link.handoff.mode}, SCHED_BATCH {link.handoff.batch_policy}; SCHED_FIFO loop "
               f"{link.loop_priority.realtime}, report thread {rpc.realtime}")
-        ways: dict[str, Callable[..., int]] = {"bridge": job.bridge.controller.callbacks["report_fault_ranks"]}
+        ways: dict[str, Callable[..., int]] = {"bridge": registered_callback(job, "report_fault_ranks")}
         ways.update({name: sync.report_fault_ranks for name, sync in syncs.items()})
         print("controller callback -> fast server received (report_fault_ranks), loopback, server in its own process")
         for load in loads:
@@ -646,7 +626,7 @@ async def cycles_sync(cycles: int) -> CycleFigures:
                 raise RuntimeError("the synchronous client's new stream delivered nothing")
 
         stamps = SyncStamps(client.sent)
-        for method in THREADED:
+        for method in REPORT_METHODS:
             name = method.rsplit("/", 1)[1]
             stamp_call_start(getattr(client.report_stub.stub, name), name, stamps.started)
         figures = await run_cycles(server, training, cycles, ready, stamps)

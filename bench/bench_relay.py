@@ -42,6 +42,7 @@ from bridge.sim.scenario import SimulatedJob
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_sim import RemoteSim  # noqa: E402
 from baseline import SyncRelay, pct  # noqa: E402
+from taps import registered_callback, wire_log  # noqa: E402
 
 JOB = "bench-job"
 SIZES = (16, 1_000, 10_000, 100_000)
@@ -70,7 +71,8 @@ async def measure_callbacks(sim: RemoteSim, callback: Callable[..., int], size: 
                             wire: list[tuple[str, float]] | None = None, idle: Callable[[], bool] | None = None
                             ) -> tuple[list[float], list[float], list[float]]:
     """(block times, callback->server latencies, callback->on the wire) for sequential
-    reports; the last only when ``wire`` (the relay's send log) is given. With ``idle``
+    reports; the last only when ``wire`` (the bridge's Report* calls as they go on the wire,
+``taps.wire_log``) is given. With ``idle``
     each round starts once it says the bridge is done with the round before (its
     outbox empty, every batch handled): a report that comes while the loop still
     digests a 10 000-rank map is not a sequential report but a burst, which
@@ -94,8 +96,7 @@ async def measure_callbacks(sim: RemoteSim, callback: Callable[..., int], size: 
         entry = await sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault", 60, after=mark)
         blocks.append(block)
         latencies.append(entry.at - called_at)
-        # The send log learns of a report the lane sent once the loop adopts it, which may
-        # be after the server logged it: wait for this round's entry (bounded).
+        # Wait for this round's entry (bounded): the stamp is taken on the thread making the call.
         if wire is not None and await until(lambda: bool(wire) and wire[-1][1] >= called_at, 10):
             on_wire.append(wire[-1][1] - called_at)
         if idle is not None:
@@ -266,13 +267,14 @@ async def callback_phase(quick: bool, misses: list[str], handoff: str = "") -> N
         await job.subscribed()
         assert job.bridge is not None and job.bridge.controller is not None
         print(f"controller hand-off: {job.bridge.link.handoff.mode}")
-        bridge_callback = job.bridge.controller.callbacks["report_fault_ranks"]
+        bridge_callback = registered_callback(job, "report_fault_ranks")
+        wire = wire_log(job)
         print("controller callback -> ClusterD (report_fault_ranks), loopback, ClusterD in its own process")
         for size in SIZES:
             relay = job.bridge.relay
             assert relay is not None
             lane = job.bridge.link.lane
-            _, latencies, on_wire = await measure_callbacks(sim, bridge_callback, size, rounds[size], 0, relay.sent,
+            _, latencies, on_wire = await measure_callbacks(sim, bridge_callback, size, rounds[size], 0, wire,
                                                             idle=lambda: lane.unhandled == 0 and len(relay) == 0)
             sync = SyncRelay(job.config.clusterd.address, JOB)
             try:

@@ -41,6 +41,7 @@ from bridge.sim.scenario import SimulatedJob
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_sim import Entry, RemoteSim  # noqa: E402
 from baseline import SyncRelay, pct  # noqa: E402
+from taps import registered_callback, wire_log  # noqa: E402
 
 JOB = "scale-job"
 WORLD = 100_000
@@ -112,7 +113,7 @@ async def wait_delivered(sim: RemoteSim, after: int, ranks: set[int], timeout: f
 async def large_maps(job: SimulatedJob, sim: RemoteSim, callback: Callable[..., int], size: int, rounds: int,
                      salt: int, wire: list[tuple[str, float]] | None = None) -> Run:
     """``rounds`` sequential callbacks, each with a fresh map of ``size`` type-0 ranks,
-    each into a fresh ClusterD job. ``wire``: the bridge relay's send log, for the
+    each into a fresh ClusterD job. ``wire``: the bridge's Report* calls (``taps.wire_log``), for the
     bridge's own share of the latency (callback -> request handed to gRPC)."""
     blocks: list[float] = []
     latencies: list[float] = []
@@ -226,7 +227,8 @@ async def main_async(rounds_10k: int, rounds_100k: int, storm_count: int) -> int
     try:
         await job.subscribed()
         assert job.bridge is not None and job.bridge.controller is not None
-        bridge_callback = job.bridge.controller.callbacks["report_fault_ranks"]
+        bridge_callback = registered_callback(job, "report_fault_ranks")
+        wire = wire_log(job)
         sync = SyncRelay(job.config.clusterd.address, JOB)
         print("fault reports through the whole path (callback -> merge -> encode -> RPC -> server decoded), "
               "loopback, ClusterD in its own process; type-0 ranks")
@@ -235,7 +237,7 @@ async def main_async(rounds_10k: int, rounds_100k: int, storm_count: int) -> int
                 if rounds <= 0:  # e.g. --rounds-10k 0: run only the other workload
                     continue
                 assert job.bridge.relay is not None
-                ours = await large_maps(job, sim, bridge_callback, size, rounds, 0, job.bridge.relay.sent)
+                ours = await large_maps(job, sim, bridge_callback, size, rounds, 0, wire)
                 theirs = await large_maps(job, sim, sync.report_fault_ranks, size, rounds, 50_000)
                 table(f"{size:,} ranks per callback, {rounds} callbacks each", ours, theirs)
                 for name, run in (("bridge", ours), ("sync", theirs)):

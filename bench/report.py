@@ -109,15 +109,32 @@ def run(bench: Benchmark, quick: bool) -> tuple[str, str, int, float, str, str]:
     return command, output, process.returncode, seconds, before, loadavg()
 
 
+#: The hand-written section of docs/performance.md: the measurements behind the design's
+#: choices (the modules' docstrings point here), carried over verbatim by every rewrite.
+DESIGN_HEADING = "## Measurements behind the design"
+
+
+def design_section(path: Path) -> str:
+    """The hand-written section of the file being rewritten, from its heading to the end
+    ("" when the file or the section is missing)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    at = text.find("\n" + DESIGN_HEADING + "\n")
+    return text[at + 1:] if at >= 0 else ""
+
+
 def write(path: Path, quick: bool, results: list[tuple[Benchmark, tuple[str, str, int, float, str, str]]]) -> None:
+    design = design_section(path)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     total = sum(result[3] for _, result in results)
     lines = [
         "# Performance",
         "",
         "Written by `bench/report.py`" + (" --quick" if quick else "") + f" on {now}, in {total / 60:.1f} minutes; "
-        "do not edit by hand: run it again. What each benchmark measures and its targets: "
-        "`bench/README.md`.",
+        "do not edit by hand but its last section (measurements behind the design, which a rewrite keeps): run it "
+        "again. What each benchmark measures and its targets: `bench/README.md`.",
         "",
         f"Machine: {machine()}.",
         "",
@@ -141,7 +158,7 @@ def write(path: Path, quick: bool, results: list[tuple[Benchmark, tuple[str, str
             "```",
             "",
         ]
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines) + (("\n" + design) if design else ""))
 
 
 def main() -> int:

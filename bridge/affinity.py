@@ -6,25 +6,21 @@ thread inside the callback (``realtime.py`` says why no other policy will do). A
 thread woken on the controller's CPU runs the moment the controller's thread goes back
 to waiting, which the real controller does right after its callbacks; woken on another
 CPU it waits out whatever busy process runs there. The end-to-end runs under load showed that
-choice of the scheduler is the whole of the remaining gap to the synchronous client
-under load: at two busy processes on a 2-core node the controller's second
-``report_fault_ranks`` reached the event loop 2.1 ms later at the median (4.4 ms p99)
-whenever the hand-off thread was queued on the other CPU.
+choice of the scheduler was the whole of the remaining gap to the synchronous client
+under load (docs/performance.md, "Measurements behind the design").
 
-Making the hand-off thread *follow* the controller's thread loses either way
-(measured on a loaded 2-core node): pinned after each batch, it is on the wrong CPU
-whenever the controller's thread has moved since its last callback (the benchmark's
-thread usually has: cb -> loop p99 3.5-5 ms); pinned from inside the callback, each pin
-costs the callback 30-200 us. So the controller's thread is pinned too, once: the first
+Making the hand-off thread *follow* the controller's thread loses either way (measured
+on a loaded node): pinned after each batch, it is on the wrong CPU whenever the
+controller's thread has moved since its last callback; pinned from inside the callback,
+each pin costs the callback itself, on which the controller blocks. So the controller's
+thread is pinned too, once: the first
 callback on a thread pins *that thread* to the CPU it is running on (``sched_getcpu``
 and ``sched_setaffinity`` through ``PyDLL``, which keep the GIL; the thread is already
 there, so nothing migrates), and the hand-off thread, after the batch that callback
 woke it for, pins itself to the same CPU (with the GIL released: pinning a running
 thread migrates it, and it may then wait for its new CPU). From then on every wake-up is
-local and the callback pays a thread-id comparison (measured with a put -> wake-up
-micro-benchmark of the report path's threads, 1 500 puts: hand-off p99 0.21 ms at two
-and four busy processes against 4.8-6.7 ms, put p99 unchanged; that benchmark is in
-the git history, ``bench/bench_loaded.py`` measures the path as built).
+local and the callback pays a thread-id comparison (``bench/bench_loaded.py`` measures
+the path as built).
 
 What it costs: the controller's state-machine thread can no longer move to an idle CPU.
 Where training processes are bound to cores the bridge may share, confine the unit to
@@ -40,43 +36,13 @@ puts every thread pinned here back on the CPUs it had.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable
+
+from .lowlevel import SetAffinity, cpu_mask, last_errno, libc_function
 
 log = logging.getLogger(__name__)
-
-_CPU_SET_WORDS = 16  # glibc's cpu_set_t: 1 024 CPUs in unsigned longs
-_CpuSet = ctypes.c_ulong * _CPU_SET_WORDS
-_WORD_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
-
-#: ``sched_setaffinity(thread id, mask size, mask)``, 0 or -1 with errno set.
-SetAffinity = Callable[[int, int, object], int]
-
-
-def _libc_function(name: str, keep_gil: bool) -> Callable[..., int] | None:
-    """``name`` from the C library, or None where it is missing. ``PyDLL`` functions
-    keep the GIL (for the controller's thread, inside a callback: releasing it could let
-    another thread take it and keep the controller waiting up to the switch interval);
-    ``CDLL`` functions release it (for a call that may migrate the caller)."""
-    try:
-        library = ctypes.PyDLL(None, use_errno=True) if keep_gil else ctypes.CDLL(None, use_errno=True)
-        function = getattr(library, name)
-    except (OSError, AttributeError):
-        return None
-    function.restype = ctypes.c_int
-    function.argtypes = () if name == "sched_getcpu" else (ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p)
-    return function  # type: ignore[no-any-return]
-
-
-def cpu_mask(cpus: set[int] | frozenset[int]) -> _CpuSet:
-    words = _CpuSet()
-    for cpu in cpus:
-        if 0 <= cpu < _CPU_SET_WORDS * _WORD_BITS:
-            words[cpu // _WORD_BITS] |= 1 << (cpu % _WORD_BITS)
-    return words
 
 
 def allowed_cpus() -> frozenset[int]:
@@ -95,9 +61,9 @@ class ControllerPin:
 
     def __init__(self, enabled: bool = True) -> None:
         self.allowed = allowed_cpus()
-        self.getcpu = _libc_function("sched_getcpu", keep_gil=True)
-        self.pin_here: SetAffinity | None = _libc_function("sched_setaffinity", keep_gil=True)
-        self.pin_moving: SetAffinity | None = _libc_function("sched_setaffinity", keep_gil=False)
+        self.getcpu = libc_function("sched_getcpu", keep_gil=True)
+        self.pin_here: SetAffinity | None = libc_function("sched_setaffinity", keep_gil=True)
+        self.pin_moving: SetAffinity | None = libc_function("sched_setaffinity", keep_gil=False)
         self.masks = {cpu: cpu_mask({cpu}) for cpu in self.allowed}
         self._everywhere = cpu_mask(self.allowed)
         #: Off where there is nothing to choose between or no way to pin.
@@ -123,8 +89,8 @@ class ControllerPin:
         if mask is None:  # running outside the set it was allowed at start (a cpuset changed)
             self._refuse(f"the controller's thread runs on CPU {cpu}, outside the bridge's CPUs")
             return
-        if self.pin_here(0, ctypes.sizeof(mask), ctypes.addressof(mask)) != 0:
-            self._refuse(f"sched_setaffinity: {os.strerror(ctypes.get_errno())}")
+        if self.pin_here(0, mask.size, mask.address) != 0:
+            self._refuse(f"sched_setaffinity: {os.strerror(last_errno())}")
             return
         self._pinned.add(threading.get_native_id())
         self.thread = threading.get_ident()
@@ -154,8 +120,8 @@ class ControllerPin:
         assert self.pin_moving is not None
         mask = self.masks[cpu]
         with self._lock:
-            if self.pin_moving(0, ctypes.sizeof(mask), ctypes.addressof(mask)) != 0:
-                why = f"sched_setaffinity: {os.strerror(ctypes.get_errno())}"
+            if self.pin_moving(0, mask.size, mask.address) != 0:
+                why = f"sched_setaffinity: {os.strerror(last_errno())}"
             else:
                 self._pinned.add(threading.get_native_id())
                 self.handoff_cpu = cpu
@@ -182,4 +148,4 @@ class ControllerPin:
             if self.pin_moving is None:
                 return
             for thread in pinned:
-                self.pin_moving(thread, ctypes.sizeof(self._everywhere), ctypes.addressof(self._everywhere))
+                self.pin_moving(thread, self._everywhere.size, self._everywhere.address)

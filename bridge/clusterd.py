@@ -78,7 +78,7 @@ def channel_options(config: ClusterDConfig, *, pings: float | None = None) -> li
         ("grpc.max_send_message_length", 4 * 1024 * 1024),
         ("grpc.enable_retries", 0),  # retries are decided here, per report kind
         # gRPC drops a connection unused for 30 minutes (its client idle timeout): the
-        # next report would pay the reconnect (3.9 ms against 1.6 ms measured against
+        # next report would pay the reconnect (more than twice a report's time against
         # ClusterD), and the drop would look like ClusterD closing the connection.
         ("grpc.client_idle_timeout_ms", NEVER_IDLE_MS),
         # Reconnecting follows the session's own backoff, not gRPC's default (1 s growing
@@ -136,24 +136,22 @@ class ClusterDClient:
     """The channel and the calls. Create and use it inside the running event loop."""
 
     def __init__(self, config: ClusterDConfig, metrics: BridgeMetrics, realtime_priority: int = 0,
-                 *, quiet_stream: bool = False) -> None:
+                 *, quiet_stream: bool = False,
+                 on_rpc: Callable[[str, int | str, float, float], None] | None = None) -> None:
         """``quiet_stream``: the client's stream gets no regular writes from ClusterD (the
-        rank table's), so its channel pings only every ``QUIET_STREAM_PING``."""
+        rank table's), so its channel pings only every ``QUIET_STREAM_PING``. ``on_rpc``:
+        told (method, code or gRPC status, started, seconds) of every unary call, on the
+        loop (the flight recorder's RPC timeline; O(1))."""
         self.config = config
         self._pings = max(config.grpc_keepalive, QUIET_STREAM_PING) if quiet_stream else None
         self.metrics = metrics
         self.realtime_priority = realtime_priority  # of the report thread (bridge/realtime.py)
         self.channel: grpc.aio.Channel | None = None
         self._callables: dict[str, Any] = {}
-        # The Report* calls go over a synchronous channel on a thread of their own
-        # (bridge/rpcthread.py: grpc.aio's wake-ups on busy cores); False
-        # sends them with grpc.aio like the other calls, the way rpcthread.py's figures
-        # were measured against (nothing in the bridge sets it).
-        self.report_thread = True
+        # The Report* calls' thread and synchronous channel (bridge/rpcthread.py: grpc.aio
+        # hands each call between the loop and gRPC's poller thread, one more wake-up).
         self.rpc_thread: RpcThread | None = None
-        # (method, code or gRPC status, started, seconds) of every unary call: the
-        # flight recorder's RPC timeline (bridge.recorder; O(1), on the loop).
-        self.on_rpc: Callable[[str, int | str, float, float], None] | None = None
+        self.on_rpc = on_rpc
 
     async def open(self) -> None:
         options = channel_options(self.config, pings=self._pings)
@@ -168,7 +166,7 @@ class ClusterDClient:
         stream is first opened: every report follows a subscription, so the channel is
         connected before the first report, and a client that never subscribes (the rank
         table's) holds no second connection or thread."""
-        if self.rpc_thread is None and self.report_thread:
+        if self.rpc_thread is None:
             options = channel_options(self.config, pings=0)
             sync_channel = (grpc.secure_channel(self.config.address, channel_credentials(self.config), options)
                             if self.config.tls else grpc.insecure_channel(self.config.address, options))
@@ -219,7 +217,7 @@ class ClusterDClient:
         made there (then use ``call``). With ``after``: chained, sent only once ``after``
         answered code 0 (rpcthread.py, "Chained calls"). Await it with ``finish``;
         ``ChainBroken`` means it was never sent."""
-        threaded = self.rpc_thread if self.report_thread and method in THREADED else None
+        threaded = self.rpc_thread if method in THREADED else None
         if threaded is None:
             return None
         return threaded.submit(method, payload, timeout or self.config.rpc_timeout, after)
@@ -304,7 +302,10 @@ class Session:
 
     def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, on_signal: SignalHandler,
                  on_state: Callable[[SessionState], None] = lambda state: None,
-                 screen: SignalScreen = lambda signal, raw: None) -> None:
+                 screen: SignalScreen = lambda signal, raw: None, *,
+                 catch_up: Callable[[], None], before_subscribe: Callable[[], Awaitable[Any]]) -> None:
+        """``catch_up`` and ``before_subscribe`` keep the report path's order against
+        ClusterD's (below); required, so that no way of building a session forgets them."""
         self.job_id = job_id
         self.client = client
         self.config = client.config
@@ -320,11 +321,11 @@ class Session:
         # report of the ended stream still on the wire could otherwise arrive after it and
         # be consumed as the new cycle's answer. Report* calls use a connection of their
         # own (rpcthread.py), so nothing else orders the two.
-        self.before_subscribe: Callable[[], Awaitable[Any]] | None = None
+        self._before_subscribe = before_subscribe
         # Runs on the loop before it reacts to anything from ClusterD (a message, a
         # stream's end, a Subscribe): the report lane hands over the controller's reports
         # that left before the loop saw them (bridge/fastlane.py).
-        self.catch_up: Callable[[], None] = lambda: None
+        self._catch_up = catch_up
         self.state = SessionState.CONNECTING
         self.live = asyncio.Event()  # set while a subscription is live
         self.init_answered = asyncio.Event()
@@ -418,9 +419,8 @@ class Session:
                 if await self._sleep(backoff.next()):
                     break
                 continue
-            self.catch_up()
-            if self.before_subscribe is not None:
-                await self.before_subscribe()
+            self._catch_up()
+            await self._before_subscribe()
             reason = await self._subscribe_once()
             self._end_reason = reason if not self._resubscribe.is_set() else self._end_reason
             if self._stopping.is_set():
@@ -448,7 +448,7 @@ class Session:
                     log.warning("ClusterD signal stream silent for %.0f s (no keep-alive): treating it as dead", silence)
                     reason = "keepalive_timeout"
                     break
-                self.catch_up()
+                self._catch_up()
                 if item is grpc.aio.EOF:
                     reason = "cycle_end"
                     break
@@ -475,7 +475,7 @@ class Session:
         finally:
             call.cancel()
             self._call = None
-            self.catch_up()
+            self._catch_up()
             self._end_cycle()
             self.live.clear()
             self.metrics.subscription_up.set(0)

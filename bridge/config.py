@@ -141,9 +141,8 @@ class ControllerConfig:
     # while the job really trains on takes this much longer. 0: do not wait.
     rank_loss_wait: float = 12.0
     # How callbacks reach the event loop (bridge/reports.py Handoff): "thread" keeps the
-    # controller's thread shortest (block p99 <= 50 us at every map size on a quiet node);
-    # "wake" reaches the loop sooner on a node whose cores are busy but costs the callback
-    # a wake-up (block p99 67-77 us at 10 000-100 000 ranks, docs/performance.md).
+    # controller's thread shortest; "wake" reaches the loop sooner on a node whose cores
+    # are busy but costs the callback a wake-up (docs/performance.md).
     handoff: str = "thread"
     # SCHED_FIFO priority of the event loop and the report thread (bridge/realtime.py):
     # they then run the moment they wake, also when the node's cores are busy; 0 leaves

@@ -4,14 +4,14 @@ The controller calls its four callbacks on its own C++ state-machine thread and 
 blocked until they return; an exception escaping one makes it abandon recovery and kill
 the job's ranks, a SystemExit aborts the whole process. So the callbacks installed here
 do exactly one thing: hand the arguments to the event loop and return 0. They never
-raise, never block and never copy a fault map on the controller's thread (copying
-100 000 ranks would block it for half a millisecond); the controller builds a fresh dict
-for every call and never touches it again, and the loop validates and copies it.
+raise, never block and never copy a fault map on the controller's thread (a map's copy
+grows with its ranks); the controller builds a fresh dict for every call and never
+touches it again, and the loop validates and copies it.
 
 Every instruction on the controller's thread counts: the thread has just woken, so
 its caches are cold and each bytecode costs several times its warm price. The callback
-builds one plain tuple and calls a C-level queue put (about 0.3 us warm, against 1.1 us
-for a dataclass and a Python-level put); the hand-off thread (``reports.Handoff``) turns
+builds one plain tuple and calls a C-level queue put (a fraction of a dataclass and a
+Python-level put: docs/performance.md); the hand-off thread (``reports.Handoff``) turns
 the tuple into a ``ControllerReport`` on the other side. Everything after the put is the
 return path, ``bridge/reports.py``.
 """
@@ -30,12 +30,9 @@ from typing import Any
 from . import controller_abi
 from .affinity import ControllerPin
 from .config import STUB_CONTROLLER, ControllerConfig
-from .reports import ReportFields
+from .reporttypes import CALLBACKS, ReportFields
 
 log = logging.getLogger(__name__)
-
-CALLBACKS = ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result")
-
 
 class StartupError(RuntimeError):
     """The controller could not be loaded, initialised or started."""
@@ -144,7 +141,6 @@ class ControllerHost:
         self.config = config
         self.started = external
         self.owned = not external
-        self.callbacks: dict[str, Callable[..., int]] = {}  # as registered (benchmarks call them directly)
         # True once a destroy did not return in time: its thread still runs and may hold
         # the controller's locks, so the process must not run the module's atexit destroy
         # (the daemon ends with os._exit; bridge/daemon.py).
@@ -176,8 +172,8 @@ class ControllerHost:
         if not self.owned:  # re-registering and re-initialising the caller's controller would break it
             raise StartupError("this controller is run by the caller (external=True): it is never started here")
         m, c = self.module, self.config
-        self.callbacks = {name: make_callback(name, sink, on_error, pin) for name in CALLBACKS}
-        for name, callback in self.callbacks.items():
+        for name in CALLBACKS:
+            callback = make_callback(name, sink, on_error, pin)
             if m.tft_register_mindx_callback(name, callback) != 0:
                 raise StartupError(f"the controller refused to register callback {name!r}")
         export_wait_time(c.wait_mindx_time)

@@ -1,89 +1,52 @@
 """A report from the hand-off thread straight to ClusterD, ahead of the event loop.
 
-Every report crossed controller thread -> hand-off thread -> event loop -> report
-thread, and the loop did all of its bookkeeping (validate, flow, metrics, recorder,
-outbox) before the report thread could put it on the wire. Measured against a server
-that answers like the real ClusterD (``bench/bench_loaded.py``), the loop's share was
-~0.15 ms of a report's hop at the median, about as much as the whole hop took the
-synchronous client whose callback makes the call itself.
+Every report would cross controller thread -> hand-off thread -> event loop -> report
+thread, with the loop's bookkeeping (validate, flow, metrics, recorder, outbox) before
+the wire; the synchronous MindCluster client's callback makes the call itself. So when
+the outbox is idle, the hand-off thread, already awake with the report, binds it to its
+cycle, encodes it and makes the call itself on the report thread's channel
+(``RpcThread.make``), and posts the batch to the loop only once it has nothing left to
+dispatch; the loop then does its bookkeeping and adopts the call as the outbox's head
+(``Relay.submit_faults`` / ``submit_cycle_report`` with ``presend``), learning its outcome
+as for a chained call. What that saves and costs is in docs/performance.md
+("Measurements behind the design").
 
-A report's request needs nothing of the loop's state but, for a stop-complete, strategy
-or result report, the cycle it answers. That is ``ControllerFlow.answering``, which the
-loop sets *before* it makes the notify the controller answers (``flow.notified``), so it
-is already the right one when the controller's callback runs. So when the outbox is
-idle, the hand-off thread binds the report (under the outbox's lock), encodes it and
-makes the call itself, on the report thread's channel (``RpcThread.make``), and only
-*once it has nothing left to dispatch* posts the batch to the loop, ahead of the call's
-outcome. The loop then does its bookkeeping and adopts the call as the outbox's head
-(``Relay.submit_faults`` / ``submit_cycle_report`` with ``presend``), learning its
-outcome as for a chained call: a failure is retried (a fault report) or, when it
-provably never left, sent the ordinary way; code 0 is never resent; a cycle-bound one
-counts as on the wire for ``Relay.settle``, and is withdrawn if its cycle ended before
-the call was made.
+The rules, each with the peer fact behind it:
 
-**Why the hand-off thread makes the call.** Handed to the report thread, a report
-waited for that thread's wake-up on another CPU: measured in the cycles phase, the
-callback -> wire time fell from 0.22 to 0.15 ms for a first fault report and from 0.14
-to 0.09 ms for a stop-complete when the thread that already has the report sends it.
-Waking the report thread from the callback instead (no hand-off thread) saved nothing:
-that wake-up crosses CPUs too, and the callback's own thread still holds the GIL. While
-it waits for ClusterD's answer the hand-off thread runs ``SCHED_FIFO``, as the report
-thread does, so the answer wakes it at once on busy cores; it is promoted the moment
-gRPC has written the request, not before, so that ClusterD's receiving thread may take
-this CPU at once (rpcthread.py, "Once the request is written"); before it waits for the
-next callback it goes back to ``SCHED_BATCH``, so that a callback's wake-up never
-preempts the controller's thread (``realtime.py``). A callback that comes during the call waits
-in the hand-off's queue, which the controller's put never blocks on; the stop bounds
-the hand-off's end by the call's deadline (``Link.stop``).
-
-**Why the loop learns of it after the call.** Posted before it, the batch woke the loop
-while the request was on its way, and on a node's few cores the loop's bookkeeping then
-ran exactly when the server (ClusterD on loopback, or the kernel's network work)
-needed a core: measured, callback -> server received took ~0.1-0.3 ms longer than the
-wire stamp alone explains. Posted after it, nothing of the bridge runs while the
-request travels, as for the synchronous client. The price is that the loop learns of
-the report late, and it must never react to ClusterD's answer to a report it does not
-know yet (the globalFault that follows a stop-complete, say). So the loop *catches up*
-before it reacts to anything from ClusterD: before it handles a message of the stream,
-when a stream ends and before a Subscribe (``Session.catch_up``), and before it stops;
-``flush`` hands it the held batches there and then, in order, and ``release`` then
-finds nothing left to post.
-
-**Chained on the lane.** A report that comes while the lane's call is out (the
-strategy report right behind the cycle's second fault report, the recovery's critical
-path) is held behind it; the loop, not knowing either yet, could not chain it as the
-outbox chains one (relay.py). So the lane does: a cycle-bound report of the live
-cycle, every held report before it the lane's own and nothing queued by the loop, is
-made *chained* to the lane's latest call (``rpcthread.py``, "Chained calls": sent only
-right after that call answered code 0), by the hand-off thread the moment it has
-dispatched it, which is right after the answer when it came during the call. The
-outbox adopts the chain in order (``Relay._adopt``). A fault report is never chained
-(the outbox merges those instead).
-
-Where the work runs is measured, not chosen for symmetry. The hand-off thread runs
-only once the controller's callback has returned (``SCHED_BATCH``, on the controller's
-CPU: ``affinity.py``); the callback itself still only queues. But a callback that
-comes while this thread holds the GIL waits for it, and under ``SCHED_BATCH`` busy
-processes may preempt it mid-work: block p99 0.05-1.8 ms at two busy processes when
-the encoding was done there under that policy with the Python encoders of the request's
-head fields. Those are compiled now, and the routing, the encoding and the write all
-run under ``SCHED_BATCH``: block p99 10-14 us at two busy processes in
-``bench_loaded``'s hops phase, with the write no longer keeping ClusterD's receiving
-thread off this CPU (``_send``).
-
-The outbox's rules hold because the lane opens only when taking it cannot reorder
-anything (decided under ``lock``, which the outbox also holds when it queues a report):
-the outbox is empty, no pre-sent report waits for adoption, it is not stopping, no
-earlier batch is still on its way to the loop (callback order), the subscription is
-live (ClusterD loses a fault reported while no stream is open), a cycle-bound report's
-cycle is the live one, and the report thread's channel exists. While the lane's batch
-has not reached the loop, every later batch waits behind it and is posted after it
-(``release``) or handed over with it (``flush``): the loop sees the callbacks in their
-order. A report with a bad fault entry or a malformed argument is not sent this way
-(``_request_or_none`` gives None): the loop logs and counts it, answers a malformed one
-499 and sends what it would have sent. Nor is one whose fault map holds more than
-``LANE_MAX_RANKS`` ranks: its encoding, not the hand-over, is then the hop's cost, and
-it must not hold the controller's CPU.
+* **The cycle is bound when the hand-off takes the report.** A stop-complete, strategy or
+  result report answers the cycle whose notify the controller last accepted
+  (``ControllerFlow.answering``), which the loop sets before it makes that notify, so it
+  is already the right one when the controller's callback runs. ClusterD keeps reports
+  in one-slot buffers whatever its state: a report bound to the wrong cycle answers it.
+* **The lane opens only when taking a report cannot reorder anything** (decided under
+  ``lock``, which the outbox holds when it queues a report): the outbox is empty, no
+  pre-sent report waits for adoption, it is not stopping, no earlier batch is still on
+  its way to the loop (callback order), the subscription is live (ClusterD loses a fault
+  reported while no stream is open), a cycle-bound report's cycle is the live one, and
+  the report thread's channel exists. While the lane's batch has not reached the loop,
+  every later batch waits behind it (``release``) or is handed over with it (``flush``).
+* **The loop catches up before it reacts to ClusterD** (a message of the stream, a
+  stream's end, a Subscribe: ``Session.catch_up``; and before it stops): the batch
+  reaches the loop after the call, so the loop could otherwise learn of ClusterD's
+  answer (the globalFault after a stop-complete) before the report it answers.
+* **Chained on the lane.** A cycle-bound report of the live cycle that comes while the
+  lane's call is out (the strategies right behind the cycle's second fault report) is
+  made chained to it (``rpcthread.py``, "Chained calls": sent only right after that call
+  answered code 0, the outbox's order), by the hand-off thread the moment it has
+  dispatched it. A fault report is never chained: the outbox merges those.
+* **Never what the loop must see first.** A report with a bad fault entry or a malformed
+  argument (``_request_or_none`` gives None: the loop logs, counts and answers it), a
+  strategies report the resume may narrow (``loop_only_strategies``), and a fault map
+  over ``LANE_MAX_RANKS`` (its encoding, not the hand-over, is then the hop's cost, and it
+  must not hold the controller's CPU).
+* **Scheduling.** The hand-off thread waits for callbacks under ``SCHED_BATCH`` on the
+  controller's CPU (``realtime.py``, ``affinity.py``: a realtime wake-up preempted the
+  controller's thread inside its callback), and runs ``SCHED_FIFO`` from the moment a
+  call's request is written until it waits for callbacks again, so ClusterD's answer wakes
+  it at once on busy cores; not before the write, because a realtime writer keeps
+  ClusterD's receiving thread, which Linux puts on the writer's CPU on loopback, off it
+  (rpcthread.py, "Once the request is written"). The stop bounds the hand-off's end by
+  the call's deadline (``Link.stop``).
 """
 
 from __future__ import annotations
@@ -96,8 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import faults as codec
 from . import realtime
-from .relay import METHODS
-from .reports import ControllerReport, report_of, status_code
+from .reporttypes import KINDS, METHODS, ControllerReport, report_of, status_code
 from .rpcthread import Call
 
 if TYPE_CHECKING:
@@ -107,11 +69,6 @@ if TYPE_CHECKING:
     from .relay import Relay
 
 log = logging.getLogger(__name__)
-
-#: callback -> the outbox's kind of report (relay.METHODS)
-KINDS = {"report_fault_ranks": "fault", "report_stop_complete": "stop_complete",
-         "report_strategies": "strategy", "report_result": "result"}
-
 
 def request(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
     """The request a callback makes, encoded as ``ReportPath`` encodes it (reports.py),
@@ -158,20 +115,16 @@ def _request_or_none(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes
 
 
 #: The largest fault map the lane sends. The hand-off thread shares the controller's CPU
-#: and makes the lane's calls under SCHED_FIFO: encoding 100 000 ranks there (about 9 ms)
-#: kept the controller's thread off its CPU, and callback block p99 rose from 49 to 75 us
-#: (bench/bench_relay.py). A map this large is encoded on the loop as before, where the
-#: encoding, not the hand-over, is the hop's cost.
+#: and makes the lane's calls under SCHED_FIFO: encoding a far larger map there kept the
+#: controller's thread off its CPU (block time, bench/bench_relay.py). A larger map is
+#: encoded on the loop, where the encoding, not the hand-over, is the hop's cost.
 LANE_MAX_RANKS = 10_000
 
 #: The largest fault map whose request the hand-off thread writes before it is promoted
-#: (``_send``). Encoding a bigger one takes long enough (about 0.4 ms at 10 000 ranks)
-#: that, under ``SCHED_BATCH``, the controller's thread waking from its sleep preempted
-#: the hand-off thread mid-encoding, holding the GIL: bench_relay's callback -> wire p99
-#: at 10 000 ranks was 0.9, 5.8 and 13.6 ms in three runs (0.8 ms when every lane call
-#: was promoted first; 2.7 ms in the one run since). Such a map is encoded and written
-#: under ``SCHED_FIFO``, where the ~0.1 ms the write-first order saves is small beside
-#: its encoding.
+#: (``_send``). Encoding a bigger one under ``SCHED_BATCH`` takes long enough that the
+#: controller's thread, waking from its sleep, preempted the hand-off thread mid-encoding
+#: while it held the GIL; such a map is encoded and written under ``SCHED_FIFO``, where
+#: what the write-first order saves is small beside its encoding (bench_relay).
 WRITE_FIRST_MAX_RANKS = 1_000
 
 
@@ -188,7 +141,7 @@ def _ranks(report: ControllerReport) -> int:
 
 #: Posts one batch of reports to the event loop (``Handoff``); may raise RuntimeError
 #: when the loop is closed.
-Post = Callable[["list[ControllerReport]"], None]
+Post = Callable[[list[ControllerReport]], None]
 
 
 class ReportLane:
@@ -198,7 +151,12 @@ class ReportLane:
     batches."""
 
     def __init__(self, job_id: str, relay: Relay, session: Session, client: ClusterDClient,
-                 loop: asyncio.AbstractEventLoop, flow: ControllerFlow) -> None:
+                 loop: asyncio.AbstractEventLoop, flow: ControllerFlow, *, deliver: Post,
+                 loop_only_strategies: Callable[[str | None], bool]) -> None:
+        """``deliver``: on the loop, handles one held batch as a posted one is handled
+        (``Handoff.handle_posted``). ``loop_only_strategies(cycle)``: whether a cycle's
+        strategies report must go through the loop, which may narrow what it offers
+        (``resume.CycleResume.sends_itself``)."""
         self.job_id = job_id
         self.flow = flow
         self.relay = relay
@@ -221,13 +179,8 @@ class ReportLane:
         self.taken = 0  # reports sent this way (tests and benchmarks read it)
         self.chained = 0  # ... of which chained to the lane's call before them
         self._post: Post | None = None
-        # Makes a call's request where the call is made (benchmarks wrap it to stamp it).
-        self.prepare_request: Callable[[str, str, tuple[Any, ...]], bytes | None] = _request_or_none
-        # On the loop: handles one held batch as a posted one is handled (``Handoff``).
-        self.deliver: Post = lambda reports: None
-        # Whether a cycle's strategies report must go through the loop, which may narrow
-        # what it offers (``resume.CycleResume.sends_itself``); set by the link.
-        self.loop_only_strategies: Callable[[str | None], bool] = lambda cycle: False
+        self._deliver = deliver
+        self._loop_only_strategies = loop_only_strategies
 
     def dispatch(self, reports: list[ControllerReport], post: Post) -> None:
         """Route one batch (hand-off thread), and make the calls the lane took for it.
@@ -264,7 +217,7 @@ class ReportLane:
         post(reports)
 
     def _open(self) -> bool:
-        return (self.unhandled == 1 and self.client.report_thread and self.client.rpc_thread is not None
+        return (self.unhandled == 1 and self.client.rpc_thread is not None
                 and self.relay.idle() and self.session.live.is_set())
 
     def _take(self, reports: list[ControllerReport], index: int, kind: str, cycle: str | None,
@@ -274,13 +227,13 @@ class ReportLane:
         thread makes it once the lock is free (``dispatch``). False when that failed (the
         ordinary way is always open)."""
         report = reports[index]
-        if kind == "strategy" and self.loop_only_strategies(cycle):
+        if kind == "strategy" and self._loop_only_strategies(cycle):
             return False
         rpc = self.client.rpc_thread
         try:
             call, self._spare = self._spare or Call.blank(self.loop), None
             call.fill(METHODS[kind], self.client.config.rpc_timeout, self.last,
-                      partial(self.prepare_request, self.job_id, report.callback, report.args))
+                      partial(_request_or_none, self.job_id, report.callback, report.args))
         except Exception:  # noqa: BLE001 - the ordinary way is always open
             log.exception("the report lane failed; the report goes through the event loop")
             return False
@@ -319,12 +272,9 @@ class ReportLane:
         ``RpcThread.make``), or before a fault map over ``WRITE_FIRST_MAX_RANKS`` is
         encoded; ``release`` puts it back.
 
-        Every call, not only those a report waits behind: tried with the promotion (a
-        system call, 10-20 us on a thread that has just woken) only for the cycle's
-        second fault report and chained calls, a call made under ``SCHED_BATCH`` left
-        the thread waiting behind busy processes once answered, so the loop learned of
-        the report 4.2 ms after the callback at the median at two busy processes (0.7
-        ms under ``SCHED_FIFO``) and the next report waited behind it."""
+        Every call, not only those a report waits behind: a call made under
+        ``SCHED_BATCH`` left the thread waiting behind busy processes once answered, and
+        the next report waited behind it (docs/performance.md)."""
         for rpc, call, ranks in calls:
             if ranks > WRITE_FIRST_MAX_RANKS and not (self._boosted or self._refused):
                 self._boost()
@@ -375,7 +325,7 @@ class ReportLane:
             self.deliver(reports)
             self._flushed.add(id(reports))  # after: ``deliver`` claims it first
         for reports in held:
-            self.deliver(reports)
+            self._deliver(reports)
 
     def claim(self, reports: list[ControllerReport]) -> bool:
         """On the loop, for a batch posted to it: True to handle it now, False when

@@ -105,13 +105,12 @@ import time
 from collections.abc import Callable
 
 from .logbudget import LogBudget, suppressed_note
+from .reporttypes import CALLBACKS
 
 log = logging.getLogger(__name__)
 
 STRATEGIES = frozenset({"retry", "recover", "dump", "exit", "downgrade", "upgrade", "migration", "continue"})
 CLUSTERD_ONLY_STRATEGIES = frozenset({"elastic-training", "recover-in-place", "job-rescheduling", "pod-rescheduling"})
-#: The controller's four callbacks, in the order of one fault flow.
-CALLBACKS = ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result")
 
 
 class Step(enum.Enum):

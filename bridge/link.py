@@ -54,29 +54,34 @@ class Link:
         self._on_state = on_state
         self._observer: Callable[[str], None] = observer or (lambda line: None)
         metrics.bind_controller_switch(controller.connected)
-        self.client = ClusterDClient(config.clusterd, metrics, config.controller.realtime_priority)
+        self.client = ClusterDClient(config.clusterd, metrics, config.controller.realtime_priority,
+                                     on_rpc=self.recorder.rpc if self.recorder.enabled else None)
         hooks = NodeHooks(config.hooks.node_command, config.hooks.timeout, metrics)
         self.dispatcher = SignalDispatcher(config.job_id, flow, controller, hooks, metrics,
                                            on_kill_master=on_kill_master,
                                            pause_timeout=config.controller.pause_timeout)
         self.dispatcher.observer = self._observer
+        # The session, the outbox, the return path, the report lane and the hand-off need
+        # each other; each is given the others' parts it calls at construction, as late-bound
+        # calls into this link (all of them exist before the loop runs any of them).
         self.session = Session(config.job_id, self.client, metrics, self.dispatcher.submit, self._session_state,
-                               screen=screen_signal)
+                               screen=screen_signal, catch_up=lambda: self.lane.flush(),
+                               before_subscribe=lambda: self.relay.settle(config.clusterd.rpc_timeout + 1.0))
         metrics.bind_keepalive_clock(lambda: self.session.last_message_at)
-        self.relay = Relay(config.job_id, self.client, self.session, metrics, config.outbox_limit)
-        self.session.before_subscribe = lambda: self.relay.settle(config.clusterd.rpc_timeout + 1.0)
-        self.reports = ReportPath(config.job_id, flow, self.relay, metrics, observer)
+        self.relay = Relay(config.job_id, self.client, self.session, metrics, config.outbox_limit,
+                           on_drop=self.recorder.dropped,
+                           on_outcome_unknown=lambda kind: self.reports.resume.outcome_unknown(kind))
+        self.reports = ReportPath(config.job_id, flow, self.relay, metrics, observer, recorder=self.recorder)
         self.dispatcher.on_exit_decided = self.reports.exit_decided
         self.dispatcher.resume = self.reports.resume
         self.dispatcher.repeats = self.reports.repeats
         self.dispatcher.on_orphaned_global_fault = lambda: self.session.request_resubscribe("orphaned_global_fault")
-        self.relay.on_outcome_unknown = self.reports.resume.outcome_unknown
         loop = asyncio.get_running_loop()
-        self.lane = ReportLane(config.job_id, self.relay, self.session, self.client, loop, flow)
-        self.lane.loop_only_strategies = self.reports.resume.sends_itself
+        self.lane = ReportLane(config.job_id, self.relay, self.session, self.client, loop, flow,
+                               deliver=lambda reports: self.handoff.handle_posted(reports),
+                               loop_only_strategies=lambda cycle: self.reports.resume.sends_itself(cycle))
         self.handoff = Handoff(loop, self.reports.handle, config.controller.handoff,
                                pin_cpu=config.controller.pin_cpu, lane=self.lane)
-        self.session.catch_up = self.lane.flush
         if (pin := self.handoff.pin) is not None:
             metrics.bind_controller_cpu(lambda: pin.handoff_cpu)
         self.loop_priority = LoopPriority(config.controller.realtime_priority)  # held from start to stop
@@ -86,10 +91,7 @@ class Link:
                 realtime.REPORT: lambda: self.client.rpc_thread is not None and self.client.rpc_thread.realtime,
             })
         if self.recorder.enabled:
-            self.client.on_rpc = self.recorder.rpc
-            self.relay.on_drop = self.recorder.dropped
-            self.dispatcher.recorder = self.reports.recorder = self.recorder
-            self.reports.repeats.on_repeat = self.recorder.repeated
+            self.dispatcher.recorder = self.recorder
         self.tasks: dict[str, asyncio.Task[Any]] = {}
 
     @property

@@ -27,7 +27,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from . import __version__
 from .codes import Code
 from .faults import IMPLEMENTATION
-from .flow import CALLBACKS, Step
+from .flow import Step
+from .reporttypes import CALLBACKS, METHODS, REPORT_KINDS
 from .metrics_http import MetricsServer  # noqa: F401  (the endpoint; callers import it from here)
 
 #: Recovery takes seconds to many minutes (ClusterD alone waits ~11 s before globalFault).
@@ -46,10 +47,8 @@ _SIGNAL_TYPES = frozenset(SIGNAL_TYPES)
 #: The Status codes of the protocol (bridge/codes.py), as label values.
 _CODES = frozenset(int(code) for code in Code)
 #: The unary RPCs the bridge makes, by the name the ``method`` label carries.
-RPC_METHODS = ("Init", "Register", "ReportProcessFault", "ReportStopComplete", "ReportRecoverStrategy",
-               "ReportRecoverStatus")
-#: Report kinds of the relay (``kind`` label) and the recovery phases.
-REPORT_KINDS = ("fault", "stop_complete", "strategy", "result")
+RPC_METHODS = ("Init", "Register", *(METHODS[kind].rsplit("/", 1)[-1] for kind in REPORT_KINDS))
+#: The recovery phases (the report kinds, the ``kind`` label, are reporttypes.REPORT_KINDS).
 RECOVERY_PHASES = ("fault_to_stop", "stop_to_strategy", "strategy_to_result")
 #: Why a signal or action was not forwarded (signals.py, clusterd.py, flow.py's gate; a
 #: test checks that every reason those modules use is listed here).

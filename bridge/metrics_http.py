@@ -3,8 +3,8 @@
 prometheus_client's default server (``start_http_server``) was measured failing under
 load that any node sees from a port scanner, a stuck sidecar or an eager dashboard:
 a listen backlog of 5, one thread per connection and no read
-timeout, so 1 000 idle half-open connections made 1 014 threads and held them, and
-200 concurrent scrapers x 5 scrapes saw 19 of 1 000 scrapes time out (p99 28.4 s).
+timeout, so idle half-open connections each held a thread and concurrent scrapers
+timed out (docs/performance.md, "Measurements behind the design").
 This server keeps prometheus_client for what it does well (the registry and the text
 encoders, OpenMetrics negotiation, gzip) and replaces only the transport:
 

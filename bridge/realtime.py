@@ -1,30 +1,27 @@
 """Realtime scheduling for the event loop and the report thread, never for the hand-off.
 
-A report crosses three of the bridge's threads after the controller's callback returns
-(the hand-off thread, the event loop, the report thread: ``reports.Handoff``,
+A report crosses the bridge's threads after the controller's callback returns (the
+hand-off thread, the event loop, the report thread: ``reports.Handoff``,
 ``rpcthread.RpcThread``); a signal crosses the loop. The synchronous MindCluster client
-crosses none: its callback makes the RPC. Measured: what each crossing costs
-when the node's cores are busy (recoveries happen then: ranks restarting, checkpoints
-loading): with two to four busy processes on a 2-core node, a thread woken under the
-normal policy, SCHED_BATCH, a short EEVDF slice or nice -10 waits for a core 1.6-8 ms
-at p99 (a put -> wake-up micro-benchmark of the report path's threads, in the git
-history). Under ``SCHED_FIFO`` priority 1 a woken thread runs at once, ahead of every
-normal-policy task: the loop's signal -> notify p99 went from 5-8 ms to 2-5 ms at two
-and four busy processes (bench_loaded, docs/performance.md).
+crosses none: its callback makes the RPC. Recoveries happen when a node's cores are busy
+(ranks restarting, checkpoints loading), and then a thread woken under the normal
+policy, ``SCHED_BATCH``, a short EEVDF slice or a negative nice level waits for a core
+for milliseconds; under ``SCHED_FIFO`` priority 1 it runs at once, ahead of every
+normal-policy task (docs/performance.md, "Measurements behind the design").
 
 Which threads, and why not the hand-off thread: a woken realtime thread goes to the CPU
 it last ran on whatever runs there. The hand-off thread is woken by the controller's
 own thread, from inside the callback; realtime, it preempted that thread, which then
-waited behind the busy processes for its CPU back while holding the GIL: callback block
-p99 0.05-3.6 ms against 8-12 us under ``SCHED_BATCH`` (A/B, same run). So it waits for
+waited behind the busy processes for its CPU back while holding the GIL -- and the
+controller blocks on every callback. So it waits for
 callbacks under ``SCHED_BATCH`` (``reports.Handoff``), and is realtime only from the
 moment it has written a report lane call's request until it is back to waiting for a
 callback (``fastlane.py``): no callback wakes it then, and ClusterD's answer must. Not
 while it writes: a realtime writer keeps ClusterD's receiving thread, which Linux puts
 on the writer's CPU, from running there (``rpcthread.py``). The loop and the report thread are woken by the
 hand-off thread, by each other and by the network, not from inside a callback (except
-under the opt-in WAKE hand-off, whose callback wakes the loop itself and pays for it:
-block p99 over 50 us at every load in bench_loaded).
+under the opt-in WAKE hand-off, whose callback wakes the loop itself and pays for it in
+block time).
 
 Why it is safe to give them that:
 
@@ -38,7 +35,7 @@ Why it is safe to give them that:
   command, ``asyncio.to_thread``'s workers, the controller's and gRPC's threads) starts
   under the normal policy, so only these two threads are ever realtime.
 * Nice levels do not help: at nice -10 the woken thread preempted the controller's
-  thread too (block p99 1.5-4 ms in the same micro-benchmark).
+  thread too.
 
 Linux refuses ``SCHED_FIFO`` to a process without CAP_SYS_NICE whose RLIMIT_RTPRIO is
 below the priority (the unit sets ``LimitRTPRIO=1``), and so does a seccomp filter such

@@ -69,7 +69,7 @@ from .controller import ControllerHost, load_controller_module, wait_time_from_e
 from .flow import ControllerFlow
 from .link import Link
 from .metrics import BridgeMetrics
-from .reports import ControllerReport
+from .reporttypes import ControllerReport
 
 log = logging.getLogger(__name__)
 

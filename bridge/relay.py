@@ -51,6 +51,7 @@ from .backoff import Backoff
 from .clusterd import ClusterDClient, Delivery, RpcFailure, Session
 from .codes import Code
 from .metrics import BridgeMetrics, drop_reason_for_code
+from .reporttypes import METHODS
 from .rpcthread import Call, ChainBroken
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,6 @@ DROP_CODES = {
     "shutdown": Code.ServerInnerError,  # never sent
 }
 
-METHODS = {
-    "fault": "/Recover/ReportProcessFault",
-    "stop_complete": "/Recover/ReportStopComplete",
-    "strategy": "/Recover/ReportRecoverStrategy",
-    "result": "/Recover/ReportRecoverStatus",
-}
 
 
 @dataclass
@@ -91,7 +86,12 @@ class Pending:
 
 class Relay:
     def __init__(self, job_id: str, client: ClusterDClient, session: Session, metrics: BridgeMetrics,
-                 limit: int = 10_000) -> None:
+                 limit: int = 10_000, *, on_drop: Callable[[str, str | None, str], None],
+                 on_outcome_unknown: Callable[[str], None]) -> None:
+        """``on_drop(kind, cycle, reason)``: a report was dropped (the flight recorder).
+        ``on_outcome_unknown(kind)``: a cycle-bound report whose outcome is unknown was
+        dropped while its cycle lives (resume.py may then reset ClusterD's cycle on
+        purpose, to resume it deterministically)."""
         self.job_id = job_id
         self.client = client
         self.session = session
@@ -108,11 +108,8 @@ class Relay:
         # and queues a fault report on the report thread, and here around every append.
         self.lane_lock = threading.Lock()
         self.presend_pending = 0  # reports queued by the lane, not adopted yet (under lane_lock)
-        self.sent: list[tuple[str, float]] = []  # (kind, monotonic time) each request went on the wire, bounded
-        self.on_drop: Callable[[str, str | None, str], None] | None = None  # (kind, cycle, reason): the flight recorder
-        # (kind): a cycle-bound report whose outcome is unknown was dropped (resume.py may
-        # then reset ClusterD's cycle on purpose, to resume it deterministically).
-        self.on_outcome_unknown: Callable[[str], None] | None = None
+        self._on_drop = on_drop
+        self._on_outcome_unknown = on_outcome_unknown
         metrics.outbox_depth.set_function(lambda: len(self._queue))
         session.cycle_listeners.append(self._cycle_over)
 
@@ -155,7 +152,6 @@ class Relay:
             if waiter is not None:
                 head.waiters.append(waiter)
             self._adopt(head)
-            self._record(self.sent, "fault", _wire_time(presend))
             self._wakeup.set()
             return
         if not faults:
@@ -188,7 +184,6 @@ class Relay:
             presend.adopted = True
             pending.sending, pending.chained = True, presend
             self._adopt(pending)
-            self._record(self.sent, kind, _wire_time(presend))
             self._unsettle()
             presend.future.add_done_callback(lambda _: self._chain_ended(pending, presend))
             if not self.session.cycle_alive(cycle):
@@ -231,8 +226,7 @@ class Relay:
     def _drop(self, pending: Pending, reason: str) -> None:
         pending.resolve(DROP_CODES.get(reason, Code.ServerInnerError))
         self.metrics.reports_dropped.labels(pending.kind, reason).inc()
-        if self.on_drop is not None:
-            self.on_drop(pending.kind, pending.cycle, reason)
+        self._on_drop(pending.kind, pending.cycle, reason)
         log.warning("dropped %s report for cycle %s: %s", pending.kind, pending.cycle, reason)
 
     def _cycle_over(self, uuid: str) -> None:
@@ -299,7 +293,6 @@ class Relay:
                 code = await self._in_flight(head, METHODS["fault"], b"", presend)
             else:
                 payload = codec.encode_process_fault_request(self.job_id, head.faults)
-                self._record(self.sent, "fault")
                 code = await self._in_flight(head, METHODS["fault"], payload)
         except ChainBroken:  # withdrawn before the report thread took it (stopping): it never left
             head.sending = False
@@ -336,7 +329,6 @@ class Relay:
                 if chained is not None:  # already queued behind its predecessor (``_chain_next``)
                     code = await self._in_flight(head, METHODS[head.kind], head.payload, chained)
                 else:
-                    self._record(self.sent, head.kind)
                     code = await self._call_unsettled(head, METHODS[head.kind], head.payload)
             except ChainBroken:
                 continue  # it never left: now the ordinary way, its cycle checked first
@@ -347,8 +339,8 @@ class Relay:
                     continue
                 # Deadline or broken connection mid-call: ClusterD may hold it in a slot.
                 self._drop(head, f"outcome_unknown_{failure.status.lower()}")
-                if self.on_outcome_unknown is not None and self.session.cycle_alive(head.cycle):
-                    self.on_outcome_unknown(head.kind)  # (once the stream is gone, ClusterD has reset anyway)
+                if self.session.cycle_alive(head.cycle):
+                    self._on_outcome_unknown(head.kind)  # (once the stream is gone, ClusterD has reset anyway)
                 return True
             backoff.reset()
             if code == Code.OK:
@@ -406,7 +398,6 @@ class Relay:
             return
         follower.sending = True
         follower.chained = chained
-        self._record(self.sent, follower.kind)
         self._unsettle()
         chained.future.add_done_callback(lambda _: self._chain_ended(follower, chained))
 
@@ -437,12 +428,6 @@ class Relay:
         self.metrics.reports_sent.labels(pending.kind).inc()
         pending.resolve(Code.OK)
 
-    @staticmethod
-    def _record(record: list[tuple[str, float]], kind: str, at: float | None = None) -> None:
-        record.append((kind, time.monotonic() if at is None else at))
-        if len(record) > 1000:
-            del record[:500]
-
     async def drain(self, timeout: float) -> bool:
         """Wait until the outbox is empty (shutdown); False on timeout."""
         deadline = time.monotonic() + timeout
@@ -455,9 +440,3 @@ def _retrieve(future: asyncio.Future[object]) -> None:
     """Mark an unawaited call's outcome as seen (asyncio logs an unretrieved exception)."""
     if not future.cancelled():
         future.exception()
-
-
-def _wire_time(call: Call) -> float | None:
-    """When a lane's call went on the wire, for the send log: the loop adopts it after the
-    call, so its own clock would say when it learned of it (None: not made yet, now)."""
-    return call.started if call.taken else None

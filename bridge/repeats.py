@@ -39,13 +39,15 @@ WINDOW = 30.0
 class RepeatedCycles:
     """The last successful retry, and whether the running cycle repeats it."""
 
-    def __init__(self, metrics: BridgeMetrics, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, metrics: BridgeMetrics, clock: Callable[[], float] = time.monotonic, *,
+                 on_repeat: Callable[[], None] = lambda: None) -> None:
+        """``on_repeat``: the flight recorder's mark of a repeated cycle."""
         self.metrics = metrics
         self._clock = clock
         self._succeeded: frozenset[int] = frozenset()
         self._succeeded_at = 0.0
         self.repeating = False  # the running cycle repeats a retry that succeeded
-        self.on_repeat: Callable[[], None] = lambda: None  # the flight recorder's mark
+        self._on_repeat = on_repeat
 
     def retry_succeeded(self, ranks: Mapping[int, int]) -> None:
         """The controller reported a retry's success for these ranks."""
@@ -76,7 +78,7 @@ class RepeatedCycles:
                     "fault from the controller: a repeated cycle (ClusterD v7.3.2's fault centre keeps the "
                     "repaired fault). The controller will likely fail it (499 notify device stop failed) and "
                     "ClusterD mark retry-failed; the repair itself had worked", sorted(ranks)[:16], since)
-        self.on_repeat()
+        self._on_repeat()
         return True
 
     def outcome(self, code: int) -> str | None:

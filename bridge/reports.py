@@ -40,16 +40,13 @@ import collections
 import logging
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, Protocol
 
 from . import faults as codec
-from . import realtime
+from . import lowlevel, realtime
 from .affinity import ControllerPin
 from .clusterd import SessionState
 from .codes import Code
@@ -58,35 +55,21 @@ from .metrics import BridgeMetrics
 from .recorder import NullRecorder
 from .relay import Relay
 from .repeats import RepeatedCycles
-from .rpcthread import Call
+from .reporttypes import ControllerReport, ReportFields, report_of, status_code
 from .resume import CycleResume
-
-if TYPE_CHECKING:
-    from .fastlane import ReportLane
 
 log = logging.getLogger(__name__)
 
-
-class ControllerReport(NamedTuple):
-    """One callback invocation, as handed to the event loop."""
-
-    callback: str
-    args: tuple[Any, ...]
-    at: float  # time.monotonic() on the controller's thread
-    waiter: Future[int] | None = None  # resolved with the delivery outcome (seed API callers)
-    # The report thread's call, when the hand-off thread already queued this report
-    # there (bridge/fastlane.py); None for every other report.
-    presend: Call | None = None
+#: Posts one batch of reports to the event loop; may raise RuntimeError when the loop is closed.
+Post = Callable[[list[ControllerReport]], None]
 
 
-#: A ControllerReport from its five fields, in one C call: NamedTuple's ``__new__`` is a
-#: Python function, one more to run cold between a callback and the wire.
-report_of: Callable[[tuple[Any, ...]], ControllerReport] = partial(tuple.__new__, ControllerReport)
+class ReportLane(Protocol):
+    """What the THREAD hand-off needs of the report lane (``fastlane.ReportLane``)."""
 
+    def dispatch(self, reports: list[ControllerReport], post: Post) -> None: ...
 
-# What a callback puts on the hand-off queue: a ControllerReport's fields as a plain
-# tuple (a ControllerReport itself is one too).
-ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
+    def release(self) -> None: ...
 
 
 #: How the controller's callbacks reach the event loop (``Handoff(mode=...)``).
@@ -100,37 +83,26 @@ class Handoff:
     Two ways, chosen by ``mode``; both deliver in callback order, in batches, to
     ``handle`` on the loop, and neither raises into the callback.
 
-    ``THREAD`` is the default (``controller.handoff``): measured on a quiet 2-core node
-    with ``bench/bench_relay.py``, WAKE's wake-up costs the controller's thread itself
-    (the woken loop preempts it, the very effect SCHED_BATCH keeps off the THREAD
-    hand-off): callback block p50 19-40 us and p99 33-77 us, over the 50 us target at
-    10 000 and 100 000 ranks, against THREAD's p50 7-17 us and p99 16-45 us. Under CPU
-    load WAKE reached the loop far sooner, so a node whose cores are busy may choose it
-    (``bench/bench_relay.py --handoff wake`` measures it).
+    ``THREAD`` is the default (``controller.handoff``): WAKE's wake-up costs the
+    controller's thread itself (the woken loop preempts it, the very effect SCHED_BATCH
+    keeps off the THREAD hand-off), and the controller blocks on every callback. Under
+    CPU load WAKE reaches the loop sooner, so a node whose cores are busy may choose it
+    (``bench/bench_relay.py --handoff wake`` measures both; docs/performance.md).
 
-    ``WAKE``: the callback appends the tuple to a deque and, unless a wake-up
-    is already pending, writes to an eventfd the loop watches. The write is made through
-    a ctypes ``PyDLL`` function, which keeps the GIL: ``os.write`` and
-    ``call_soon_threadsafe`` release it around the syscall, and the woken loop could
-    then take the GIL and keep the controller's thread waiting up to the switch
-    interval (5 ms) to get it back. One thread wake-up per burst of reports, and the
-    woken thread is the loop itself under the normal policy: measured under CPU load, the
-    report path crossing controller thread -> hand-off thread -> loop, each wake-up
-    costing a scheduling delay on busy cores, the SCHED_BATCH hand-off thread the
-    worst of them (it waits for the running task's slice to end rather than
-    preempting: 8-185 ms callback -> ClusterD on a loaded node, against 1 ms for the
-    synchronous client). WAKE hands batches to the loop only: it has no report lane.
+    ``WAKE``: the callback appends the tuple to a deque and, unless a wake-up is already
+    pending, writes to an eventfd the loop watches, through a write that keeps the GIL
+    (``lowlevel.gil_holding_write``): ``os.write`` and ``call_soon_threadsafe`` release it
+    around the syscall, and the woken loop could then take the GIL and keep the
+    controller's thread waiting up to the interpreter's switch interval to get it back.
+    One thread wake-up per burst of reports, and no report lane.
 
     ``THREAD``: a ``SimpleQueue.put`` (a C call that keeps the GIL) wakes a hand-off
     thread blocked in ``get``, which calls ``call_soon_threadsafe`` once the callback has
-    returned. That thread runs as ``SCHED_BATCH``: under the normal policy Linux often
-    preempted the controller's thread at the put to run it, doubling the callback's
-    median block time. It is the one thread of the report path that is *not* realtime
-    (``realtime.py``): Linux puts a woken realtime thread on the CPU it last ran on,
-    whatever runs there, so it preempted the controller's thread at the put, which then
-    had to wait behind the busy processes for its CPU back while holding the GIL (block
-    p99 0.05-3.6 ms against 8-12 us as SCHED_BATCH, bench_loaded A/B at one and two busy
-    processes). Also the fall back where WAKE is unavailable (no eventfd/ctypes).
+    returned. That thread waits as ``SCHED_BATCH``: under the normal policy Linux often
+    preempted the controller's thread at the put to run it, and a woken realtime thread
+    goes to the CPU it last ran on whatever runs there, so it preempted the controller's
+    thread, which then waited for its CPU back while holding the GIL (``realtime.py``).
+    Also the fall back where WAKE is unavailable (no eventfd).
     With ``lane`` (``bridge/fastlane.py``) this thread may send a batch's report to
     ClusterD itself first (running ``SCHED_FIFO`` for the call), and posts the batch to
     the loop once no callback is left to dispatch (``ReportLane.release``).
@@ -152,7 +124,7 @@ class Handoff:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._fd = -1
-        self._write = _gil_holding_write() if mode == WAKE else None
+        self._write = lowlevel.gil_holding_write() if mode == WAKE else None
         if mode == WAKE and self._write is None:
             log.warning("no GIL-holding write available: the controller hand-off falls back to a thread")
         if mode == WAKE and self._write is not None:
@@ -165,8 +137,6 @@ class Handoff:
             return
         self.mode = THREAD
         self.pin = ControllerPin(pin_cpu)
-        if lane is not None:
-            lane.deliver = self._handle_posted  # what the loop runs on a batch it takes from the lane
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         # The callbacks' sink: the C method itself, no Python frame on the controller's thread.
         self.put = self._queue.put
@@ -180,7 +150,7 @@ class Handoff:
         self._pending.append(item)
         if not self._armed:
             self._armed = True
-            self._write(self._fd, _ONE, 8)  # type: ignore[misc]
+            self._write(self._fd, lowlevel.EVENTFD_ONE, 8)  # type: ignore[misc]
 
     def _drain(self) -> None:
         """On the loop: everything put so far, in order. The eventfd is read *before*
@@ -251,9 +221,9 @@ class Handoff:
             pin.follow()  # after the batch is on its way: a migration never delays it
 
     def _post(self, reports: list[ControllerReport]) -> None:
-        self._loop.call_soon_threadsafe(self._handle_posted, reports)
+        self._loop.call_soon_threadsafe(self.handle_posted, reports)
 
-    def _handle_posted(self, reports: list[ControllerReport]) -> None:
+    def handle_posted(self, reports: list[ControllerReport]) -> None:
         """On the loop: one batch from the hand-off thread; the lane learns it is handled
         (its reports are in the outbox) whatever happens. A batch the lane's ``flush``
         handled before this run came is not handled twice."""
@@ -323,25 +293,6 @@ def _as_report(item: object) -> ControllerReport:
     return ControllerReport._make((*item, None))  # type: ignore[misc]  # raises for anything but 4 fields
 
 
-_ONE = (1).to_bytes(8, sys.byteorder)  # an eventfd write: one 8-byte counter increment
-
-
-def _gil_holding_write() -> Callable[[int, bytes, int], int] | None:
-    """libc ``write`` called without releasing the GIL (ctypes ``PyDLL``); None where
-    unavailable (no eventfd or no libc), which selects the THREAD hand-off."""
-    if not hasattr(os, "eventfd"):
-        return None
-    try:
-        import ctypes
-
-        write = ctypes.PyDLL(None).write
-    except (ImportError, OSError, AttributeError):
-        return None
-    write.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
-    write.restype = ctypes.c_ssize_t
-    return write  # type: ignore[no-any-return]
-
-
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
     try:
         return asyncio.get_running_loop() is loop
@@ -399,17 +350,20 @@ class ReportPath:
     clock, bind to a cycle, encode, queue in the outbox."""
 
     def __init__(self, job_id: str, flow: ControllerFlow, relay: Relay, metrics: BridgeMetrics,
-                 observer: Callable[[str], None] | None = None) -> None:
+                 observer: Callable[[str], None] | None = None, *, recorder: NullRecorder | None = None) -> None:
+        """``recorder``: the flight recorder (bridge/recorder/), told of every callback and
+        of a repeated retry cycle; its hooks are O(1)."""
         self.job_id = job_id
         self.flow = flow
         self.relay = relay
         self.metrics = metrics
         self.clock = RecoveryClock(metrics)
-        self.repeats = RepeatedCycles(metrics)  # a retry cycle ClusterD repeats after its success
+        self.recorder: NullRecorder = recorder or NullRecorder()
+        # A retry cycle ClusterD repeats after its success.
+        self.repeats = RepeatedCycles(metrics, on_repeat=self.recorder.repeated)
         self.observer: Callable[[str], None] = observer or (lambda line: None)
         self._observed = observer is not None  # formatting a 100 000-rank timeline line costs ms
         self.flow_faults: dict[int, int] = {}  # the controller's faults in the running flow
-        self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder/): O(1) hooks
         # Remembers this flow's answers, to carry the recovery across a ClusterD restart (resume.py).
         self.resume = CycleResume(job_id, flow, relay, metrics)
 
@@ -548,12 +502,6 @@ class ReportPath:
 def _answer(report: ControllerReport, code: int) -> None:
     if report.waiter is not None and not report.waiter.done():
         report.waiter.set_result(code)
-
-
-def status_code(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"status code must be an int, got {value!r}")
-    return value
 
 
 #: callback name -> its handler: the one place each callback is handled.

@@ -86,7 +86,6 @@ class CycleResume:
         self.flow = flow
         self.relay = relay
         self.metrics = metrics
-        self.enabled = True  # off: a new stream mid-flow is left alone (the pre-issue-14 behaviour)
         #: None, "stop" (the new cycle's stopTrain is awaited) or "global" (its globalFault).
         self.pending: str | None = None
         self.stop_faults: dict[int, int] = {}  # ranks of the stop_train notify that started the flow
@@ -139,8 +138,6 @@ class CycleResume:
         """A new stream is live: ClusterD's job was reset. Restart the cycle the
         controller is stopped for, or say that it cannot be."""
         self.pending = self.rebound_global = None
-        if not self.enabled:
-            return
         step = self.flow.step
         if step in PAST_RESUME:
             self._count("too_late")
@@ -170,7 +167,7 @@ class CycleResume:
         the controller is stopped, subscribe again on purpose: that resets ClusterD's job,
         and the new stream resumes the cycle (``on_subscribed``) from the answers kept
         here, whatever became of the lost one."""
-        if not self.enabled or kind not in ("stop_complete", "strategy") or self.flow.step not in STOPPED:
+        if kind not in ("stop_complete", "strategy") or self.flow.step not in STOPPED:
             return
         log.warning("the %s report's outcome is unknown while the controller is stopped at %s: re-subscribing "
                     "to restart the cycle on a clean slate rather than wait for an answer that may never come",

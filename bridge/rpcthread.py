@@ -1,14 +1,10 @@
 """The report RPCs on a thread of their own, over a synchronous gRPC channel.
 
-Measured: the controller's reports reached ClusterD later than the synchronous
-MindCluster client's, and much later when the node's cores are busy. On loopback against
-the simulated ClusterD in its own process (``bench/bench_loaded.py``), with two busy
-processes on the 2-core machine, a unary call made from the event loop with
-``grpc.aio`` took p99 36 ms from the call to the server having decoded the request; the
-same call made with a synchronous channel on a dedicated thread that the loop wakes,
-18 ms; made inline, 7.5 ms (p50 0.4 ms for all three). ``grpc.aio`` hands the call's
-completion-queue work between the loop and gRPC's own poller thread; each of those
-wake-ups waits for a core when the cores are busy. A synchronous call drives its
+Made with ``grpc.aio`` from the event loop, the controller's reports reached ClusterD
+later than the synchronous MindCluster client's, and much later when the node's cores
+are busy (docs/performance.md, "Measurements behind the design"): ``grpc.aio`` hands the
+call's completion-queue work between the loop and gRPC's own poller thread, and each of
+those wake-ups waits for a core when the cores are busy. A synchronous call drives its
 completion queue on the calling thread.
 
 The event loop must never block, so the call runs here, on one thread that only makes
@@ -51,14 +47,11 @@ for the answer (``fastlane.py``), but it must not be realtime when it writes the
 Traced with the scheduler's events on a loopback node: the write wakes ClusterD's
 receiving thread with a sync hint, so Linux places it on the writer's CPU, where it
 preempts a normal-policy writer at once (the synchronous client) but cannot preempt a
-realtime one; it then went to the other CPU, which had been idle for milliseconds and
-took ~0.1 ms to wake. So ``make`` runs its ``on_sent`` (the promotion) right after
-gRPC has written the request: the proxy ``_AfterSend`` stands in for the channel object
-of each method's callable (gRPC's ``_channel``, whose ``segregated_call`` starts the
-call and writes the request, before the calling thread waits in ``next_event``). That
-is gRPC's internal structure: where a gRPC release has none of it, ``on_sent`` runs
-just before the call, as before, and ``after_send`` says so (a test fails on such a
-release, so an upgrade cannot lose it silently).
+realtime one; it then went to the other CPU, idle and slow to wake. So ``make`` runs its ``on_sent`` (the promotion) right after
+gRPC has written the request (``lowlevel.after_send``: gRPC's internal structure, the
+one place the bridge reaches into it). Where a gRPC release has none of it, ``on_sent``
+runs just before the call, as before, and ``after_send`` says so (a guard test fails on
+such a release, so an upgrade cannot lose it silently).
 """
 
 from __future__ import annotations
@@ -73,13 +66,13 @@ from typing import Any
 
 import grpc
 
-from . import realtime
+from . import lowlevel, realtime
+from .reporttypes import REPORT_METHODS
 
 log = logging.getLogger(__name__)
 
-#: The unary methods made on this thread: the report path's (relay.METHODS).
-THREADED = frozenset({"/Recover/ReportProcessFault", "/Recover/ReportStopComplete",
-                      "/Recover/ReportRecoverStrategy", "/Recover/ReportRecoverStatus"})
+#: The unary methods made on this thread: the report path's four.
+THREADED = REPORT_METHODS
 
 
 class ChainBroken(Exception):
@@ -128,8 +121,8 @@ class Call:
     def blank(cls, loop: asyncio.AbstractEventLoop) -> Call:
         """A call for the report lane to ``fill`` later (any thread). The lane makes the
         next one ahead, after a call answered: creating it (its future asks the loop for
-        its debug mode, a Python call) cost ~15 us of a report's hop on the way to the
-        wire, where the path runs cold."""
+        its debug mode, a Python call) cost a measurable share of a report's hop on the way to the
+        wire, where the path runs cold (docs/performance.md)."""
         return cls("", b"", 0.0, loop.create_future(), loop, None)
 
     def fill(self, method: str, timeout: float, after: Call | None,
@@ -207,10 +200,7 @@ class RpcThread:
         if method not in self._callables:
             callable_ = self.channel.unary_unary(
                 method, request_serializer=None, response_deserializer=self._deserialize)
-            inner = getattr(callable_, "_channel", None)
-            if callable(getattr(inner, "segregated_call", None)):
-                callable_._channel = _AfterSend(inner, self._sent)
-            else:
+            if not lowlevel.after_send(callable_, self._sent):
                 self.after_send = False
             self._callables[method] = callable_
         return self._callables[method]
@@ -288,24 +278,6 @@ class RpcThread:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
-
-
-class _AfterSend:
-    """gRPC's channel object as one method's callable sees it, telling ``sent`` once
-    ``segregated_call`` has started the call, which writes the request; everything else
-    goes to the channel object itself."""
-
-    def __init__(self, channel: Any, sent: Callable[[], None]) -> None:
-        self._channel = channel
-        self._sent = sent
-
-    def segregated_call(self, *args: Any, **kwargs: Any) -> Any:
-        call = self._channel.segregated_call(*args, **kwargs)
-        self._sent()
-        return call
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._channel, name)
 
 
 def _resolve(future: asyncio.Future[Any], outcome: tuple[Any, BaseException | None]) -> None:

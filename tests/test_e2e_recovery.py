@@ -287,7 +287,8 @@ async def test_duplicated_and_foreign_signals_never_reach_the_controller(running
 async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[SimulatedJob]) -> None:
     job = await started(running, job=job_spec(world_size=2048, devices_per_pod=8))
     assert job.bridge is not None and job.bridge.controller is not None
-    callback = job.bridge.controller.callbacks["report_fault_ranks"]
+    callback = job.training.registry.registered("report_fault_ranks")
+    assert callback is not None
 
     def storm() -> None:  # the controller's thread, 1 000 callbacks back to back
         for rank in range(1000):
@@ -321,18 +322,27 @@ def after(job: SimulatedJob, seq: int, kind: str, name: str | None = None) -> li
     return [e for e in job.sim.journal.select(kind=kind, name=name) if e.seq > seq]
 
 
+def resume_off(job: SimulatedJob, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bridge as without bridge/resume.py: a new stream mid-flow is left alone (the
+    outbox's own rules are what the test holds)."""
+    assert job.bridge is not None
+    monkeypatch.setattr(job.bridge.link.reports.resume, "on_subscribed", lambda flow_faults: None)
+    monkeypatch.setattr(job.bridge.link.reports.resume, "outcome_unknown", lambda kind: None)
+
+
 def refusals(job: SimulatedJob) -> float:
     """Signals the bridge refused to forward, whatever the reason."""
     return sum(sample.value for family in job.metrics.registry.collect() for sample in family.samples
                if sample.name == "tft_bridge_signals_refused_total")
 
 
-async def test_stream_drop_mid_cycle_no_stale_report_reaches_the_next_cycle(running: list[SimulatedJob]) -> None:
+async def test_stream_drop_mid_cycle_no_stale_report_reaches_the_next_cycle(running: list[SimulatedJob],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     job = await started(running, wait_time=30)
     # The outbox's own rule, alone: with the resume on (bridge/resume.py) the bridge would
     # re-report the cycle and answer the new stopTrain itself (tests/test_clusterd_restart.py).
     assert job.bridge is not None
-    job.bridge.link.reports.resume.enabled = False
+    resume_off(job, monkeypatch)
     # From the moment ClusterD sends stopTrain every call bounces with "qps exceeded": the
     # stop-complete report provably does not arrive and waits in the outbox.
     job.sim.journal.add_listener(
@@ -370,12 +380,12 @@ async def test_stream_drop_mid_cycle_no_stale_report_reaches_the_next_cycle(runn
     assert len(job.training.notifies("stop_train")) == 1
 
 
-async def test_clusterd_restart_mid_cycle(running: list[SimulatedJob]) -> None:
+async def test_clusterd_restart_mid_cycle(running: list[SimulatedJob], monkeypatch: pytest.MonkeyPatch) -> None:
     job = await started(running, global_fault_delay=2.0, wait_time=30)
     # Nothing of the old cycle may reach the new ClusterD; the resume (which starts a new
     # cycle and answers it) is off here, tested in tests/test_clusterd_restart.py.
     assert job.bridge is not None
-    job.bridge.link.reports.resume.enabled = False
+    resume_off(job, monkeypatch)
     job.training.inject_fault({5: 1})
     await job.sim.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportStopComplete", timeout=10)
     await job.sim.restart()  # all ClusterD state is gone; the stream breaks

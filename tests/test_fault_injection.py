@@ -678,7 +678,8 @@ async def test_callback_storm_while_clusterd_is_down(running: list[SimulatedJob]
     ClusterD is back every rank arrives (with ClusterD's merge rule) in a few requests."""
     job = await started(running)
     assert job.bridge is not None and job.bridge.controller is not None
-    callback = job.bridge.controller.callbacks["report_fault_ranks"]
+    callback = job.training.registry.registered("report_fault_ranks")
+    assert callback is not None
     calls = 5000
     maps = [{i % 3000: 2 if i % 2 else 0, (i * 7 + 1) % 3000: 2} for i in range(calls)]  # retry types: no cycle
     blocked: list[float] = []

@@ -26,9 +26,9 @@ def repeats(metrics: BridgeMetrics) -> float:
 
 
 def test_clusterd_starting_a_cycle_on_the_ranks_that_just_succeeded_is_a_repeat() -> None:
-    cycles, metrics, clock = watch()
+    metrics, clock = BridgeMetrics(), Clock()
     marked: list[bool] = []
-    cycles.on_repeat = lambda: marked.append(True)
+    cycles = RepeatedCycles(metrics, clock, on_repeat=lambda: marked.append(True))
     cycles.retry_succeeded({5: 0, 6: 0})
     clock.now += 0.7
     assert cycles.clusterd_stop({5: 0})

@@ -127,7 +127,8 @@ async def running_outbox(address: str, limit: int = 10_000) -> AsyncIterator[Out
     await client.open()
     client._start_rpc_thread()  # as the first subscribe does
     session = OneCycle()
-    relay = Relay(JOB, client, session, metrics, limit=limit)  # type: ignore[arg-type]
+    relay = Relay(JOB, client, session, metrics, limit=limit,  # type: ignore[arg-type]
+                  on_drop=lambda kind, cycle, reason: None, on_outcome_unknown=lambda kind: None)
     task = asyncio.create_task(relay.run())
     try:
         await eventually(lambda: client.rpc_thread is not None and client.rpc_thread.ready, 10,

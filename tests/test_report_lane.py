@@ -37,6 +37,7 @@ class Bridge:
     flow: ControllerFlow
     lane: ReportLane
     handoff: Handoff
+    narrowed: set[str]  # cycles whose strategies report the loop must narrow (resume.py)
 
     def callback(self, faults: object) -> None:
         """What the controller's report_fault_ranks callback puts (controller.make_callback)."""
@@ -51,10 +52,13 @@ async def bridge(request: pytest.FixtureRequest, clusterd: tuple[ClusterD, str])
         flow = ControllerFlow()
         reports = ReportPath(JOB, flow, relay, running.metrics)
         loop = asyncio.get_running_loop()
-        lane = ReportLane(JOB, relay, session, running.client, loop, flow)  # type: ignore[arg-type]
+        narrowed: set[str] = set()
+        lane = ReportLane(JOB, relay, session, running.client, loop, flow,  # type: ignore[arg-type]
+                          deliver=lambda reports: handoff.handle_posted(reports),
+                          loop_only_strategies=lambda cycle: cycle in narrowed)
         handoff = Handoff(loop, reports.handle, pin_cpu=False, lane=lane if request.param else None)
         try:
-            yield Bridge(fake, relay, session, running.metrics, flow, lane, handoff)
+            yield Bridge(fake, relay, session, running.metrics, flow, lane, handoff, narrowed)
         finally:
             handoff.close()
 
@@ -184,7 +188,7 @@ async def test_a_strategies_report_the_loop_may_narrow_never_leaves_from_the_lan
     it, and still takes the cycle's other reports."""
     bridge.fake.release.set()
     bridge.flow.answering = CYCLE
-    bridge.lane.loop_only_strategies = lambda cycle: cycle == CYCLE
+    bridge.narrowed.add(CYCLE)
     bridge.handoff.put(("report_stop_complete", (0, "ok", {2: 1}), 0.0, None))
     await eventually(lambda: bridge.fake.seen("ReportStopComplete") == 1 and len(bridge.relay) == 0, 10,
                      "the stop-complete answered")

@@ -80,9 +80,20 @@ class LiveCycle:
         pass
 
 
+def outbox(client: GatedClient, session: LiveCycle, metrics: BridgeMetrics) -> Relay:
+    """An outbox over the test's client and session, its drops and unknown outcomes unheard."""
+    return Relay(JOB, client, session, metrics, on_drop=lambda kind, cycle, reason: None,  # type: ignore[arg-type]
+                 on_outcome_unknown=lambda kind: None)
+
+
+async def settled() -> bool:
+    """``before_subscribe`` with no report on the wire."""
+    return True
+
+
 async def test_settle_waits_while_a_cycle_report_is_on_the_wire() -> None:
     client = GatedClient()
-    relay = Relay(JOB, client, LiveCycle(), BridgeMetrics())  # type: ignore[arg-type]
+    relay = outbox(client, LiveCycle(), BridgeMetrics())
     task = asyncio.create_task(relay.run())
     try:
         assert await relay.settle(0.1)  # nothing on the wire yet
@@ -104,9 +115,9 @@ async def test_settle_waits_while_a_cycle_report_is_on_the_wire() -> None:
 async def test_the_next_subscribe_waits_for_the_report_of_the_ended_stream() -> None:
     client = GatedClient(config=ClusterDConfig(reconnect_initial=0.01, reconnect_max=0.02))
     metrics = BridgeMetrics()
-    session = Session(JOB, client, metrics, on_signal=lambda *args: None)  # type: ignore[arg-type]
-    relay = Relay(JOB, client, LiveCycle(), metrics)  # type: ignore[arg-type]
-    session.before_subscribe = lambda: relay.settle(5.0)
+    relay = outbox(client, LiveCycle(), metrics)
+    session = Session(JOB, client, metrics, on_signal=lambda *args: None,  # type: ignore[arg-type]
+                      catch_up=lambda: None, before_subscribe=lambda: relay.settle(5.0))
     relay_task = asyncio.create_task(relay.run())
     relay.submit_cycle_report("stop_complete", "uuid-1", b"payload")
     await eventually(lambda: "ReportStopComplete sent" in client.log, what="the report on the wire")
@@ -152,8 +163,8 @@ async def test_the_session_catches_up_with_the_reports_before_it_reacts_to_clust
     signal = pb.ProcessManageSignal(jobId=JOB, uuid="uuid-1", signalType="stopTrain", actions=["stop_train"])
     client.subscribe = lambda job_id, role: (log.append("Subscribe"), OneSignalStream(log, signal))[1]  # type: ignore[method-assign]
     session = Session(JOB, client, BridgeMetrics(),  # type: ignore[arg-type]
-                      on_signal=lambda signal, raw, token: log.append(f"signal {signal.signalType}"))
-    session.catch_up = lambda: log.append("catch up")
+                      on_signal=lambda signal, raw, token: log.append(f"signal {signal.signalType}"),
+                      catch_up=lambda: log.append("catch up"), before_subscribe=settled)
     task = asyncio.create_task(session.run())
     try:
         await eventually(lambda: log.count("Subscribe") >= 2, what="the stream ended and the next one opened")

@@ -142,7 +142,8 @@ def test_a_big_fault_map_is_encoded_and_written_under_fifo_a_small_one_written_f
     monkeypatch.setattr("bridge.fastlane.realtime.batch_policy", lambda: True)
     for ranks, expected in ((WRITE_FIRST_MAX_RANKS, (False, True)), (WRITE_FIRST_MAX_RANKS + 1, (True, False))):
         lane = ReportLane("job", SimpleNamespace(lane_lock=threading.Lock()), None,  # type: ignore[arg-type]
-                          SimpleNamespace(realtime_priority=1), None, None)  # type: ignore[arg-type]
+                          SimpleNamespace(realtime_priority=1), None, None,  # type: ignore[arg-type]
+                          deliver=lambda reports: None, loop_only_strategies=lambda cycle: False)
         rpc = _RecordingRpc(lane)
         lane._send([(rpc, None, ranks)])  # type: ignore[list-item]
         assert rpc.made == [expected], ranks

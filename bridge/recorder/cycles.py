@@ -18,7 +18,7 @@ Two halves, because the peers forbid the obvious one:
   here or on the writer, whose GIL time would delay that very report). A full deque
   drops the event and counts ``tft_bridge_recorder_errors_total{reason="queue_full"}``
   (a cycle's opening, uuid and close always pass: detail is lost, never the cycle or
-  its outcome). Measured: 1-7 us per event (bench/bench_recorder.py). The controller's own
+  its outcome). ``bench/bench_recorder.py`` measures a hook's cost. The controller's own
   thread never runs any of this: its callbacks reach the loop through the hand-off.
 * ``RecorderWriter`` is a thread that wakes on its own every ``poll`` seconds (the loop
   never wakes it: a wake-up is a syscall that can hand the GIL away mid-report), writes

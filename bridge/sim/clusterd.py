@@ -72,7 +72,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -84,7 +84,7 @@ from bridge._proto import recover_pb2_grpc as pb_grpc
 from . import clusterd_rules as rules
 from .clusterd_config import ConfigService, Publisher
 from .clusterd_fault import UCE_CODE, UCE_LEVEL, DeviceFaults, FaultService
-from .clusterd_job import JobConfig, JobController
+from .clusterd_job import JobConfig, JobController, SimJob
 from .clusterd_recover import RecoverService
 from .clusterd_release import MASTER, RELEASES, Release
 from .clusterd_timings import REAL, Timings
@@ -112,35 +112,6 @@ def server_options(release: Release = MASTER) -> tuple[tuple[str, int], ...]:
 #: Master's server options: client pings >= 3 s apart, allowed without calls; the server
 #: pings an idle client after 1 min with a 5 s timeout; the limits above.
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = server_options(MASTER)
-
-
-@dataclass
-class SimJob:
-    """The job's PodGroup as ClusterD reads it at Init.
-
-    ``strategies``: the recover-strategy annotation (``exit`` is always added; unknown
-    names are dropped; ``elastic-training`` enables downgrade). ``process_recover``: the
-    label process-recover-enable == "on" (False: Init answers 403). ``pod_group_exists``:
-    False makes Init answer 502 and Register 402. ``rank_table_job_id``: the pods'
-    ``jobID`` label, the id config.Config uses (defaults to ``job_id``). ``hot_switch``:
-    the label subHealthyStrategy == "hotSwitch" (it also lets Init answer 0 without
-    process_recover).
-    """
-
-    job_id: str
-    world_size: int = 8
-    devices_per_pod: int = 8
-    strategies: tuple[str, ...] = ("retry", "recover", "dump", "exit")
-    process_recover: bool = True
-    hot_switch: bool = False
-    pod_group_exists: bool = True
-    rank_table_job_id: str | None = None
-    #: the nodes' super pod (device info ``SuperPodID``); < 0: not a super pod, NIC switch refused
-    super_pod_id: int = 0
-
-    @property
-    def config_job_id(self) -> str:
-        return self.rank_table_job_id or self.job_id
 
 
 class _TokenBucket:

@@ -21,6 +21,13 @@ from bridge._proto import recover_pb2 as pb
 T = TypeVar("T")
 
 
+#: ClusterD's one-slot report buffers, by kind (``ReportSlot``), read by the job's cycle.
+STOP_COMPLETE = "stop_complete"
+RECOVER_STRATEGY = "recover_strategy"
+RECOVER_STATUS = "recover_status"
+REPORT_KINDS = (STOP_COMPLETE, RECOVER_STRATEGY, RECOVER_STATUS)
+
+
 class ReportSlot(Generic[T]):
     """A Go ``chan T`` of capacity 1 that is closed (never reopened) by a reset."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
@@ -20,9 +20,7 @@ from bridge._proto import config_pb2_grpc
 
 from .clusterd_channels import Subscriber
 from .clusterd_recover import grpc_code
-
-if TYPE_CHECKING:
-    from .clusterd import SimClusterD
+from .journal import Journal
 
 #: ClusterD's publisher buffers up to 1000 tables; newer ones are dropped beyond that.
 PUBLISHER_BUFFER = 1000
@@ -52,10 +50,23 @@ class Publisher:
         return True
 
 
+class ConfigHost(Protocol):
+    """What the Config service reads and changes of the simulation (``SimClusterD``)."""
+
+    journal: Journal
+    publishers: dict[str, Publisher]
+    rank_tables: dict[str, str]
+    rank_table_delay: float
+
+    def qps_refuses(self, path: str) -> bool: ...
+
+    def next_stream_id(self, key: str) -> int: ...
+
+
 class ConfigService(config_pb2_grpc.ConfigServicer):
     """ClusterD's Config service over the simulation's rank tables."""
 
-    def __init__(self, sim: SimClusterD) -> None:
+    def __init__(self, sim: ConfigHost) -> None:
         self.sim = sim
 
     async def Register(self, request: config_pb2.ClientInfo,

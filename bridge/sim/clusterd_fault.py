@@ -29,16 +29,25 @@ import asyncio
 import uuid as uuidlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
 from bridge._proto import fault_pb2, fault_pb2_grpc
 
 from .clusterd_channels import next_item
+from .clusterd_job import SimJob
+from .journal import Journal
 
-if TYPE_CHECKING:
-    from .clusterd import SimClusterD
+
+class FaultHost(Protocol):
+    """What the Fault service reads of the simulation (``SimClusterD``)."""
+
+    jobs: dict[str, SimJob]
+    journal: Journal
+
+    @property
+    def device_faults(self) -> "DeviceFaults": ...
 
 JOB_NOT_EXIST = 402
 INVALID_REQ_PARAM = 400
@@ -88,7 +97,7 @@ def fault_signal(job_id: str, faults: Iterable[DeviceFault]) -> fault_pb2.FaultM
 class DeviceFaults:
     """The fault centre's view of every job's devices, and the publishers reading it."""
 
-    def __init__(self, sim: SimClusterD) -> None:
+    def __init__(self, sim: FaultHost) -> None:
         self.sim = sim
         self.faults: dict[str, list[DeviceFault]] = {}
         self.publishers: dict[tuple[str, str], FaultPublisher] = {}
@@ -124,12 +133,12 @@ class DeviceFaults:
 
 
 class FaultService(fault_pb2_grpc.FaultServicer):
-    def __init__(self, sim: SimClusterD) -> None:
+    def __init__(self, sim: FaultHost) -> None:
         self.sim = sim
 
     @property
     def centre(self) -> DeviceFaults:
-        return self.sim.device_faults  # type: ignore[no-any-return]
+        return self.sim.device_faults
 
     def _record(self, method: str, job_id: str, code: int | None, **detail: Any) -> None:
         self.sim.journal.record("rpc", f"Fault.{method}", job_id, code, **detail)

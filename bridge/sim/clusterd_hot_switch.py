@@ -32,12 +32,44 @@ The pods themselves are not simulated: the journal records each Kubernetes opera
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Iterable
+from typing import Any, NoReturn, Protocol
+
+from bridge._proto import recover_pb2 as pb
 
 from . import clusterd_rules as rules
+from .clusterd_channels import RECOVER_STATUS, RECOVER_STRATEGY
+from .clusterd_rules import FaultPair
+from .clusterd_timings import Timings
 
-if TYPE_CHECKING:
-    from .clusterd_job import JobController
+
+class SwitchHost(Protocol):
+    """What a hot switch reads and records of the simulation (``clusterd_job.Host``)."""
+
+    timings: Timings
+
+    def record(self, kind: str, name: str, job_id: str, code: int | None = None, **detail: Any) -> None: ...
+
+
+class SwitchController(Protocol):
+    """The steps of the job's controller a hot switch drives (``clusterd_job.JobController``)."""
+
+    host: SwitchHost
+    job_id: str
+    hot_switch_enabled: bool
+
+    def _enter(self, state: str, event: str) -> None: ...
+
+    def _signal(self, signal_type: str, actions: Iterable[str], faults: Iterable[FaultPair] = (),
+                **fields: Any) -> pb.ProcessManageSignal: ...
+
+    async def _notify(self, signal: pb.ProcessManageSignal) -> None: ...
+
+    async def _wait_report(self, kind: str) -> Any | None: ...
+
+    async def _sleep(self, seconds: float) -> None: ...
+
+    def _finish_now(self, reason: str) -> NoReturn: ...
 
 HOT_SWITCH_SIGNAL = "hot-switch"
 MIGRATION = "migration"
@@ -47,7 +79,7 @@ MIGRATION_FAILED = 406  # UnRecoverableRetryError: RestartFaildEvent
 class HotSwitch:
     """One hot switch of ``ctl``'s job; ``run`` is the flow, ``pod_running`` step 2's event."""
 
-    def __init__(self, ctl: JobController) -> None:
+    def __init__(self, ctl: SwitchController) -> None:
         self.ctl = ctl
         self.new_pod = asyncio.Event()  # the backup pod reached Running
 
@@ -55,8 +87,6 @@ class HotSwitch:
         self.new_pod.set()
 
     async def run(self, pod_ranks: list[str]) -> None:
-        from .clusterd_job import RECOVER_STATUS, RECOVER_STRATEGY  # the module that imports this one
-
         ctl = self.ctl
         ctl._enter("NotifyPrepareHotSwitchState", "BeginHotSwitchEvent")
         await ctl._notify(ctl._signal(HOT_SWITCH_SIGNAL, ("hot switch",), [(rank, rules.NORMAL) for rank in pod_ranks]))

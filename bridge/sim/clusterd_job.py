@@ -32,7 +32,8 @@ import grpc
 from bridge._proto import recover_pb2 as pb
 
 from . import clusterd_rules as rules
-from .clusterd_channels import OmChannels, Outgoing, ReportSlot, Subscriber
+from .clusterd_channels import (RECOVER_STATUS, RECOVER_STRATEGY, REPORT_KINDS, STOP_COMPLETE, OmChannels, Outgoing,
+                                ReportSlot, Subscriber)
 from .clusterd_hot_switch import HotSwitch
 from .clusterd_rules import FaultCache, FaultPair
 from .clusterd_release import Release
@@ -41,10 +42,6 @@ from .clusterd_wire import faults_detail, make_signal
 
 log = logging.getLogger("bridge.sim.clusterd")
 
-STOP_COMPLETE = "stop_complete"
-RECOVER_STRATEGY = "recover_strategy"
-RECOVER_STATUS = "recover_status"
-REPORT_KINDS = (STOP_COMPLETE, RECOVER_STRATEGY, RECOVER_STATUS)
 
 PROCESS_NOT_READY = 404
 RECOVERABLE_RETRY_ERROR = 405
@@ -868,3 +865,32 @@ class JobController:
                     f"{method} fault rankId={rank!r} faultType={fault_type!r}: ClusterD accepts it "
                     f"unvalidated, but {problem}",
                 )
+
+
+@dataclass
+class SimJob:
+    """The job's PodGroup as ClusterD reads it at Init.
+
+    ``strategies``: the recover-strategy annotation (``exit`` is always added; unknown
+    names are dropped; ``elastic-training`` enables downgrade). ``process_recover``: the
+    label process-recover-enable == "on" (False: Init answers 403). ``pod_group_exists``:
+    False makes Init answer 502 and Register 402. ``rank_table_job_id``: the pods'
+    ``jobID`` label, the id config.Config uses (defaults to ``job_id``). ``hot_switch``:
+    the label subHealthyStrategy == "hotSwitch" (it also lets Init answer 0 without
+    process_recover).
+    """
+
+    job_id: str
+    world_size: int = 8
+    devices_per_pod: int = 8
+    strategies: tuple[str, ...] = ("retry", "recover", "dump", "exit")
+    process_recover: bool = True
+    hot_switch: bool = False
+    pod_group_exists: bool = True
+    rank_table_job_id: str | None = None
+    #: the nodes' super pod (device info ``SuperPodID``); < 0: not a super pod, NIC switch refused
+    super_pod_id: int = 0
+
+    @property
+    def config_job_id(self) -> str:
+        return self.rank_table_job_id or self.job_id

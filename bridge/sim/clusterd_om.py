@@ -44,7 +44,7 @@ from .clusterd_channels import next_item
 from .clusterd_job import CLIENT_ERROR, RECOVER_STATUS, STOP_COMPLETE, CycleEnded, JobController
 
 if TYPE_CHECKING:
-    from .clusterd import SimJob
+    from .clusterd_job import SimJob
 
 OM_IS_RUNNING = 411
 OM_PARAM_INVALID = 413

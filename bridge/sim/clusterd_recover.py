@@ -13,7 +13,7 @@ them must see what production shows (docs/clusterd.md, "Return codes").
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -22,11 +22,33 @@ from bridge._proto import recover_pb2_grpc as pb_grpc
 
 from .clusterd_channels import Outgoing, Subscriber
 from .clusterd_om import OmService
-from .clusterd_job import RECOVER_STATUS, RECOVER_STRATEGY, STOP_COMPLETE, JobController
+from .clusterd_job import RECOVER_STATUS, RECOVER_STRATEGY, STOP_COMPLETE, JobConfig, JobController, SimJob
+from .clusterd_release import Release
+from .clusterd_timings import Timings
 from .clusterd_wire import fault_pairs, request_detail, signal_detail
+from .journal import Journal
 
-if TYPE_CHECKING:
-    from .clusterd import SimClusterD
+
+class RecoverHost(Protocol):
+    """What the Recover service reads and changes of the simulation (``SimClusterD``)."""
+
+    release: Release
+    timings: Timings
+    journal: Journal
+    jobs: dict[str, SimJob]
+    inited: dict[str, JobConfig]
+    controllers: dict[str, JobController]
+    max_jobs: int
+
+    def qps_refuses(self, path: str) -> bool: ...
+
+    def init_job(self, job: SimJob) -> None: ...
+
+    def register_job(self, job_id: str) -> None: ...
+
+    def take_tweaks(self) -> tuple[float, bool]: ...
+
+    def violation(self, job_id: str, text: str) -> None: ...
 
 UN_REGISTRY = 400
 JOB_NOT_EXIST = 402
@@ -44,7 +66,7 @@ def grpc_code(code: grpc.StatusCode) -> int:
 class RecoverService(OmService, pb_grpc.RecoverServicer):
     """ClusterD's Recover service over the simulation's state."""
 
-    def __init__(self, sim: SimClusterD) -> None:
+    def __init__(self, sim: RecoverHost) -> None:
         self.sim = sim
 
     # ------------------------------------------------------------------ plumbing

@@ -43,6 +43,12 @@ class CallbackRegistry:
         with self._lock:
             return len(self._funcs) == len(ACTIONS)
 
+    def registered(self, action: str) -> Callable[..., Any] | None:
+        """The function registered for ``action`` (tests and benchmarks call it as the
+        controller's thread would), or None."""
+        with self._lock:
+            return self._funcs.get(action)
+
     def count(self) -> int:
         with self._lock:
             return len(self._funcs)

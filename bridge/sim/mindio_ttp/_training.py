@@ -22,15 +22,31 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from . import _log
 from ._constants import FAULT_TYPES, MAX_ERROR_CODE_LEN, State
 from ._registry import CallbackRegistry
 
-if TYPE_CHECKING:
-    from ._controller import Controller
-    from ._engine import MindXEngine
+
+
+class Controller(Protocol):
+    """What the job tells the stub's controller (``_controller.Controller``)."""
+
+    paused_for_recovery: bool
+
+    def on_rank_connected(self, rank: int) -> None: ...
+
+    def poke(self) -> None: ...
+
+    def halt(self, join_timeout: float) -> None: ...
+
+
+class MindXEngine(Protocol):
+    """What the job reads and changes of an engine that broke a rule (``_engine.MindXEngine``)."""
+
+    generation: int
+    halted: bool
 
 ReplicaInfo = Literal["complete", "partial", "missing"]
 

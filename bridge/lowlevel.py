@@ -1,0 +1,117 @@
+"""Everything the bridge takes from below Python's and gRPC's public surface, in one place.
+
+Each item here depends on something no API promises, so each has a guard test
+(tests/test_lowlevel.py) that fails on a system or a grpcio release where it is gone,
+instead of the bridge silently falling back to its slower way:
+
+* C library functions through ctypes (``libc_function``): ``sched_getcpu`` and
+  ``sched_setaffinity`` for the CPU pin of the controller's thread (affinity.py), and a
+  ``write`` that keeps the GIL (``gil_holding_write``). A ``PyDLL`` function keeps the GIL
+  across the call: inside a controller callback, releasing it (as ``os.write`` does) could
+  let another thread take it and keep the controller's thread waiting up to the
+  interpreter's switch interval -- and the controller blocks on every callback
+  (docs/mindio-controller.md).
+* gRPC's private ``_channel`` of a synchronous unary callable (``after_send``): the one
+  place where the request has been written and the caller has not yet started waiting
+  for the answer (rpcthread.py, "Once the request is written").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+_CPU_SET_WORDS = 16  # glibc's cpu_set_t: 1 024 CPUs in unsigned longs
+_CpuSet = ctypes.c_ulong * _CPU_SET_WORDS
+_WORD_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
+
+#: ``sched_setaffinity(thread id, mask size, mask address)``, 0 or -1 with errno set.
+SetAffinity = Callable[[int, int, int], int]
+
+
+class CpuMask(NamedTuple):
+    """A ``cpu_set_t`` and what ``sched_setaffinity`` takes of it, computed once (the pin
+    runs inside a controller callback: no ctypes call there but the pin itself)."""
+
+    words: Any  # the ctypes array, kept alive for ``address``
+    size: int
+    address: int
+
+
+def cpu_mask(cpus: set[int] | frozenset[int]) -> CpuMask:
+    words = _CpuSet()
+    for cpu in cpus:
+        if 0 <= cpu < _CPU_SET_WORDS * _WORD_BITS:
+            words[cpu // _WORD_BITS] |= 1 << (cpu % _WORD_BITS)
+    return CpuMask(words, ctypes.sizeof(words), ctypes.addressof(words))
+
+
+def last_errno() -> int:
+    """The errno a ``libc_function`` call left (they are made with ``use_errno``)."""
+    return ctypes.get_errno()
+
+
+def libc_function(name: str, keep_gil: bool) -> Callable[..., int] | None:
+    """``sched_getcpu`` or ``sched_setaffinity`` from the C library, or None where it is
+    missing. ``keep_gil``: a ``PyDLL`` function, which keeps the GIL (for the controller's
+    thread, inside a callback); else a ``CDLL`` one, which releases it (for a call that may
+    migrate the caller, which may then wait for its new CPU)."""
+    try:
+        library = ctypes.PyDLL(None, use_errno=True) if keep_gil else ctypes.CDLL(None, use_errno=True)
+        function = getattr(library, name)
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = () if name == "sched_getcpu" else (ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p)
+    return function  # type: ignore[no-any-return]
+
+
+#: An eventfd write: one 8-byte counter increment.
+EVENTFD_ONE = (1).to_bytes(8, sys.byteorder)
+
+
+def gil_holding_write() -> Callable[[int, bytes, int], int] | None:
+    """libc ``write`` called without releasing the GIL (ctypes ``PyDLL``); None where
+    unavailable (no eventfd or no libc)."""
+    if not hasattr(os, "eventfd"):
+        return None
+    try:
+        write = ctypes.PyDLL(None).write
+    except (OSError, AttributeError):
+        return None
+    write.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
+    write.restype = ctypes.c_ssize_t
+    return write  # type: ignore[no-any-return]
+
+
+def after_send(callable_: Any, sent: Callable[[], None]) -> bool:
+    """Make a synchronous gRPC unary callable run ``sent`` on the calling thread right
+    after each call has started, which writes the request, and before it waits for the
+    answer. False where this grpcio's callable has no ``_channel`` with a
+    ``segregated_call`` to wrap (then nothing changes)."""
+    inner = getattr(callable_, "_channel", None)
+    if not callable(getattr(inner, "segregated_call", None)):
+        return False
+    callable_._channel = AfterSend(inner, sent)
+    return True
+
+
+class AfterSend:
+    """gRPC's channel object as one method's callable sees it, telling ``sent`` once
+    ``segregated_call`` has started the call, which writes the request; everything else
+    goes to the channel object itself."""
+
+    def __init__(self, channel: Any, sent: Callable[[], None]) -> None:
+        self._channel = channel
+        self._sent = sent
+
+    def segregated_call(self, *args: Any, **kwargs: Any) -> Any:
+        call = self._channel.segregated_call(*args, **kwargs)
+        self._sent()
+        return call
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
