@@ -425,6 +425,14 @@ async def test_successful_cycle_expands_pods_and_ends_stream_with_ok() -> None:
             "NotifyDecidedStrategyState", "WaitReportProcessRecoverStatusState",
             "CheckRecoverResultState", "INIT",
         ]
+        # The path as the real server logs it when the cycle closes, its event names
+        # included (read from the real ClusterD's log by the differential).
+        assert [path for path, _ in sim.journal.action_paths(JOB)] == [
+            "INIT(faultOccur)-->NotifyWaitFaultFlushingState(notifyFinish)-->NotifyStopTrainState(notifySuccess)-->"
+            "WaitReportStopCompleteState(receiveReport)-->WaitFaultFlushFinishedState(flushFinished)-->"
+            "NotifyGlobalFaultState(notifySuccess)-->WaitReportRecoverStrategyState(receiveReport)-->"
+            "NotifyDecidedStrategyState(notifyRecoverStrategySuccess)-->"
+            "WaitReportProcessRecoverStatusState(receiveReport)-->CheckRecoverResultState(recoverSuccess)-->INIT"]
         # A fault between the stream end and the re-subscribe is lost.
         assert await client.fault({2: 1}) == 0
         assert sim.journal.select("fault-lost", job_id=JOB)
