@@ -330,9 +330,10 @@ FAULT_LIST = re.compile(r"write configmap faultList success, (\{.*\})")
 
 
 def parse_fault_list(payload: str) -> list[int]:
-    """The ranks of a reset-config ConfigMap's `RankList` (strings or numbers)."""
+    """The ranks of a reset-config ConfigMap's `RankList` (entries ``{"RankId": 2, ...}``,
+    or bare ranks)."""
     data = json.loads(payload)
-    return sorted(int(rank) for rank in data.get("RankList") or [])
+    return sorted(int(entry["RankId"] if isinstance(entry, dict) else entry) for entry in data.get("RankList") or [])
 
 
 # --------------------------------------------------------------------------- ranks

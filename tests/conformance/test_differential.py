@@ -1,0 +1,50 @@
+"""The simulations answer to the real peers: each scenario on both, the transcripts compared.
+
+Every scenario of tests/conformance/differential.py runs on the real peers (ClusterD's
+service code in the harness, a real MindIO TFT build hosted by ``tft-bridge run``, fake
+ranks, the node agent) and, side by side in the same test, on the simulated ClusterD of
+the same release and the stub controller; the two transcripts must agree on ClusterD's
+RPCs, signals, outcome and cycle paths, the controller's callbacks and notifies, the
+bridge's own record and the exit code. A difference fails with both transcripts printed.
+The release matrix: the scenarios marked for v7.3.2 run on its harness against the
+simulation's ``7.3`` profile. Where they differ, the real peer is right: fix the
+simulation (docs/testing.md, "The differential").
+
+Skipped, in one line, like the rest of the tier (tests/conformance/test_real_peers.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from .differential import Scenario, cases, differences, report, run_real, run_sim
+from .peers import find_real_peers, unavailable
+
+_reason = unavailable()
+if _reason is None and os.environ.get("TFT_BRIDGE_CONFORMANCE") == "separate":
+    _reason = "the real-peer scenarios run in CI's conformance stage, not in this run"
+if _reason is not None:
+    pytest.skip(f"conformance tier: {_reason}", allow_module_level=True)
+
+pytestmark = [pytest.mark.real_peers, pytest.mark.timeout(400)]
+
+
+@pytest.mark.parametrize(("scenario", "release"), cases(), ids=[f"{s.name}-{r}" for s, r in cases()])
+async def test_sim_matches_real(scenario: Scenario, release: str, tmp_path: Path) -> None:
+    peers = find_real_peers()
+    assert peers is not None
+    (tmp_path / "real").mkdir()
+    (tmp_path / "sim").mkdir()
+    # Side by side: the real run in a thread (it waits on child processes and their
+    # logs), the simulated one on this loop.
+    real_run = asyncio.ensure_future(asyncio.to_thread(run_real, scenario, release, peers, tmp_path / "real"))
+    try:
+        sim = await run_sim(scenario, release, tmp_path / "sim")
+    finally:
+        real = await real_run
+    found = differences(real, sim)
+    assert not found, report(scenario, release, real, sim, found) + f"\nlogs in {tmp_path}"
