@@ -112,8 +112,10 @@ async def eventually(predicate: Callable[[], Any], timeout: float = 5.0, what: s
         await asyncio.sleep(POLL_INTERVAL)
 
 
-def eventually_sync(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-    """``eventually`` for plain threads (no event loop in the test)."""
+def eventually_sync(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition",
+                    interval: float = POLL_INTERVAL) -> Any:
+    """``eventually`` for plain threads (no event loop in the test). ``interval``: for a
+    predicate that asks another process (an HTTP poll each time), a longer pause."""
     deadline = time.monotonic() + timeout
     while True:
         last = predicate()
@@ -121,7 +123,7 @@ def eventually_sync(predicate: Callable[[], Any], timeout: float = 5.0, what: st
             return last
         if time.monotonic() > deadline:
             raise _awaited(what, timeout, last)
-        time.sleep(POLL_INTERVAL)
+        time.sleep(interval)
 
 
 @pytest.fixture

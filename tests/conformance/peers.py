@@ -174,12 +174,40 @@ class LogTail:
         return "\n".join(f"{line.at:.3f} {line.source} {line.text}" for line in self.lines())
 
 
+#: Every process group started here and maybe still running: what ``kill_all`` ends when
+#: the test process itself is stopped (CI's stage budget SIGTERMs it, and a process
+#: group of its own escapes that signal). Guarded by ``_spawned_lock``.
+_spawned: list[subprocess.Popen[str]] = []
+_spawned_lock = threading.Lock()
+
+
 def _spawn(argv: Sequence[str], env: dict[str, str], cwd: Path, tail: LogTail, source: str) -> subprocess.Popen[str]:
-    process = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+    with _spawned_lock:
+        process = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        _spawned[:] = [p for p in _spawned if p.poll() is None] + [process]
     assert process.stdout is not None
     tail.follow(process.stdout, source)
     return process
+
+
+def kill_all() -> None:
+    """SIGKILL every process group started here that still runs."""
+    with _spawned_lock:
+        processes = list(_spawned)
+    for process in processes:
+        _kill_group(process)
+
+
+def kill_all_on_sigterm() -> None:
+    """When this test process is sent SIGTERM, kill every peer it started, then die of
+    the signal as it would have: no ClusterD, controller or rank outlives a stopped run."""
+    def handler(signum: int, frame: object) -> None:
+        kill_all()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 # --------------------------------------------------------------------------- ClusterD
@@ -234,13 +262,18 @@ class ClusterDHarness:
         self.log = LogTail(workdir / "clusterd.log")
         self.process: subprocess.Popen[str] | None = None
         self.incarnations = 0
+        self._incarnation_mark = 0
+
+    def incarnation_mark(self) -> int:
+        """Where the running ClusterD's log begins (``after=`` for its own lines only)."""
+        return self._incarnation_mark
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> ClusterDHarness:
-        mark = self.log.mark()
+        mark = self._incarnation_mark = self.log.mark()
         self.incarnations += 1
         self.process = _spawn(self.options.argv(self.binary, self.port, self.ctl_port), dict(os.environ),
                               self.workdir, self.log, f"clusterd#{self.incarnations}")
@@ -274,10 +307,11 @@ class ClusterDHarness:
 
     def cycle_paths(self, after: int = 0) -> list[str]:
         """Every closed cycle's state path, in order (the reset function's `action path`
-        line; the path of the opening reset is ``{INIT}``)."""
+        line; the bare ``{INIT}`` of the reset every Subscribe does is no cycle)."""
         line = CYCLE_CLOSE_LINE[self.options.release]
-        return [m.group(1) for _, m in self.log.find(rf"controller\.go:{line}\s+jobId=\S+'s action path = \{{(.*)\}}",
-                                                         after)]
+        paths = [m.group(1) for _, m in self.log.find(rf"controller\.go:{line}\s+jobId=\S+'s action path = \{{(.*)\}}",
+                                                      after)]
+        return [path for path in paths if path != "INIT"]
 
     def fault_lists(self, after: int = 0) -> list[list[int]]:
         """The rank lists of every `write configmap faultList success` line: the ranks
@@ -313,7 +347,7 @@ class ClusterDHarness:
             value = self.annotation(key)
             return _Held(value) if predicate(value) else None
 
-        return eventually_sync(held, timeout, f"PodGroup annotation {key}").value
+        return eventually_sync(held, timeout, f"PodGroup annotation {key}", interval=0.2).value
 
 
 @dataclass
@@ -528,7 +562,9 @@ class Entry:
 class BridgeDaemon(Entry):
     """``tft-bridge run`` in its own process, with ``controller.module =
     "mindio_ttp.controller_ttp"`` and its flight recorder on (the bridge's side of the
-    transcript is read back with ``tft-bridge history --json``)."""
+    transcript is read back with ``tft-bridge history --json``). Configured as an
+    operator would: every key at its default but the job's own (ClusterD's address and
+    keep-alive cadence, the controller's port, world size and wait), loopback only."""
 
     name = "daemon"
 
@@ -546,9 +582,6 @@ job_id = "{self.clusterd.options.job_uid}"
 [clusterd]
 address = "{self.clusterd.address}"
 keepalive_interval = {keepalive}
-grpc_keepalive = {max(10, 2 * keepalive)}
-reconnect_initial = 0.1
-reconnect_max = 1.0
 [controller]
 module = "mindio_ttp.controller_ttp"
 bind_ip = "127.0.0.1"

@@ -1,0 +1,47 @@
+"""The conformance tier's collection: sharded across processes, or left to CI's own stage.
+
+``.ci/run`` runs the tier in a background stage beside the suite, in several pytest
+processes at once (each scenario is mostly waiting on the real peers' own timers):
+``TFT_BRIDGE_CONFORMANCE_SHARD=I/N`` keeps every N-th scenario from the I-th on. The
+suite's own run gets ``TFT_BRIDGE_CONFORMANCE=separate`` and skips the real-peer
+scenarios (tests/conformance/test_real_peers.py says so in one line).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def shard() -> tuple[int, int] | None:
+    value = os.environ.get("TFT_BRIDGE_CONFORMANCE_SHARD", "")
+    if not value:
+        return None
+    try:
+        index, count = (int(part) for part in value.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"TFT_BRIDGE_CONFORMANCE_SHARD={value!r}: expected I/N, e.g. 0/3") from None
+    if not 0 <= index < count:
+        raise pytest.UsageError(f"TFT_BRIDGE_CONFORMANCE_SHARD={value!r}: I must be in 0..N-1")
+    return index, count
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    chosen = shard()
+    if chosen is None:
+        return
+    index, count = chosen
+    scenarios = [item for item in items if "real_peers" in item.keywords]
+    dropped = [item for position, item in enumerate(scenarios) if position % count != index]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The tier's skip, said in one line even under ``-q`` (which lists no skip reasons):
+    a run without the real peers must say where to get them."""
+    for report in terminalreporter.stats.get("skipped", []):
+        if report.nodeid.endswith("test_real_peers.py") and isinstance(report.longrepr, tuple):
+            terminalreporter.write_line(str(report.longrepr[2]).removeprefix("Skipped: "))
