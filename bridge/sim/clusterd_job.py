@@ -664,12 +664,14 @@ class JobController:
     async def _exit_tail(self, strategy: str) -> NoReturn:
         """After dump or exit: the "exit now" notice(s), then FaultRetry and reset.
         ``exit-completed`` is never written (verified on the real server)."""
+        timings = self.host.timings
         self._enter("ListenScheduleResultState", "checkFinish")
-        self._enter("NotifyRestartAllProcessState", "scheduleSuccess")
-        if strategy != rules.EXIT:
+        if strategy != rules.EXIT:  # at once after the dump's result (docs/clusterd.md)
             await self._notify(self._dump_exit_signal())
+        await self._sleep(min(timings.schedule_check, timings.dump_exit_repeat))
+        self._enter("NotifyRestartAllProcessState", "scheduleSuccess")
         self._enter("WaitRestartAllProcessState", "notifySuccess")
-        await self._sleep(self.host.timings.dump_exit_repeat)
+        await self._sleep(max(0.0, timings.dump_exit_repeat - timings.schedule_check))
         self._enter("FaultClearState", "restartFinish")
         await self._fault_retry("clearSuccess")
 
