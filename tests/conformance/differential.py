@@ -24,9 +24,10 @@ What legitimately differs is left out of the comparison: uuids, times, ports, fr
 text, and ClusterD's ``choose strategy`` line (the simulation logs no decision apart
 from its changeStrategy signal, which is compared). The simulation runs on scaled
 clocks (``clusterd_timings.FAST`` and the stub's ``FAST_TIMINGS``): the order of
-things is what is compared, never their times. One delay keeps its real length: the
-80 s between ClusterD's two exit notices, which a bridge whose controller has ended
-outruns (it exits first) on the real peers, and must on the simulation too; and the
+things is what is compared, never their times. Some delays keep their real length:
+ClusterD's 20 s of schedule checks and 80 s between its two exit notices after an exit,
+which a bridge whose controller has ended outruns (it exits first) on the real peers,
+and must on the simulation too; and the
 controller's wait for each ClusterD decision (``MINDIO_WAIT_MINDX_TIME``, read by the
 stub as by the real one), which a ClusterD outage of real seconds must fit in.
 
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bridge.config import ClusterDConfig
 from bridge.sim import mindio_ttp
 from bridge.sim.clusterd import SimJob
 from bridge.sim.clusterd_release import RELEASES
@@ -66,14 +68,21 @@ SIM_RELEASE = {"master": "master", "7.3.2": "7.3"}
 FAULT_TYPES = {"uce": 0, "unknown": 1, "hccl": 2}
 #: ClusterD's keep-alive interval on the signal stream in both runs (harness -keepalive).
 KEEPALIVE = 1
-#: The bridge's [clusterd] settings in both runs (BridgeDaemon writes the same ones).
-CLUSTERD_SETTINGS = {"keepalive_interval": KEEPALIVE, "grpc_keepalive": max(10, 2 * KEEPALIVE),
-                     "reconnect_initial": 0.1, "reconnect_max": 1.0}
+#: The bridge's [clusterd] settings on the simulation: as on the real peers (BridgeDaemon),
+#: every default but ClusterD's keep-alive cadence (SimulatedJob shortens the others).
+CLUSTERD_SETTINGS = {**{key: getattr(ClusterDConfig(), key) for key in
+                        ("rpc_timeout", "grpc_keepalive", "reconnect_initial", "reconnect_max", "recheck_disabled",
+                         "startup_wait")},
+                     "keepalive_interval": KEEPALIVE}
 #: A real recovery's bound: a type-1 fault is seen 2 s after the rank raises, its
 #: globalFault comes 11 s after the stop, the repair takes seconds; a loaded machine doubles it.
 REAL_BOUND = 120.0
 #: The simulated recovery's bound (scaled clocks).
 SIM_BOUND = 30.0
+#: The simulated ClusterD's clock: a hundred times faster, but for what races with the
+#: bridge's own real seconds after an exit (the bridge whose controller ended exits
+#: within them): the 20 s of schedule checks and the 80 s to the second exit notice.
+SIM_TIMINGS = replace(FAST, schedule_check=REAL.schedule_check, dump_exit_repeat=REAL.dump_exit_repeat)
 #: Quiet time on the simulation after its end: its clocks run 100 times faster than the
 #: real ones, so a late report the real peers would make within 15 s comes within this.
 SIM_SETTLE = 1.5
@@ -149,9 +158,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     # the 15 s after it is back in NORMAL.
     Scenario("rank-killed-at-global-fault", fault_rank=2, fault_kind="unknown", kill_ranks=(0,),
              kill_at="global-fault", settle=15.0),
-    # The bridge idle past three of its own ping intervals (10 s), then a UCE: on
-    # v7.3.2 (gRPC's default ping policy) no GOAWAY, so one subscription throughout.
-    Scenario("idle-keepalive", fault_rank=2, fault_kind="uce", idle=35.0, releases=("7.3.2",),
+    # The bridge idle past three of its pings (every 30 s, its default), then a UCE: on
+    # v7.3.2 (gRPC's default ping policy: the third strike draws GOAWAY) no GOAWAY, so
+    # one subscription until the cycle.
+    Scenario("idle-keepalive", fault_rank=2, fault_kind="uce", idle=100.0, releases=("7.3.2",),
              cycles={"7.3.2": 2}),
 )
 
@@ -242,8 +252,10 @@ async def run_sim(scenario: Scenario, release: str, workdir: Path) -> tr.Transcr
     strategies = tuple(scenario.strategies.split(","))
     spec = SimJob(f"differential-{scenario.name}", world_size=4, devices_per_pod=2, strategies=strategies)
     recorder = workdir / "sim-recorder"
-    job = SimulatedJob(spec, keepalive_interval=KEEPALIVE, global_fault_delay=FAST.global_fault_delay,
-                       flush_delay=FAST.flush_delay, dump_exit_repeat=REAL.dump_exit_repeat,
+    timings = SIM_TIMINGS
+    job = SimulatedJob(spec, keepalive_interval=KEEPALIVE, clusterd_timings=timings,
+                       global_fault_delay=timings.global_fault_delay, flush_delay=timings.flush_delay,
+                       dump_exit_repeat=timings.dump_exit_repeat,
                        controller_timings=mindio_ttp.FAST_TIMINGS, wait_time=scenario.wait_mindx_time,
                        release=RELEASES[SIM_RELEASE[release]],
                        config_overrides={"clusterd": dict(CLUSTERD_SETTINGS),

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from .differential import Scenario, cases, differences, report, run_real, run_sim
-from .peers import find_real_peers, unavailable
+from .peers import find_real_peers, kill_all_on_sigterm, unavailable
 
 _reason = unavailable()
 if _reason is None and os.environ.get("TFT_BRIDGE_CONFORMANCE") == "separate":
@@ -34,17 +34,21 @@ pytestmark = [pytest.mark.real_peers, pytest.mark.timeout(400)]
 
 
 @pytest.mark.parametrize(("scenario", "release"), cases(), ids=[f"{s.name}-{r}" for s, r in cases()])
-async def test_sim_matches_real(scenario: Scenario, release: str, tmp_path: Path) -> None:
+async def test_sim_matches_real(scenario: Scenario, release: str, tmp_path: Path,
+                                request: pytest.FixtureRequest) -> None:
     peers = find_real_peers()
     assert peers is not None
-    (tmp_path / "real").mkdir()
-    (tmp_path / "sim").mkdir()
+    kill_all_on_sigterm()  # CI's budget stops this process with SIGTERM: the peers go with it
+    kept = os.environ.get("TFT_BRIDGE_CONFORMANCE_LOGS")  # CI keeps every run's logs
+    workdir = Path(kept) / request.node.name if kept else tmp_path
+    for side in ("real", "sim"):
+        (workdir / side).mkdir(parents=True, exist_ok=True)
     # Side by side: the real run in a thread (it waits on child processes and their
     # logs), the simulated one on this loop.
-    real_run = asyncio.ensure_future(asyncio.to_thread(run_real, scenario, release, peers, tmp_path / "real"))
+    real_run = asyncio.ensure_future(asyncio.to_thread(run_real, scenario, release, peers, workdir / "real"))
     try:
-        sim = await run_sim(scenario, release, tmp_path / "sim")
+        sim = await run_sim(scenario, release, workdir / "sim")
     finally:
         real = await real_run
     found = differences(real, sim)
-    assert not found, report(scenario, release, real, sim, found) + f"\nlogs in {tmp_path}"
+    assert not found, report(scenario, release, real, sim, found) + f"\nlogs in {workdir}"
