@@ -213,7 +213,8 @@ def run_real(scenario: Scenario, release: str, peers: Path, workdir: Path) -> tr
             job.clusterd.wait_log(MOMENTS[scenario.ends_at][0], 0, REAL_BOUND, f"ClusterD's {scenario.ends_at}")
         else:
             cycles = scenario.cycles_on(release)
-            _poll(lambda: _closed_cycles(job) >= cycles, REAL_BOUND, f"ClusterD closing {cycles} cycle(s)")
+            _poll(lambda: _closed_cycles(job) >= cycles, REAL_BOUND + scenario.idle,
+                  f"ClusterD closing {cycles} cycle(s)")
         if scenario.entry_exits:
             job.entry.wait_exit(REAL_BOUND)
         time.sleep(scenario.settle)  # the quiet time is the behaviour under test: nothing late may come
@@ -426,28 +427,32 @@ COMPARED = {"clusterd": ("rpc", "signal", "outcome", "cycle"), "controller": ("c
             "bridge": ("rpc", "signal", "notify", "outcome")}
 
 
-def side(transcript: tr.Transcript, name: str) -> list[tr.Step]:
-    """One side's compared steps. The bridge's calls that never reached a ClusterD (a
-    gRPC status such as UNAVAILABLE, not ClusterD's code) are left out: how many
-    reconnect attempts fall into an outage follows its timing, and what reached
-    ClusterD is compared on ClusterD's side."""
-    return [s for s in transcript.steps if s.side == name and s.kind in COMPARED[name]
-            and not (name == "bridge" and s.kind == "rpc" and isinstance(s.code, str))]
+def steps_of(transcript: tr.Transcript, name: str, kind: str) -> list[tr.Step]:
+    """One side's steps of one kind, in order: each kind is compared as a sequence of
+    its own. Their interleaving is not: a peer logs them from different threads (the
+    real ClusterD logs a signal once it was sent, and may log the answer to it first;
+    the controller logs notifies and callbacks on two threads). The bridge's calls that
+    never reached a ClusterD (a gRPC status such as UNAVAILABLE, not ClusterD's code)
+    are left out: how many reconnect attempts fall into an outage follows its timing,
+    and what reached ClusterD is compared on ClusterD's side."""
+    return [s for s in transcript.steps if s.side == name and s.kind == kind
+            and not (name == "bridge" and kind == "rpc" and isinstance(s.code, str))]
 
 
 def differences(real: tr.Transcript, sim: tr.Transcript) -> list[str]:
-    """Where the simulated run differs from the real one: per side, the first step
-    that differs (with a few steps of context), the outcome, the exit code. Empty
-    when they agree."""
+    """Where the simulated run differs from the real one: per side and kind, the first
+    step that differs; the outcome; the exit code. Empty when they agree."""
     found: list[str] = []
-    for name in COMPARED:
-        ours, theirs = side(real, name), side(sim, name)
-        if [_key(s) for s in ours] == [_key(s) for s in theirs]:
-            continue
-        at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if _key(a) != _key(b)), min(len(ours), len(theirs)))
-        real_here = ours[at] if at < len(ours) else None
-        sim_here = theirs[at] if at < len(theirs) else None
-        found.append(f"{name} step {at + 1}: real {_shown(real_here)} | sim {_shown(sim_here)}")
+    for name, kinds in COMPARED.items():
+        for kind in kinds:
+            ours, theirs = steps_of(real, name, kind), steps_of(sim, name, kind)
+            if [_key(s) for s in ours] == [_key(s) for s in theirs]:
+                continue
+            at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if _key(a) != _key(b)),
+                      min(len(ours), len(theirs)))
+            real_here = ours[at] if at < len(ours) else None
+            sim_here = theirs[at] if at < len(theirs) else None
+            found.append(f"{name} {kind} #{at + 1}: real {_shown(real_here)} | sim {_shown(sim_here)}")
     if real.outcome != sim.outcome:
         found.append(f"ProcessRecoverStatus: real {real.outcome} | sim {sim.outcome}")
     if real.exit_code != sim.exit_code:
@@ -456,15 +461,17 @@ def differences(real: tr.Transcript, sim: tr.Transcript) -> list[str]:
 
 
 def report(scenario: Scenario, release: str, real: tr.Transcript, sim: tr.Transcript, found: list[str]) -> str:
-    """Both transcripts, compared steps only, side by side in order: the failure's message."""
-    lines = [f"scenario {scenario.name} on {release}: the simulations differ from the real peers", *found, ""]
-    for name in COMPARED:
-        lines.append(f"--- {name}: real | sim")
-        ours, theirs = side(real, name), side(sim, name)
-        for index in range(max(len(ours), len(theirs))):
-            a = str(ours[index]) if index < len(ours) else ""
-            b = str(theirs[index]) if index < len(theirs) else ""
-            mark = " " if index < len(ours) and index < len(theirs) and _key(ours[index]) == _key(theirs[index]) else "!"
-            lines.append(f"{mark} {a:<70} | {b}")
+    """Both transcripts, compared steps only, side by side per side and kind (``!``
+    where they differ): the failure's message."""
+    lines = [f"scenario {scenario.name} on {release}: the simulations differ from the real peers", *found]
+    for name, kinds in COMPARED.items():
+        for kind in kinds:
+            ours, theirs = steps_of(real, name, kind), steps_of(sim, name, kind)
+            lines.append(f"--- {name} {kind}: real | sim")
+            for index in range(max(len(ours), len(theirs))):
+                a = ours[index] if index < len(ours) else None
+                b = theirs[index] if index < len(theirs) else None
+                same = a is not None and b is not None and _key(a) == _key(b)
+                lines.append(f"{' ' if same else '!'} {_shown(a) if a else '':<70} | {_shown(b) if b else ''}")
     lines.append(f"real: outcome={real.outcome} exit={real.exit_code}; sim: outcome={sim.outcome} exit={sim.exit_code}")
     return "\n".join(lines)
