@@ -209,6 +209,11 @@ class ReportLane:
         self.unhandled = 0  # batches posted (or held) and not handled by the loop yet (under ``lock``)
         self.held: list[list[ControllerReport]] | None = None  # the lane's batch and those behind it
         self.last: Call | None = None  # the lane's latest call while ``held`` (under ``lock``)
+        # Batches ``release`` took from ``held`` and posts, which the loop has not run yet
+        # (under ``lock``), and the ids of those ``flush`` handled before their posted run
+        # came (loop only): that run is then skipped (``claim``).
+        self.posting: list[list[ControllerReport]] = []
+        self._flushed: set[int] = set()
         self._outgoing: list[tuple[RpcThread, Call, int]] = []  # (.., ranks) taken under ``lock``, made after it
         self._boosted = False  # the hand-off thread runs SCHED_FIFO for the lane's calls
         self._refused = False  # ... which it may not (priority 0, or refused by the system)
@@ -341,6 +346,7 @@ class ReportLane:
         the loop again."""
         with self.lock:
             held = self._unhold()
+            self.posting.extend(held)  # ``flush`` handles them if ClusterD is read before their run
             post = self._post
         for reports in held:
             try:
@@ -358,11 +364,31 @@ class ReportLane:
         """On the loop, before it reacts to ClusterD (a signal, a stream's start or end,
         a Subscribe) or stops: handle the held batches now, so the loop never learns of
         ClusterD's answer to a report before it knows the report (see the module
-        docstring)."""
+        docstring). That includes the batches ``release`` already took but whose posted
+        run the loop has not reached: ClusterD's answer (the changeStrategy right after a
+        strategies report, say) can be read in between, and the dispatcher would then
+        meet it with the flow one step behind and refuse it. Their posted run is skipped."""
         with self.lock:
+            early, self.posting = self.posting, []
             held = self._unhold()
+        for reports in early:
+            self.deliver(reports)
+            self._flushed.add(id(reports))  # after: ``deliver`` claims it first
         for reports in held:
             self.deliver(reports)
+
+    def claim(self, reports: list[ControllerReport]) -> bool:
+        """On the loop, for a batch posted to it: True to handle it now, False when
+        ``flush`` handled it already. Every posted batch is claimed exactly once."""
+        if self._flushed and id(reports) in self._flushed:
+            self._flushed.discard(id(reports))
+            return False
+        with self.lock:
+            for index, batch in enumerate(self.posting):
+                if batch is reports:
+                    del self.posting[index]
+                    break
+        return True
 
     def _unhold(self) -> list[list[ControllerReport]]:
         """The held batches, taken: from now on batches go straight to the loop (under

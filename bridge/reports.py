@@ -255,7 +255,10 @@ class Handoff:
 
     def _handle_posted(self, reports: list[ControllerReport]) -> None:
         """On the loop: one batch from the hand-off thread; the lane learns it is handled
-        (its reports are in the outbox) whatever happens."""
+        (its reports are in the outbox) whatever happens. A batch the lane's ``flush``
+        handled before this run came is not handled twice."""
+        if self.lane is not None and not self.lane.claim(reports):
+            return
         try:
             self._handle(reports)
         finally:

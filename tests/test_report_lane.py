@@ -339,6 +339,50 @@ async def test_a_lane_report_reaches_the_loop_when_it_catches_up_and_is_never_re
     assert handled() == 1 and bridge.metrics.reports_sent.labels("fault")._value.get() == 1
 
 
+async def test_a_lane_batch_on_its_way_to_the_loop_is_handled_when_it_catches_up_and_only_once(
+        bridge: Bridge) -> None:
+    """The hand-off thread took the lane's batch to post it, and the loop reads
+    ClusterD's answer (a changeStrategy right behind the strategies report) before the
+    post's run: catching up must hand the loop that batch, or the dispatcher meets the
+    answer with the flow a step behind and refuses it, and the controller, never told,
+    gives the job up (seen on the real peers). The post's own run then does nothing."""
+    if not with_lane(bridge):
+        pytest.skip("the lane's hand-over only")
+
+    def handled() -> float:
+        return bridge.metrics.callbacks.labels("report_fault_ranks")._value.get()
+
+    taken, go, posted = threading.Event(), threading.Event(), threading.Event()
+    post = bridge.handoff._post
+
+    def late_post(reports: list[ControllerReport]) -> None:  # on the hand-off thread
+        if reports[0].presend is None:  # not the lane's batch
+            post(reports)
+            return
+        taken.set()  # release took it: held here until the test lets it go
+        go.wait(30)
+        post(reports)
+        posted.set()
+
+    bridge.handoff._post = late_post  # type: ignore[method-assign]
+    bridge.fake.release.set()
+    bridge.callback({6: 0})
+    await eventually(taken.is_set, 10, "the lane's batch taken by release, not posted yet")
+    assert handled() == 0
+    bridge.lane.flush()  # what the session does before it reacts to ClusterD's answer
+    assert handled() == 1 and bridge.lane.unhandled == 0
+    go.set()
+    await eventually(posted.is_set, 10, "the lane's batch posted")
+    after_post = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_soon_threadsafe(after_post.set_result, None)  # runs after the post's run
+    await after_post
+    assert handled() == 1 and bridge.lane.unhandled == 0
+    bridge.callback({7: 0})  # the lane is open again: nothing is counted as still on its way
+    await eventually(lambda: bridge.fake.seen("ReportProcessFault") == 2 and len(bridge.relay) == 0, 10,
+                     "the next report answered")
+    assert bridge.lane.taken == 2 and handled() == 2
+
+
 def _fifo_allowed() -> bool:
     """Whether this process may put a thread under SCHED_FIFO (root, or RLIMIT_RTPRIO)."""
     outcome: list[bool] = []

@@ -331,6 +331,18 @@ class ClusterDHarness:
         """``POST path?query`` (``/fault/device``, ``/pod/restart``, ``/pg/annotate`` ...)."""
         return self._request("POST", path, query)
 
+    def fault_device(self, rank: int, code: str | None = None, level: str | None = None) -> Any:
+        """An NPU fault on ``rank``'s device, as the device plugin reports it (default code
+        80C98000, level RestartNPU): only the fault centre sees it."""
+        return self.post("/fault/device", rank=rank, code=code, level=level)
+
+    def fault_clear(self, rank: int | None = None) -> Any:
+        return self.post("/fault/clear", rank=rank)
+
+    def pod_restart(self, rank: int, delay: float | None = None) -> Any:
+        """Delete the pod of ``rank`` and create it again ``delay`` s later (a new uid)."""
+        return self.post("/pod/restart", rank=rank, delay=delay)
+
     def state(self) -> dict[str, Any]:
         """``GET /state``: the PodGroup's annotations and labels, the pods."""
         result: dict[str, Any] = self._request("GET", "/state")
@@ -391,12 +403,6 @@ class Ranks:
         self.retired: list[subprocess.Popen[str]] = []  # killed ones, reaped at close
         self.starts: dict[int, int] = {}  # how many times each rank was started
         self._lock = threading.Lock()  # the node agent's thread restarts ranks too
-
-    def pod_of(self, rank: int) -> int:
-        return rank // self.devs
-
-    def pod_ranks(self, pod: int) -> list[int]:
-        return list(range(pod * self.devs, (pod + 1) * self.devs))
 
     def start(self, ranks: Iterable[int] | None = None, *, restarted: bool = False, fault_rank: int = -1,
               fault_step: int = 8, fault_kind: str = "none") -> None:
@@ -467,9 +473,10 @@ class NodeAgent:
         self.clusterd = clusterd
         self.ranks = ranks
         self.restarts: list[list[int]] = []  # appended by the agent's thread, read by the test
+        self.errors: list[BaseException] = []  # the same
+        self._seen = 0  # ClusterD's log lines looked at so far (the agent's thread only)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="node-agent")
-        self.errors: list[BaseException] = []
 
     def start(self) -> NodeAgent:
         self._seen = self.clusterd.log.mark()

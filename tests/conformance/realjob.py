@@ -10,15 +10,20 @@ tests/conformance/transcript.py ``Transcript``.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
+from ..conftest import eventually_sync
 from . import transcript as tr
 from .peers import ENTRIES, ClusterDHarness, Entry, HarnessOptions, NodeAgent, Ranks
 
 
 class RealJob:
+    """ClusterD (``options``), one entry point (``"daemon"`` or ``"seed"``) hosting the
+    real controller, ``options.world_size`` ranks, and the node agent; every log under
+    ``workdir``."""
+
     def __init__(self, peers: Path, workdir: Path, entry: str, options: HarnessOptions | None = None, *,
                  wait_mindx_time: int = 30, clusterd_port: int = 0, step_sleep: float = 0.2,
                  node_agent: bool = True) -> None:
@@ -40,8 +45,6 @@ class RealJob:
             self.agent.start()
         self.entry.start(timeout)
         self.ranks.start(fault_rank=fault_rank, fault_step=fault_step, fault_kind=fault_kind)
-        from ..conftest import eventually_sync
-
         eventually_sync(lambda: len({e["src"] for e in self.ranks.events("registered")}) == self.options.world_size,
                         timeout, "every rank registered with the controller")
         return self
@@ -85,11 +88,4 @@ class RealJob:
 
 
 def _shifted(step: tr.Step, offset: float) -> tr.Step:
-    from dataclasses import replace
-
     return replace(step, at=step.at - offset) if step.at else step
-
-
-def fault_kinds() -> dict[str, Any]:
-    """fake_rank.py's FAULT_KIND values and what the rank raises."""
-    return {"uce": "UCE ERROR", "hccl": "HCCL OP RETRY FAILED", "unknown": "a process fault (RS_UNKNOWN)"}

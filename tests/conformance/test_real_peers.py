@@ -126,8 +126,8 @@ def daemon_recorded(job: RealJob, strategy: str) -> None:
     """The bridge's own record: the daemon's flight recorder closed the cycle as a
     success of that strategy, every report answered 0; the seed launcher's RPCs too."""
     transcript = job.transcript(outcome=False)
-    codes = {s.name: s.code for s in transcript.of("bridge", "rpc") if s.name.startswith("Report")}
-    assert codes and set(codes.values()) == {0}, transcript
+    codes = [(s.name, s.code) for s in transcript.of("bridge", "rpc") if s.name.startswith("Report")]
+    assert codes and {code for _, code in codes} == {0}, transcript
     if job.entry.name == "daemon":
         outcomes = [(s.name, s.strategy) for s in transcript.of("bridge", "outcome")]
         assert outcomes[-1:] == [("success", strategy)], transcript
@@ -235,6 +235,12 @@ def test_clusterd_killed_after_stop_complete_recovers(make_job: Callable[..., Re
     assert time.monotonic() - down_at >= 3
     recovered(job, "recover")
     assert job.clusterd.incarnations == 2
+    # The controller stopped once; the new ClusterD got that stop-complete again, from
+    # the bridge, in its own cycle.
+    transcript = job.transcript()
+    assert len(transcript.of("controller", "callback", "report_stop_complete")) == 1, transcript
+    assert len(transcript.of("clusterd", "rpc", "ReportStopComplete")) == 2, transcript
+    assert job.clusterd.log.find(r"receive ReportStopComplete", job.clusterd.incarnation_mark()), transcript
     assert job.agent is not None and job.agent.restarts == [[2, 3]]
     daemon_recorded(job, "recover")
     bridge_up_then_stopped(job)
