@@ -134,7 +134,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     # success, and the healthy controller fails its device stop (499).
     Scenario("uce-retry", fault_rank=2, fault_kind="uce", releases=("master", "7.3.2"),
              cycles={"7.3.2": 2}),
-    Scenario("hccl-retry", fault_rank=1, fault_kind="hccl"),
+    # An HCCL failure on rank 1: a retry after ClusterD's 3 s HCCL pause; v7.3.2 repeats
+    # it 4 s after the success.
+    Scenario("hccl-retry", fault_rank=1, fault_kind="hccl", releases=("master", "7.3.2"), cycles={"7.3.2": 2}),
     # A process fault on rank 2: ClusterD widens it to the pod (2, 3), the node agent
     # restarts both, the recover succeeds.
     Scenario("process-recover", fault_rank=2, fault_kind="unknown", releases=("master", "7.3.2")),
