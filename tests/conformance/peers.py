@@ -603,6 +603,11 @@ directory = "{self.recorder_dir}"
 {self.extra_toml}""", encoding="utf-8")
         return self.config_path
 
+    def env(self) -> dict[str, str]:
+        # The unit's own state directory (systemd's StateDirectory=, one per job): the
+        # orphaned-job marker of one scenario's daemon is no other scenario's business.
+        return {**super().env(), "STATE_DIRECTORY": str(self.workdir / "state")}
+
     def argv(self) -> list[str]:
         self.write_config()
         return [sys.executable, "-m", "bridge.cli", "run", "--config", str(self.config_path)]

@@ -129,6 +129,7 @@ def daemon_recorded(job: RealJob, strategy: str) -> None:
     codes = [(s.name, s.code) for s in transcript.of("bridge", "rpc") if s.name.startswith("Report")]
     assert codes and {code for _, code in codes} == {0}, transcript
     if job.entry.name == "daemon":
+        assert not job.entry.log.find(r"may be ORPHANED"), "a fresh job's bridge flagged it orphaned"
         outcomes = [(s.name, s.strategy) for s in transcript.of("bridge", "outcome")]
         assert outcomes[-1:] == [("success", strategy)], transcript
 
