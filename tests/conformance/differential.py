@@ -22,9 +22,13 @@ side:
 
 What legitimately differs is left out of the comparison: uuids, times, ports, free
 text, and ClusterD's ``choose strategy`` line (the simulation logs no decision apart
-from its changeStrategy signal, which is compared). The simulation runs on scaled
-clocks (``clusterd_timings.FAST`` and the stub's ``FAST_TIMINGS``): the order of
-things is what is compared, never their times. Some delays keep their real length:
+from its changeStrategy signal, which is compared). The simulation runs on clocks ten
+times faster (``SIM_SCALE``, ClusterD's and the stub's alike, every ratio kept, with
+margins of tenths of a second where a real peer races two of its timers: a rank killed
+at the stop-complete is silent past the heartbeat loss, 0.8 s, when the globalFault
+comes, 1.1 s later): the order of things is what is compared, never their times; the
+simulation waits beside the real run, so its clock costs no wall time. Some delays keep
+their real length:
 ClusterD's 20 s of schedule checks and 80 s between its two exit notices after an exit,
 which a bridge whose controller has ended outruns (it exits first) on the real peers,
 and must on the simulation too; and the
@@ -52,7 +56,7 @@ from bridge.config import ClusterDConfig
 from bridge.sim import mindio_ttp
 from bridge.sim.clusterd import SimJob
 from bridge.sim.clusterd_release import RELEASES
-from bridge.sim.clusterd_timings import FAST, REAL
+from bridge.sim.clusterd_timings import REAL
 from bridge.sim.journal import Journal, JournalEntry
 from bridge.sim.mindio_ttp import Record, State
 from bridge.sim.scenario import SimulatedJob, free_port
@@ -78,14 +82,19 @@ CLUSTERD_SETTINGS = {**{key: getattr(ClusterDConfig(), key) for key in
 #: globalFault comes 11 s after the stop, the repair takes seconds; a loaded machine doubles it.
 REAL_BOUND = 120.0
 #: The simulated recovery's bound (scaled clocks).
-SIM_BOUND = 30.0
-#: The simulated ClusterD's clock: a hundred times faster, but for what races with the
-#: bridge's own real seconds after an exit (the bridge whose controller ended exits
-#: within them): the 20 s of schedule checks and the 80 s to the second exit notice.
-SIM_TIMINGS = replace(FAST, schedule_check=REAL.schedule_check, dump_exit_repeat=REAL.dump_exit_repeat)
-#: Quiet time on the simulation after its end: its clocks run 100 times faster than the
-#: real ones, so a late report the real peers would make within 15 s comes within this.
-SIM_SETTLE = 1.5
+SIM_BOUND = 60.0
+#: How much faster the simulation's clocks run than the real peers'.
+SIM_SCALE = 0.1
+#: The simulated ClusterD's clock: scaled, but for what races with the bridge's own real
+#: seconds after an exit (the bridge whose controller ended exits within them): the 20 s
+#: of schedule checks and the 80 s to the second exit notice.
+SIM_TIMINGS = REAL.scaled(SIM_SCALE, schedule_check=REAL.schedule_check, dump_exit_repeat=REAL.dump_exit_repeat,
+                          keepalive_interval=float(KEEPALIVE))
+#: The stub controller's clock, scaled alike.
+STUB_TIMINGS = {name: value * SIM_SCALE for name, value in mindio_ttp.REAL_TIMINGS.items()}
+#: Quiet time on the simulation after its end: a late report the real peers would make
+#: within 15 s comes within this on the scaled clocks.
+SIM_SETTLE = 15.0 * SIM_SCALE
 
 
 #: The moments a scenario acts at, as each side sees them: a line of the real ClusterD's
@@ -259,7 +268,7 @@ async def run_sim(scenario: Scenario, release: str, workdir: Path) -> tr.Transcr
     job = SimulatedJob(spec, keepalive_interval=KEEPALIVE, clusterd_timings=timings,
                        global_fault_delay=timings.global_fault_delay, flush_delay=timings.flush_delay,
                        dump_exit_repeat=timings.dump_exit_repeat,
-                       controller_timings=mindio_ttp.FAST_TIMINGS, wait_time=scenario.wait_mindx_time,
+                       controller_timings=STUB_TIMINGS, wait_time=scenario.wait_mindx_time,
                        release=RELEASES[SIM_RELEASE[release]],
                        config_overrides={"clusterd": dict(CLUSTERD_SETTINGS),
                                          "recorder": {"enabled": True, "directory": str(recorder)}})
