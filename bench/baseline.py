@@ -79,8 +79,11 @@ class SyncClient:
     runs Init, Register, Subscribe again. Reports go on a channel of their own, as the
     bridge's do, so neither side waits behind the other's stream."""
 
-    def __init__(self, address: str, job_id: str) -> None:
-        from bridge.sim.mindio_ttp import controller_ttp as ttp
+    def __init__(self, address: str, job_id: str, ttp: Any = None) -> None:
+        """``ttp``: the controller module it hosts (``mindio_ttp.controller_ttp``); the
+        stub's unless given (bench_conformance.py hosts a real MindIO TFT build)."""
+        if ttp is None:
+            from bridge.sim.mindio_ttp import controller_ttp as ttp
 
         self.ttp = ttp
         self.job_id = job_id

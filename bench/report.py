@@ -10,7 +10,7 @@ exits 1 when one of its targets is missed, and the file says so next to its tabl
 The machine (host, cores, CPU model, Python, load average before and after each run)
 is written at the top and under each table, since figures from a shared machine are
 only read with its load. ``--quick`` runs each benchmark's short form (the whole report
-in a few minutes); without it the full report takes under ten minutes on a quiet
+in a few minutes); without it the full report takes about 13 minutes on a quiet
 2-core machine.
 """
 
@@ -50,6 +50,15 @@ BENCHMARKS = (
               "C++); the bridge and the client take turns in blocks of 10 cycles, and each cycle's fault comes "
               "from a thread of its own, as from a rank, never from the bridge's event loop; `wire->srv` is "
               "each side's own send -> server received."),
+    Benchmark("real report path", "the report hops and the critical path against the real peers (ClusterD's "
+              "service code, a real MindIO TFT controller), the bridge against a synchronous client in the same run",
+              ("bench_conformance.py",), ("bench_conformance.py", "--quick"),
+              "Each cycle is a job of its own on the real peers (tests/conformance): a UCE on one of four fake "
+              "ranks, a retry; the bridge (`tft-bridge run`) and MindCluster's synchronous client shape "
+              "(`bench/sync_launcher.py`) take turns. Times are the peers' own log stamps (microseconds, one "
+              "wall clock): the controller's `do action` line just before each callback, ClusterD's `receive` "
+              "line as each handler starts; both peers' logging is inside every hop, on both ways alike. Read "
+              "beside the fast server's figures above, which leave the real server's share out."),
     Benchmark("fault codec", "ns per rank of the fault-map codec (C and Python) and of the per-item protobuf "
               "baseline", ("bench_faults.py",), ("bench_faults.py", "--quick")),
     Benchmark("relay", "callback block time up to 100 000 ranks, callback -> simulated ClusterD, signal -> notify",

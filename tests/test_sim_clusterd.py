@@ -425,6 +425,14 @@ async def test_successful_cycle_expands_pods_and_ends_stream_with_ok() -> None:
             "NotifyDecidedStrategyState", "WaitReportProcessRecoverStatusState",
             "CheckRecoverResultState", "INIT",
         ]
+        # The path as the real server logs it when the cycle closes, its event names
+        # included (read from the real ClusterD's log by the differential).
+        assert [path for path, _ in sim.journal.action_paths(JOB)] == [
+            "INIT(faultOccur)-->NotifyWaitFaultFlushingState(notifyFinish)-->NotifyStopTrainState(notifySuccess)-->"
+            "WaitReportStopCompleteState(receiveReport)-->WaitFaultFlushFinishedState(flushFinished)-->"
+            "NotifyGlobalFaultState(notifySuccess)-->WaitReportRecoverStrategyState(receiveReport)-->"
+            "NotifyDecidedStrategyState(notifyRecoverStrategySuccess)-->"
+            "WaitReportProcessRecoverStatusState(receiveReport)-->CheckRecoverResultState(recoverSuccess)-->INIT"]
         # A fault between the stream end and the re-subscribe is lost.
         assert await client.fault({2: 1}) == 0
         assert sim.journal.select("fault-lost", job_id=JOB)
@@ -825,6 +833,29 @@ async def test_exit_expects_no_report_and_never_writes_exit_completed(sim: SimCl
     assert await stream.ended() == grpc.StatusCode.OK
     assert "ProcessRecoverStatus" not in sim.podgroup(JOB)
     assert sim.journal.rpcs("ReportRecoverStatus") == []
+
+
+async def test_a_stream_ending_during_the_schedule_checks_closes_the_path_there() -> None:
+    """Seen on the real server: after an exit it checks four times, 5 s apart, whether
+    the fault pods were rescheduled (ListenScheduleResultState) before it restarts all
+    processes, and a stream that ends in those 20 s (a bridge whose controller ended
+    exits) closes the cycle's path at ListenScheduleResultState. The simulation used to
+    go through to WaitRestartAllProcessState at once."""
+    async with own_sim(timings=replace(T, schedule_check=2.0, dump_exit_repeat=3.0)) as (sim, client):
+        stream = await client.session(sim)
+        await run_to_strategy_wait(sim, client, stream, {1: 1})
+        await client.strategies([])  # nothing offered: exit
+        assert (await stream.next()).changeStrategy == "exit"
+        await sim.wait_for(lambda e: e.kind == "state" and e.name == "ListenScheduleResultState")
+        stream.cancel()  # the bridge exits within the schedule checks
+        await sim.wait_for(lambda e: e.kind == "state" and e.name == "INIT" and e.detail.get("event") != "new subscriber")
+        paths = [path for path, _ in sim.journal.action_paths(JOB)]
+        assert paths == ["INIT(faultOccur)-->NotifyWaitFaultFlushingState(notifyFinish)-->"
+                         "NotifyStopTrainState(notifySuccess)-->WaitReportStopCompleteState(receiveReport)-->"
+                         "WaitFaultFlushFinishedState(flushFinished)-->NotifyGlobalFaultState(notifySuccess)-->"
+                         "WaitReportRecoverStrategyState(receiveReport)-->"
+                         "NotifyDecidedStrategyState(notifyExitStrategySuccess)-->CheckRecoverResultState(checkFinish)-->"
+                         "ListenScheduleResultState"]
 
 
 async def test_strategy_needs_the_job_configuration_too() -> None:

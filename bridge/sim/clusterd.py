@@ -27,7 +27,8 @@ Where it knowingly differs from the real server:
 
 * No Kubernetes: a :class:`SimJob` stands for the PodGroup (strategies, the
   process-recover-enable label, existence). No pods, so no rescheduling: the
-  schedule/running checks succeed at once, ``recover`` is never interrupted by the
+  schedule/running checks succeed (after a dump or exit, once the real 20 s of them
+  have passed), ``recover`` is never interrupted by the
   pod-reschedule watcher, and a downgrade's "pods not rescheduled within 20 s" holds.
 * The fault centre is reduced to the behaviours above. Its internal periods beyond
   those delays are not modelled (e.g. a retry report without ``retry`` configured just

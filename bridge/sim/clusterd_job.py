@@ -55,9 +55,9 @@ _WAIT_STATE = {
     rules.DUMP: "WaitReportDumpStatusState",
 }
 _NOTIFY_EVENT = {
-    rules.RETRY: "notifyRetrySuccess",
-    rules.RECOVER: "notifyRecoverSuccess",
-    rules.DUMP: "notifyDumpSuccess",
+    rules.RETRY: "notifyRetryStrategySuccess",
+    rules.RECOVER: "notifyRecoverStrategySuccess",
+    rules.DUMP: "notifyDumpStrategySuccess",
 }
 
 
@@ -442,6 +442,8 @@ class JobController:
     # ------------------------------------------------------------------ helpers
 
     def _enter(self, state: str, event: str) -> None:
+        """``event``: the real one's name (clusterd pkg/domain/common/event.go), as its
+        action path writes it; the differential compares the paths."""
         self.state = state
         self.host.record("state", state, self.job_id, event=event, uuid=self.uuid)
 
@@ -539,7 +541,7 @@ class JobController:
             self._global_fault_due = asyncio.get_running_loop().time() + wait
             if not pure_retry:
                 await self._sleep(timings.flush_delay)
-            self._enter("NotifyGlobalFaultState", "faultFlushFinished")
+            self._enter("NotifyGlobalFaultState", "flushFinished")
             if not pure_retry:
                 await self._sleep(timings.global_fault_delay)
                 self.in_place = self._can_restart_in_place()
@@ -617,7 +619,7 @@ class JobController:
                     change_strategy=strategy, extra_params=extra, node_rank_ids=self._fault_pods(),
                 ))
             if strategy == rules.EXIT:
-                self._enter("CheckRecoverResultState", "notifyExitSuccess")
+                self._enter("CheckRecoverResultState", "notifyExitStrategySuccess")
                 await self._exit_tail(rules.EXIT)
             if strategy == rules.DOWNGRADE:
                 event = await self._downgrade()
@@ -695,7 +697,7 @@ class JobController:
         """DP scale-in: wait for the isolated ranks (201), send faultNodesExit, wait for
         the result. Success parks the job in ScaleRunningState; failure returns the event
         that makes the next choice dump or exit."""
-        self._enter("WaitReportScaleInIsolateRanksState", "notifyScaleInStrategySuccess")
+        self._enter("WaitReportScaleInIsolateRanksState", "notifyScaleInStrategySuccessEvent")
         request = await self._wait_report(RECOVER_STATUS)
         if request is None:
             self.results.append(pb.RecoverStatusRequest(strategy=rules.DOWNGRADE,
@@ -711,28 +713,30 @@ class JobController:
         await self._notify(self._signal("faultNodesExit", rules.FAULT_NODES_EXIT_ACTIONS,
                                         [(rank, rules.NORMAL) for rank in isolate],
                                         node_rank_ids=nodes))
-        self._enter("WaitReportScaleInStatusState", "notifyFaultNodesExitSuccess")
+        self._enter("WaitReportScaleInStatusState", "notifyFaultNodesExitSuccessEvent")
         request = await self._wait_report(RECOVER_STATUS)
         if request is None:
             await self._fault_clear("reportTimeout")
         self._record_result(request, rules.DOWNGRADE)
         self._enter("CheckRecoverResultState", "receiveReport")
         if request.status.code == 0:
-            self._enter("ScaleRunningState", "scaleInSuccess")
+            self._enter("ScaleRunningState", "scaleInSuccessEvent")
             raise CycleEnded("scaled in")
         return "recoverFail"
 
     async def _exit_tail(self, strategy: str) -> NoReturn:
         """After dump or exit: the "exit now" notice(s), then FaultRetry and reset.
         ``exit-completed`` is never written (verified on the real server)."""
-        self._enter("ListenScheduleResultState", "checkResultFinish")
-        self._enter("NotifyRestartAllProcessState", "scheduleSuccess")
-        if strategy != rules.EXIT:
+        timings = self.host.timings
+        self._enter("ListenScheduleResultState", "checkFinish")
+        if strategy != rules.EXIT:  # at once after the dump's result (docs/clusterd.md)
             await self._notify(self._dump_exit_signal())
+        await self._sleep(min(timings.schedule_check, timings.dump_exit_repeat))
+        self._enter("NotifyRestartAllProcessState", "scheduleSuccess")
         self._enter("WaitRestartAllProcessState", "notifySuccess")
-        await self._sleep(self.host.timings.dump_exit_repeat)
-        self._enter("FaultClearState", "restartProcessFinish")
-        await self._fault_retry("clearConfigMapFaultSuccess")
+        await self._sleep(max(0.0, timings.dump_exit_repeat - timings.schedule_check))
+        self._enter("FaultClearState", "restartFinish")
+        await self._fault_retry("clearSuccess")
 
     def _dump_exit_signal(self) -> pb.ProcessManageSignal:
         return self._signal("changeStrategy", rules.CHANGE_STRATEGY_ACTIONS,
@@ -747,7 +751,7 @@ class JobController:
 
     async def _fault_clear(self, event: str) -> NoReturn:
         self._enter("FaultClearState", event)
-        await self._fault_retry("clearConfigMapFaultSuccess")
+        await self._fault_retry("clearSuccess")
 
     async def _fault_retry(self, event: str) -> NoReturn:
         """FaultRetry: label pause, dump_exit, (the job is running again), label on, reset."""
@@ -805,7 +809,7 @@ class JobController:
         self._enter("NotifyContinueTrainState", "receiveReport")
         await self._notify(self._signal("changeStrategy", rules.CHANGE_STRATEGY_ACTIONS,
                                         change_strategy=rules.CONTINUE))
-        self._enter("WaitContinueTrainState", "notifyContinueSuccess")
+        self._enter("WaitContinueTrainState", "notifyContinueSuccessEvent")
         request = await self._wait_report(RECOVER_STATUS)
         if request is None:
             await self._kill_job("reportTimeout")

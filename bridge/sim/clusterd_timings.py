@@ -42,8 +42,13 @@ class Timings:
     hccl_retry_pause: float = 3.0
     #: every "wait for a client report" state (15 min).
     report_timeout: float = 900.0
-    #: the second exit/dump_exit comes this long after the first (WaitRestartAllProcess).
+    #: the second exit/dump_exit comes this long after the first: ``schedule_check`` in
+    #: ListenScheduleResultState, the rest in WaitRestartAllProcessState.
     dump_exit_repeat: float = 80.0
+    #: ListenScheduleResultState after a dump or exit: four checks 5 s apart whether the
+    #: fault pods were rescheduled (handleListenScheduleResult; a running job then counts
+    #: as scheduled). A stream that ends meanwhile closes the path in that state.
+    schedule_check: float = 20.0
     #: FaultRetry: after its dump_exit the server waits for the job to run again; the
     #: stream then ends with OK this long after that dump_exit.
     job_running_wait: float = 5.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ KINDS: frozenset[str] = frozenset(
 )
 
 Predicate = Callable[["JournalEntry"], bool]
+
+#: A reset reason that is one of the state machine's events (``recoverSuccess``,
+#: ``notifyFail: ...``), not a cause from outside it (``new subscriber``).
+_EVENT_WORD = re.compile(r"^([a-z][A-Za-z]*)(?::|$)")
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,38 @@ class Journal:
     def states(self, job_id: str | None = None) -> list[str]:
         """The state names entered, in order (the real server's "action path")."""
         return [e.name for e in self.select("state", None, job_id)]
+
+    def action_paths(self, job_id: str | None = None) -> list[tuple[str, float]]:
+        """Each closed cycle's state path as the real server's reset function logs it
+        (``controller.go`` ``action path = {...}``), with the time it closed:
+        ``State(the event that left it)-->...``, ending ``-->INIT`` when the state
+        machine itself went back to INIT (a success), at the last state when a reset cut
+        it (a stream end). A reset with no cycle in progress (a Subscribe's) and a cycle
+        lost with a restarted server (entry ``clusterd-restarted``) are none."""
+        paths: list[tuple[str, float]] = []
+        states: list[tuple[str, str]] = []  # (state, the event that led into it) since the last INIT
+        for entry in self.select("state"):
+            if entry.name == "clusterd-restarted":
+                states = []
+                continue
+            if job_id is not None and entry.job_id != job_id:
+                continue
+            event = str(entry.detail.get("event") or "")
+            if entry.name != "INIT":
+                states.append((entry.name, event))
+                continue
+            if states:
+                parts = ["INIT"]
+                for state, led_by in states:
+                    parts[-1] += f"({led_by})"
+                    parts.append(state)
+                word = _EVENT_WORD.match(event)  # a reset's reason that is a state-machine event
+                if word:
+                    parts[-1] += f"({word.group(1)})"
+                    parts.append("INIT")
+                paths.append(("-->".join(parts), entry.at))
+            states = []
+        return paths
 
     def first(self, predicate: Predicate) -> JournalEntry | None:
         return next((e for e in self.entries if predicate(e)), None)

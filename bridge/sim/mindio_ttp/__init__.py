@@ -36,7 +36,10 @@ real build (docs/mindio-controller.md, the reference to read before changing it)
   one did when a relay forwarded fewer ranks than ClusterD's globalFault named;
 * dead ranks as observed: one killed in normal training is reported about 10 s later
   (``heartbeat_loss_time`` + ``fault_detect_delay``), one killed while training is
-  paused for a recovery (after stop-complete, before the strategy) never is.
+  paused for a recovery (after stop-complete, before the strategy) only in that
+  cycle's second report_fault_ranks, if silent ``heartbeat_loss_time`` by then, and
+  never after; a recover whose repair meets a dead rank fails (406) after
+  ``repair_action_timeout``.
 
 Known differences, kept on purpose (docs/mindio-controller.md section 9): the aborts and
 deadlocks above are recorded instead of happening; ranks are simulated through

@@ -78,7 +78,8 @@ class Flows(MindXEngine):
                 continue
             if info.fault is not None:
                 bad[rank] = (info.fault, info.code)
-            elif (not info.connected and not info.unwatched and info.disconnected_at is not None
+            elif (not info.connected and (not info.unwatched or self.paused_for_recovery)
+                  and info.disconnected_at is not None
                   and now - info.disconnected_at > training.heartbeat_loss_time):
                 bad[rank] = (PROCESS_ERROR, "")
         return bad
@@ -433,6 +434,12 @@ class Flows(MindXEngine):
         up with exit. So does this one: no result, only dump, exit, downgrade or a destroy
         end it (``training.repair_hang_ranks`` names the ranks).
 
+        A rank that is neither
+        repaired nor alive (its process died during the recovery, after the controller's
+        second fault report) fails the repair ``training.repair_action_timeout`` after
+        the restarted ranks are back: the real one's repair action to it was never
+        answered, and it reported 406.
+
         With no error ranks at all (a recover after a stop_train without fault ranks,
         ClusterD's answer to a declined NIC switch) the real controller stops and cleans
         every device and then waits for new workers that never come ("arf wait new
@@ -477,6 +484,13 @@ class Flows(MindXEngine):
                 self.checker_wait(training.poll_interval)
                 continue
             if done:
+                with self.cond:
+                    dead = sorted(rank for rank in self.registered - wanted
+                                  if rank in training.ranks and not training.ranks[rank].connected)
+                if dead:  # the repair's action to them is never answered (real: ActionSend failed)
+                    self.note("repair action to dead ranks failed", dead)
+                    self.sleep(training.repair_action_timeout)
+                    return Ret.ERROR
                 self.sleep(training.recover_repair_time)
                 return Ret.OK
             if time.monotonic() >= deadline:

@@ -69,6 +69,9 @@ REAL_TIMINGS: Final[Mapping[str, float]] = MappingProxyType({
     # a rank's heartbeats stop -> a process fault (~8 s); report_fault_ranks({rank: 1})
     # follows fault_detect_delay later: about 10 s after a rank process is killed
     "heartbeat_loss_time": 8.0,
+    # an action the repair sends to a rank whose process died fails after this (the
+    # ARF repair then reports 406): observed 6.0 s from the last action to "ActionSend failed"
+    "repair_action_timeout": 6.0,
 })  # read-only: a test that shortens a timing must do it on ``training``, not here
 
 #: What the stub's own tests, the end-to-end tests and the benchmarks use when the real
@@ -80,6 +83,7 @@ FAST_TIMINGS: Final[Mapping[str, float]] = MappingProxyType({
     "recover_repair_time": 0.01,
     "destroy_delay": 0.01,
     "heartbeat_loss_time": 0.08,
+    "repair_action_timeout": 0.06,
 })
 
 _WAIT_TIME_MOVED = ("training.wait_time is gone: like the real controller, the stub reads "
@@ -97,8 +101,9 @@ class Rank:
     code: str = ""  # the error code string passed to report_status (<= 15 chars)
     disconnected_at: float | None = None
     # Killed while training was paused for a recovery (after stop-complete, before the
-    # strategy): the real controller never reports its heartbeat loss (observed: not
-    # during the recovery, not after it, not in the 15 s before destroy).
+    # strategy): the real controller reports its heartbeat loss only in that cycle's
+    # second report_fault_ranks, when it has been silent ``heartbeat_loss_time`` by then;
+    # never after the cycle (observed: not in the 15 s before destroy).
     unwatched: bool = False
 
 
@@ -131,6 +136,7 @@ class Training:
         self.retry_repair_time: float = REAL_TIMINGS["retry_repair_time"]  # ENV_CLEAR + REPAIR of a retry
         self.recover_repair_time: float = REAL_TIMINGS["recover_repair_time"]  # REPAIR of a recover, once registered
         self.heartbeat_loss_time: float = REAL_TIMINGS["heartbeat_loss_time"]  # a silent rank is a process fault
+        self.repair_action_timeout: float = REAL_TIMINGS["repair_action_timeout"]  # a repair action to a dead rank
         self.arf_wait_time: float = 600.0  # recover waits this long for restarted ranks (real: ~10 min)
         self.auto_restart: bool = True  # MindCluster's node agent restarts the pods of a recover at once
         # Ranks per pod, as MindCluster's node agent restarts them (``restart_pods``): 1
@@ -254,8 +260,12 @@ class Training:
         training a registered rank becomes a process fault after ``heartbeat_loss_time``
         and the controller reports ``{rank: 1}`` ``fault_detect_delay`` later (real:
         about 8 + 2 s). A rank that dies while training is paused for a recovery (after
-        stop-complete, before the strategy) is never reported: observed on the real
-        controller, neither during the recovery nor after it."""
+        stop-complete, before the strategy) is reported only in that cycle's second
+        report_fault_ranks, if its heartbeats have been missing ``heartbeat_loss_time``
+        by then (the real one: killed at the stop-complete of a type-1 fault, 11 s before
+        the globalFault); otherwise never, neither during the recovery nor after it. A
+        recover whose repair reaches a dead rank it was not told to wait for fails (406)
+        ``repair_action_timeout`` later (``Flows.arf_repair``)."""
         now = time.monotonic()
         with self.cond:
             unwatched = self.controller is not None and self.controller.paused_for_recovery

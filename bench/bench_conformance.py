@@ -1,0 +1,182 @@
+"""Real hop times: the report hops and the critical path against the real ClusterD service
+code and a real MindIO TFT controller, the bridge beside a synchronous client in the same run.
+
+    python bench/bench_conformance.py [--quick] [--cycles N] [--kind uce|hccl]
+
+Each cycle is one job on the real peers (tests/conformance/peers.py: ClusterD's
+unmodified Recover service in the harness, a real MindIO TFT build, four fake ranks on
+the real processor library): a UCE (or HCCL) fault on rank 2, a retry. The two ways take
+turns, cycle by cycle, so a machine's drift falls on both:
+
+* ``bridge``: ``tft-bridge run`` hosting the controller (its default settings);
+* ``sync``: MindCluster's client shape (``baseline.SyncClient``: each callback makes its
+  blocking Report* call before it returns) hosting the same controller
+  (bench/sync_launcher.py).
+
+Times come from the two peers' own logs, both stamped in microseconds from the machine's
+wall clock (the controller's without leading zeros, read as such): the controller logs each callback just before it calls it
+(``ttp_mindx_api.py`` ``do action report_...``), ClusterD each report as its handler
+starts (``receive ReportProcessFault`` ...). Hops: callback -> ClusterD received, for
+the first fault report, the stop-complete, the second fault report, the strategies and
+the result; the critical path: the second ``report_fault_ranks`` callback -> ClusterD
+received the ``ReportRecoverStrategy`` (between them the synchronous client waits for
+ClusterD's answer to the fault report; the bridge's lane sends both in order). The
+strategies hop is therefore not like for like: the synchronous client's callback comes
+after ClusterD answered the second fault report, the bridge's before it (its lane holds
+the strategies until that answer, docs/clusterd.md); the critical path is. Each
+figure: the median over the cycles (min-max), and the ratio bridge / sync of the medians.
+Both logs are written by the peers themselves (their logging's cost is in every figure,
+on both ways alike). Exit status 2 when the real peers are not here (said in one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).parent))
+from baseline import pct  # noqa: E402
+
+from tests.conformance import peers as real_peers  # noqa: E402
+from tests.conformance.peers import Entry, HarnessOptions, LogLine, find_real_peers, unavailable  # noqa: E402
+from tests.conformance.realjob import RealJob  # noqa: E402
+
+#: The report each callback makes, and the hops measured (label, callback, its n-th call).
+RPC_OF = {"report_fault_ranks": "ReportProcessFault", "report_stop_complete": "ReportStopComplete",
+          "report_strategies": "ReportRecoverStrategy", "report_result": "ReportRecoverStatus"}
+HOPS = (("fault report #1", "report_fault_ranks", 0), ("stop-complete", "report_stop_complete", 0),
+        ("fault report #2", "report_fault_ranks", 1), ("strategies", "report_strategies", 0),
+        ("result", "report_result", 0))
+CRITICAL = "critical path: 2nd fault callback -> strategy received"
+WAYS = ("bridge", "sync")
+ENTRY_OF = {"bridge": "daemon", "sync": "sync"}  # tests/conformance/peers.py ENTRIES
+#: The real controller's log line for a callback (TTP_LOG_STDOUT=1), and ClusterD's for a report.
+#: The controller writes the microseconds of its stamps without leading zeros
+#: (``15:53:00.893`` is 893 us past the second, ``.15765`` 15 765 us); ClusterD pads them
+#: to six digits. Both are read as a count of microseconds.
+_CALLBACK = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{1,6}) .*\[PYH ttp_mindx_api\.py:\d+\] do action (report_\w+),")
+_RECEIVED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{6})\]\[\w+\].*\breceive (Report\w+)")
+
+
+class SyncEntry(Entry):
+    """The synchronous client hosting the real controller (bench/sync_launcher.py)."""
+
+    name = "sync"
+
+    def argv(self) -> list[str]:
+        return [sys.executable, str(Path(__file__).parent / "sync_launcher.py"), "--clusterd", self.clusterd.address,
+                "--job", self.clusterd.options.job_uid, "--world-size", str(self.clusterd.options.world_size),
+                "--port", str(self.ttp_port)]
+
+    def bridge_events(self) -> list[dict[str, Any]]:
+        return []
+
+
+real_peers.ENTRIES.setdefault("sync", SyncEntry)  # RealJob builds its entry from this table
+
+
+def _stamp(seconds: str, micros: str) -> float:
+    return datetime.strptime(seconds, "%Y-%m-%d %H:%M:%S").timestamp() + int(micros) * 1e-6
+
+
+def stamped(lines: Sequence[LogLine], pattern: re.Pattern[str]) -> list[tuple[str, float]]:
+    """(name, wall time) of every line matching ``pattern`` (groups: the time to the
+    second, its microseconds, the name)."""
+    return [(m.group(3), _stamp(m.group(1), m.group(2))) for line in lines if (m := pattern.search(line.text))]
+
+
+def nth(stamps: list[tuple[str, float]], name: str, index: int) -> float | None:
+    times = [t for n, t in stamps if n == name]
+    return times[index] if index < len(times) else None
+
+
+def hops_of(callbacks: list[tuple[str, float]], received: list[tuple[str, float]]) -> dict[str, float]:
+    """One cycle's hops in seconds: the n-th callback of a kind to the n-th report of its
+    RPC at ClusterD (one cycle per job: no report is dropped or resent in between)."""
+    figures: dict[str, float] = {}
+    for label, callback, index in HOPS:
+        start = nth(callbacks, callback, index)
+        arrived = nth(received, RPC_OF[callback], index)
+        if start is not None and arrived is not None:
+            figures[label] = arrived - start
+    start, arrived = nth(callbacks, "report_fault_ranks", 1), nth(received, "ReportRecoverStrategy", 0)
+    if start is not None and arrived is not None:
+        figures[CRITICAL] = arrived - start
+    return figures
+
+
+def one_cycle(peers: Path, way: str, index: int, kind: str, workdir: Path) -> dict[str, float]:
+    """One job, one retry cycle, on ``way``; its hops, read once ClusterD has the result."""
+    folder = workdir / f"{way}-{index}"
+    folder.mkdir()
+    options = HarnessOptions(job_uid=f"bench-{way}-{index}", keepalive=1)
+    with RealJob(peers, folder, ENTRY_OF[way], options, wait_mindx_time=20, node_agent=False) as job:
+        job.start(fault_rank=2, fault_step=6, fault_kind=kind)
+        job.clusterd.wait_log(r"receive ReportRecoverStatus", 0, 90, "ClusterD receiving the result")
+        job.entry.log.wait_for(r"do action report_result,", 0, 10, "the controller's log of its result callback")
+        callbacks, received = stamped(job.entry.log.lines(), _CALLBACK), stamped(job.clusterd.log.lines(), _RECEIVED)
+    figures = hops_of(callbacks, received)
+    missing = [label for label in (*(label for label, _, _ in HOPS), CRITICAL) if label not in figures]
+    if missing:  # said, not hidden: the medians below then have fewer samples on this way
+        print(f"bench_conformance: cycle {index} ({way}) has no {', '.join(missing)}: callbacks "
+              f"{[n for n, _ in callbacks]}, ClusterD received {[n for n, _ in received]}", file=sys.stderr)
+    return figures
+
+
+def median_line(values: list[float]) -> str:
+    if not values:
+        return "no samples"
+    return f"p50 {pct(values, 0.5) * 1e3:8.3f} ms  (min {min(values) * 1e3:.3f}, max {max(values) * 1e3:.3f}, n={len(values)})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="two cycles per way: checks that it runs")
+    parser.add_argument("--cycles", type=int, default=10, help="retry cycles per way (default 10)")
+    parser.add_argument("--kind", choices=("uce", "hccl"), default="uce", help="the fault rank 2 raises")
+    args = parser.parse_args(argv)
+    reason = unavailable()
+    if reason is not None:
+        print(f"bench_conformance: cannot run: {reason}", file=sys.stderr)
+        return 2
+    peers = find_real_peers()
+    assert peers is not None
+    cycles = 2 if args.quick else args.cycles
+    figures: dict[str, dict[str, list[float]]] = {way: {} for way in WAYS}
+    with tempfile.TemporaryDirectory(prefix="bench-conformance-") as scratch:
+        for index in range(cycles):
+            order = WAYS if index % 2 == 0 else WAYS[::-1]  # alternated: neither way always goes first
+            for way in order:
+                for label, seconds in one_cycle(peers, way, index, args.kind, Path(scratch)).items():
+                    figures[way].setdefault(label, []).append(seconds)
+    print(f"real peers ({peers}): {cycles} {args.kind.upper()} retry cycle(s) per way, 4 ranks; "
+          "callback (controller's log) -> ClusterD received (its log)")
+    misses = 0
+    for label in [label for label, _, _ in HOPS] + [CRITICAL]:
+        bridge, sync = figures["bridge"].get(label, []), figures["sync"].get(label, [])
+        print(f"  {label}")
+        print(f"    bridge {median_line(bridge)}")
+        print(f"    sync   {median_line(sync)}")
+        if bridge and sync:
+            print(f"    bridge / sync (p50) {pct(bridge, 0.5) / pct(sync, 0.5):.2f}")
+            if label == "strategies":
+                print("    (not like for like: the sync client's callback comes after ClusterD answered the 2nd "
+                      "fault report, the bridge's before; compare the critical path)")
+        else:
+            misses += 1
+    if misses:
+        print(f"bench_conformance: {misses} figure(s) had no samples on a way (logs changed?)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
