@@ -6,6 +6,7 @@ the hook command as an option. Each test runs a real command that records its ar
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -80,10 +81,13 @@ async def test_run_command_passes_trusted_arguments_unchanged(tmp_path: Path) ->
 # --------------------------------------------------------------------------- the whole signal
 
 def signal_recorder(tmp_path: Path) -> tuple[list[str], Path]:
-    """A hook that records its argv, its TFT_BRIDGE_* environment and its stdin."""
+    """A hook that records its argv, its stdin and the TFT_BRIDGE_* variables the bridge
+    gave it (those this test process already had, e.g. CI's own, are inherited, not given)."""
     record = tmp_path / "signal.json"
+    inherited = sorted(key for key in os.environ if key.startswith("TFT_BRIDGE_"))
     script = ("import json, os, sys; json.dump({'argv': sys.argv[2:], 'stdin': sys.stdin.read(), "
-              "'env': {k: v for k, v in os.environ.items() if k.startswith('TFT_BRIDGE_')}}, open(sys.argv[1], 'w'))")
+              f"'env': {{k: v for k, v in os.environ.items() if k.startswith('TFT_BRIDGE_') and k not in {inherited!r}}}}}, "
+              "open(sys.argv[1], 'w'))")
     return [sys.executable, "-c", script, str(record)], record
 
 
