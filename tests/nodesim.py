@@ -24,7 +24,7 @@ from bridge.node import bridge_argv_for, child_env
 from bridge.node.config import NodeConfig, build_node_config
 from bridge.node.kube import PodApi
 from bridge.node.launcher import SessionLauncher, records
-from bridge.node.metrics import NodeMetrics
+from bridge.node.metrics import BridgeSeries, NodeMetrics
 from bridge.node.procs import alive
 from bridge.node.service import NodeService
 from bridge.platform import kube
@@ -56,7 +56,7 @@ port = 0
 [bridge]
 log_level = "INFO"
 [bridge.clusterd]
-address = "{clusterd}"
+{f'address = "{clusterd}"' if clusterd else ""}
 keepalive_interval = 0.5
 startup_wait = 1.0
 reconnect_max = 2.0
@@ -95,6 +95,9 @@ class NodeRig:
         env = {**child_env(), "PYTHONPATH": str(ROOT)}
         self.service = NodeService(self.config, api, SessionLauncher(env), self.metrics,
                                    bridge_argv=bridge_argv_for(()), env=env)
+        service = self.service
+        self.series = BridgeSeries(lambda: service.targets, timeout=self.config.metrics.scrape_timeout)
+        self.metrics.registry.register(self.series)  # type: ignore[arg-type]
         self._thread = threading.Thread(target=self.service.run, name=f"node-service-{self.node}", daemon=True)
         self._thread.start()
         return self.service
@@ -106,7 +109,17 @@ class NodeRig:
             self._thread.join(timeout=15)
             assert not self._thread.is_alive(), "the node service did not stop"
             self.service.api.close()
+            self.series.close()
         self.service = None
+
+    def scrape(self) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        """The node endpoint's samples: name -> {sorted labels: value}."""
+        assert self.metrics is not None
+        found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+        for family in self.metrics.registry.collect():
+            for sample in family.samples:
+                found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+        return found
 
     # ------------------------------------------------------------------ as a process
 

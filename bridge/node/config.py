@@ -29,6 +29,7 @@ PER_JOB_KEYS = frozenset({
     "job_id", "controller.bind_ip", "controller.port", "controller.world_size", "controller.enable_arf",
     "controller.enable_zit", "controller.state_directory", "metrics.enabled", "metrics.address", "metrics.port",
     "metrics.certfile", "metrics.keyfile", "metrics.client_cafile", "ranktable.job_id", "ranktable.path",
+    "recorder.directory",
 })
 
 

@@ -46,16 +46,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no command")
     directory = Path(args.dir)
     (directory / EXIT_FILE).unlink(missing_ok=True)
-    child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    pending: list[int] = []
+    children: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: object) -> None:
+        if not children:
+            pending.append(signum)  # before the bridge exists: delivered once it does
+            return
         try:
-            child.send_signal(signum)
+            children[0].send_signal(signum)
         except OSError:
             pass
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    children.append(child)
+    for signum in pending:
+        child.send_signal(signum)
     write_json(directory / CHILD_FILE, {"pid": child.pid, "start": start_ticks(child.pid), "keeper": os.getpid()})
     returncode = child.wait()
     code = 128 - returncode if returncode < 0 else returncode

@@ -56,6 +56,9 @@ EXIT_RESCHEDULED = 75  # bridge/daemon.py: killMaster
 EXIT_CONTROLLER_ENDED = 76  # bridge/daemon.py: the controller ended on its own
 EXIT_CONFIG = 2
 RANKS_GAUGE = "tft_bridge_controller_ranks_connected"
+#: The bridge keys a pod's variables become, to name them in a refusal.
+POD_SOURCES = {"controller.wait_mindx_time": "MINDIO_WAIT_MINDX_TIME", "controller.world_size": "WORLD_SIZE or "
+               "MS_WORKER_NUM", "controller.port": "TTP_PORT", "clusterd.address": "MINDX_SERVER_IP"}
 CONFIRM_INTERVAL = 5.0  # a pod that left the view is asked about at most this often
 EVENT_QUEUE = 256
 
@@ -430,7 +433,11 @@ class NodeService:
         try:
             validated(raw)
         except ConfigError as error:
-            return refusal_of(spec, "bridge_config", "; ".join(error.problems))
+            text = "; ".join(error.problems)
+            sources = [f"{key} is the pod's {variable}" for key, variable in POD_SOURCES.items() if key in text]
+            return refusal_of(spec, "bridge_config", f"the bridge would refuse the configuration built from the pod "
+                                                     f"and the node's [bridge]: {text}"
+                                                     + (f" ({'; '.join(sources)})" if sources else ""))
         path = write_job_config(directory, raw)
         record = Record(job_id=spec.job_id, pod_uid=spec.pod_uid, namespace=spec.namespace,
                         pod_name=spec.pod_name, bind_ip=spec.bind_ip, port=spec.port, metrics_port=metrics_port,

@@ -640,6 +640,10 @@ class _HttpServer(ThreadingHTTPServer):
         self.owner = owner
         super().__init__(address, _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up mid-request (a watch closed, a timeout) is not news."""
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
 
 class StandInApiServer:
     """The HTTP front of a :class:`PodGroupStore` on loopback; start/stop (a restart is both)."""
