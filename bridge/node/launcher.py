@@ -188,7 +188,6 @@ UNIT_PROPERTIES = (
     "KillMode=mixed", "KillSignal=SIGTERM", "Restart=no", "LimitNOFILE=131072", "LimitRTPRIO=1",
     "NoNewPrivileges=yes", "CapabilityBoundingSet=", "ProtectSystem=strict", "ProtectHome=yes",
     "PrivateTmp=yes", "PrivateDevices=yes", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
-    "CollectMode=inactive-or-failed",
 )
 
 
@@ -230,7 +229,8 @@ class SystemdLauncher:
         self._systemctl = systemctl
 
     def command(self, directory: Path, record: Record, argv: Sequence[str]) -> list[str]:
-        command = [self._systemd_run, "--no-block", f"--unit={record.unit}",
+        # --collect: the unit is unloaded when it ends, failed or not (exit.json keeps the code).
+        command = [self._systemd_run, "--no-block", "--collect", f"--unit={record.unit}",
                    f"--description=tft-bridge for job {record.job_id} ({record.namespace}/{record.pod_name})",
                    f"--property=WorkingDirectory={directory}", f"--property=ReadWritePaths={directory}",
                    f"--property=SyslogIdentifier=tft-bridge-job-{safe_component(record.job_id)}"]
