@@ -36,7 +36,7 @@ from .processes import ROOT, spawn_bridge
 
 
 def node_toml(state_root: Path, server_url: str, clusterd: str, *, host_ip: str = "", node: str = "node-1",
-              extra: str = "") -> str:
+              module: str = "stub", keepalive: float = 0.5, extra: str = "") -> str:
     return f"""
 [node]
 name = "{node}"
@@ -57,11 +57,11 @@ port = 0
 log_level = "INFO"
 [bridge.clusterd]
 {f'address = "{clusterd}"' if clusterd else ""}
-keepalive_interval = 0.5
+keepalive_interval = {keepalive}
 startup_wait = 1.0
 reconnect_max = 2.0
 [bridge.controller]
-module = "stub"
+module = "{module}"
 destroy_timeout = 10.0
 {extra}
 """
@@ -71,14 +71,16 @@ class NodeRig:
     """One node: its configuration, its service (thread or process), its bridges."""
 
     def __init__(self, server: StandInApiServer, state_root: Path, clusterd: str, *, node: str = "node-1",
-                 host_ip: str = "", extra: str = "") -> None:
+                 host_ip: str = "", module: str = "stub", keepalive: float = 0.5, extra: str = "",
+                 env: dict[str, str] | None = None) -> None:
         self.server = server
+        self.env = {"PYTHONPATH": str(ROOT), **(env or {})}
         self.state_root = state_root
         self.node = node
         state_root.mkdir(parents=True, exist_ok=True)
         self.config_path = state_root.parent / f"{node}.toml"
         self.config_path.write_text(node_toml(state_root, server.url, clusterd, host_ip=host_ip, node=node,
-                                              extra=extra))
+                                              module=module, keepalive=keepalive, extra=extra))
         self.config: NodeConfig = build_node_config(read_toml(self.config_path))
         self.service: NodeService | None = None
         self.metrics: NodeMetrics | None = None
@@ -92,7 +94,7 @@ class NodeRig:
         api = PodApi(kube.api_client(server=k.server), self.node, request_timeout=k.request_timeout,
                      connect_timeout=k.connect_timeout)
         self.metrics = NodeMetrics()
-        env = {**child_env(), "PYTHONPATH": str(ROOT)}
+        env = {**child_env(), **self.env}
         self.service = NodeService(self.config, api, SessionLauncher(env), self.metrics,
                                    bridge_argv=bridge_argv_for(()), env=env)
         service = self.service
@@ -124,7 +126,7 @@ class NodeRig:
     # ------------------------------------------------------------------ as a process
 
     def spawn(self) -> subprocess.Popen[str]:
-        self.process = spawn_bridge("node", "--config", str(self.config_path), quiet=True)
+        self.process = spawn_bridge("node", "--config", str(self.config_path), quiet=True, env=self.env)
         return self.process
 
     def kill_process(self) -> None:
