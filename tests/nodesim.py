@@ -81,11 +81,15 @@ class NodeRig:
         self.config_path = state_root.parent / f"{node}.toml"
         self.config_path.write_text(node_toml(state_root, server.url, clusterd, host_ip=host_ip, node=node,
                                               module=module, keepalive=keepalive, extra=extra))
-        self.config: NodeConfig = build_node_config(read_toml(self.config_path))
+        self.reload()
         self.service: NodeService | None = None
         self.metrics: NodeMetrics | None = None
         self._thread: threading.Thread | None = None
         self.process: subprocess.Popen[str] | None = None
+
+    def reload(self) -> None:
+        """Read ``config_path`` again (after a test changed it)."""
+        self.config: NodeConfig = build_node_config(read_toml(self.config_path))
 
     # ------------------------------------------------------------------ in-process service
 
@@ -96,7 +100,7 @@ class NodeRig:
         self.metrics = NodeMetrics()
         env = {**child_env(), **self.env}
         self.service = NodeService(self.config, api, SessionLauncher(env), self.metrics,
-                                   bridge_argv=bridge_argv_for(()), env=env)
+                                   bridge_argv=bridge_argv_for(self.config.node.bridge_command), env=env)
         service = self.service
         self.series = BridgeSeries(lambda: service.targets, timeout=self.config.metrics.scrape_timeout)
         self.metrics.registry.register(self.series)  # type: ignore[arg-type]
@@ -188,12 +192,6 @@ def events(server: StandInApiServer, pod: dict[str, Any], reason: str | None = N
     return [e for e in found if reason is None or e["reason"] == reason]
 
 
-def spawn_sim_clusterd(job_id: str, port: int, world_size: int = 8, devices_per_pod: int = 4) -> subprocess.Popen[str]:
-    return spawn_bridge("sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", job_id, "--world-size",
-                        str(world_size), "--devices-per-pod", str(devices_per_pod), "--keepalive", "0.5",
-                        "--phase-delay", "0.1")
-
-
 @contextmanager
 def rigs(*made: NodeRig) -> Iterator[tuple[NodeRig, ...]]:
     """Stop every rig's service and kill its bridges at the end, pass or fail."""
@@ -208,4 +206,4 @@ def rigs(*made: NodeRig) -> Iterator[tuple[NodeRig, ...]]:
                 rig.kill_bridges()
 
 
-__all__ = ["NodeRig", "SimJob", "SimJobs", "events", "rigs", "spawn_sim_clusterd"]
+__all__ = ["NodeRig", "SimJob", "SimJobs", "events", "rigs"]

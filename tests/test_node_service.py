@@ -18,9 +18,8 @@ from bridge.sim.scenario import free_port  # noqa: E402
 from bridge.node.metrics import read_sample  # noqa: E402
 
 from .conftest import eventually_sync  # noqa: E402
-from .nodesim import NodeRig, SimJob, SimJobs, events, rigs, spawn_sim_clusterd  # noqa: E402
+from .nodesim import NodeRig, SimJob, SimJobs, events, rigs  # noqa: E402
 from .processes import reap  # noqa: E402
-from .test_cli_run import wait_for_line  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,59 +30,81 @@ def server() -> Iterator[StandInApiServer]:
         yield srv
 
 
-def test_a_job_gets_its_bridge_from_its_pod_and_loses_it_with_the_pod(server: StandInApiServer,
-                                                                        tmp_path: Path) -> None:
-    job = SimJob("job-a", pods=2, devices_per_pod=4, ttp_port=free_port(), extra_env={"MINDIO_WAIT_MINDX_TIME": "40"})
-    port = free_port()
-    clusterd = spawn_sim_clusterd(job.uid, port)
-    cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})
-    try:
-        wait_for_line(clusterd, "simulated ClusterD")
-        with rigs(NodeRig(server, tmp_path / "state", f"127.0.0.1:{port}")) as (rig,):
-            rig.start()
-            pods = cluster.create(job)
-            record = rig.wait_running(job)
-            assert record["pod_uid"] == pods[0]["metadata"]["uid"] and record["port"] == job.ttp_port
-            config = rig.bridge_config(job)
-            assert config["job_id"] == job.uid
-            assert config["controller"]["bind_ip"] == "127.0.0.1"
-            assert config["controller"]["port"] == job.ttp_port
-            assert config["controller"]["world_size"] == 8
-            assert config["controller"]["enable_arf"] is True
-            assert config["controller"]["wait_mindx_time"] == 40
-            assert config["clusterd"]["address"] == f"127.0.0.1:{port}"
-            assert config["recorder"]["directory"] == config["controller"]["state_directory"] == str(rig.job_dir(job))
-            wait_for_line(clusterd, "stream-open SubscribeProcessManageSignal", timeout=30)
-            eventually_sync(lambda: events(server, pods[0], "TftBridgeStarted"), 10, "the Started event")
-            assert rig.metrics is not None and rig.metrics.starts.labels("job")._value.get() == 1
-            cluster.delete(job)
-            rig.wait_stopped(job)
-            assert rig.metrics.stops.labels("replaced")._value.get() + rig.metrics.stops.labels(
-                "deleted")._value.get() == 1
-            assert not (rig.job_dir(job) / "controller.json").exists()  # no orphan marker: no rank was left
-    finally:
-        clusterd.send_signal(signal.SIGTERM)
-        reap(clusterd)
+class LoggedProcess:
+    """A process whose output goes to a file (never a pipe nobody drains), and a wait for a line."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        import subprocess
+        import sys
+
+        from .processes import ROOT
+
+        self.log = log
+        self._output = open(log, "w")
+        self.process = subprocess.Popen([sys.executable, "-m", "bridge.cli", *argv], cwd=ROOT, stdout=self._output,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.PIPE, text=True,
+                                        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+
+    def wait_for(self, text: str, timeout: float = 20.0, count: int = 1) -> None:
+        eventually_sync(lambda: self.log.read_text(errors="replace").count(text) >= count, timeout,
+                        f"{text!r} in {self.log.name}")
+
+    def command(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        finally:
+            reap(self.process)
+            self._output.close()
 
 
 @pytest.fixture
-def clusterd() -> Iterator[tuple[str, SimJob, "object"]]:
+def clusterd(tmp_path: Path) -> Iterator[tuple[str, SimJob, LoggedProcess]]:
     """A simulated ClusterD that knows one job (``job-a``), commanded on its stdin."""
-    import subprocess
-
-    from .processes import spawn_bridge
-
     job = SimJob("job-a", pods=2, devices_per_pod=4, ttp_port=free_port())
     port = free_port()
-    process = spawn_bridge("sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", job.uid, "--world-size", "8",
-                           "--devices-per-pod", "4", "--keepalive", "0.5", "--phase-delay", "0.1",
-                           stdin=subprocess.PIPE)
+    process = LoggedProcess(["sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", job.uid, "--world-size", "8",
+                             "--devices-per-pod", "4", "--keepalive", "0.5", "--phase-delay", "0.1"],
+                            tmp_path / "clusterd.log")
     try:
-        wait_for_line(process, "simulated ClusterD")
+        process.wait_for("simulated ClusterD")
         yield f"127.0.0.1:{port}", job, process
     finally:
-        process.send_signal(signal.SIGTERM)
-        reap(process)
+        process.close()
+
+
+def test_a_job_gets_its_bridge_from_its_pod_and_loses_it_with_the_pod(server: StandInApiServer, tmp_path: Path,
+                                                                        clusterd: tuple) -> None:
+    address, job, sim = clusterd
+    job.extra_env["MINDIO_WAIT_MINDX_TIME"] = "40"
+    cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})
+    with rigs(NodeRig(server, tmp_path / "state", address)) as (rig,):
+        rig.start()
+        pods = cluster.create(job)
+        record = rig.wait_running(job)
+        assert record["pod_uid"] == pods[0]["metadata"]["uid"] and record["port"] == job.ttp_port
+        config = rig.bridge_config(job)
+        assert config["job_id"] == job.uid
+        assert config["controller"]["bind_ip"] == "127.0.0.1"
+        assert config["controller"]["port"] == job.ttp_port
+        assert config["controller"]["world_size"] == 8
+        assert config["controller"]["enable_arf"] is True
+        assert config["controller"]["wait_mindx_time"] == 40
+        assert config["clusterd"]["address"] == address
+        assert config["recorder"]["directory"] == config["controller"]["state_directory"] == str(rig.job_dir(job))
+        sim.wait_for("stream-open SubscribeProcessManageSignal", timeout=30)
+        eventually_sync(lambda: events(server, pods[0], "TftBridgeStarted"), 10, "the Started event")
+        assert rig.metrics is not None and rig.metrics.starts.labels("job")._value.get() == 1
+        cluster.delete(job)
+        rig.wait_stopped(job)
+        assert rig.metrics.stops.labels("deleted")._value.get() == 1
+        assert not (rig.job_dir(job) / "controller.json").exists()  # no orphan marker: no rank was left
 
 
 def refusal_events(server: StandInApiServer, pod: dict) -> list[str]:
@@ -262,9 +283,8 @@ def test_exit_codes_follow_the_unit_contract(server: StandInApiServer, tmp_path:
         rig.start()
         pod = cluster.create(job)[0]
         first = rig.wait_running(job)
-        wait_for_line(sim, "stream-open SubscribeProcessManageSignal", timeout=30)
-        sim.stdin.write("kill-master\n")
-        sim.stdin.flush()
+        sim.wait_for("stream-open SubscribeProcessManageSignal", timeout=30)
+        sim.command("kill-master")
         second = eventually_sync(lambda: (r := rig.records().get(job.uid)) and r["pid"] != first["pid"] and r,
                                  40, "a fresh bridge after killMaster")
         assert rig.metrics.exits.labels("75")._value.get() == 1
@@ -279,3 +299,40 @@ def test_exit_codes_follow_the_unit_contract(server: StandInApiServer, tmp_path:
         eventually_sync(lambda: events(server, pod, "TftBridgeStopped"), 10, "the Stopped event")
         assert job.uid not in rig.running()
         assert rig.metrics.starts.labels("failure")._value.get() == 0
+
+
+def test_a_fault_is_recovered_through_the_simulated_clusterd(server: StandInApiServer, tmp_path: Path,
+                                                              clusterd: tuple) -> None:
+    """The bridge the service started from the pod carries a rank's UCE to the simulated
+    ClusterD and its retry back; the node endpoint shows the cycle under the job's label.
+    Its ranks are still connected when the pods go: the stop waits for them."""
+    import sys
+
+    from .processes import ROOT
+
+    address, job, _ = clusterd
+    cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})
+    extra = f'bridge_command = ["{sys.executable}", "{ROOT / "tests" / "node_stub_bridge.py"}"]'
+    rig = NodeRig(server, tmp_path / "state", address)
+    rig.config_path.write_text(rig.config_path.read_text().replace("[kubernetes]", f"{extra}\n[kubernetes]", 1))
+    rig.reload()
+    with rigs(rig):
+        rig.start()
+        cluster.create(job)
+        rig.wait_running(job)
+
+        def sample(name: str, **labels: str) -> float:
+            series = rig.scrape().get(name, {})
+            return sum(v for key, v in series.items() if labels.items() <= dict(key).items())
+
+        eventually_sync(lambda: sample("tft_bridge_controller_ranks_connected", job=job.uid) == 1, 30,
+                        "the simulated ranks connected")
+        (rig.job_dir(job) / "inject-fault").write_text("3")
+        eventually_sync(lambda: sample("tft_bridge_recovery_cycles_total", job=job.uid, outcome="success"), 60,
+                        "the recovery through the simulated ClusterD")
+        assert sample("tft_bridge_faults_reported_total", job=job.uid) >= 1
+        cluster.delete(job)
+        eventually_sync(lambda: rig.service.jobs[job.uid].stop_evidence == "deleted", 15, "the job seen gone")
+        assert job.uid in rig.running()  # ranks still attached: not stopped yet
+        rig.wait_stopped(job, timeout=60)  # node.ranks_leave_wait (20 s) ran out
+        assert rig.metrics.stops.labels("deleted")._value.get() == 1
