@@ -3,11 +3,13 @@ service's tests (its ``node.bridge_command``): the bridge a node service starts 
 separate process, so its ranks and their faults are driven from inside it. The ranks
 of the configured world size connect once the controller runs; writing a rank number
 into ``inject-fault`` in the bridge's working directory (the job's state directory)
-makes that rank report a UCE, as a training process would.
+makes that rank report a UCE, as a training process would. ``NODE_STUB_RANKS=0``: no
+rank ever connects (the chaos runner's bridges, whose stops then wait for none).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -36,6 +38,7 @@ if __name__ == "__main__":
     config = read_toml(sys.argv[sys.argv.index("--config") + 1])
     training.use_timings(mindio_ttp.FAST_TIMINGS)
     training.auto_step = True  # training steps on its own, as a job does
-    threading.Thread(target=drive, args=(int(config["controller"]["world_size"]),), name="ranks",
-                     daemon=True).start()
+    if os.environ.get("NODE_STUB_RANKS", "1") != "0":
+        threading.Thread(target=drive, args=(int(config["controller"]["world_size"]),), name="ranks",
+                         daemon=True).start()
     sys.exit(main(sys.argv[1:]))

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +33,7 @@ from bridge.platform.sim.apiserver import StandInApiServer
 from bridge.platform.sim.ascendjob import SimJob, SimJobs
 
 from .conftest import eventually_sync
-from .processes import ROOT, spawn_bridge
+from .processes import ROOT
 
 
 def node_toml(state_root: Path, server_url: str, clusterd: str, *, host_ip: str = "", node: str = "node-1",
@@ -130,7 +131,12 @@ class NodeRig:
     # ------------------------------------------------------------------ as a process
 
     def spawn(self) -> subprocess.Popen[str]:
-        self.process = spawn_bridge("node", "--config", str(self.config_path), quiet=True, env=self.env)
+        """``tft-bridge node`` as a process, its output appended to ``<node>.log`` beside the state."""
+        with open(self.state_root.parent / f"{self.node}.log", "a") as output:
+            self.process = subprocess.Popen([sys.executable, "-m", "bridge.cli", "node", "--config",
+                                             str(self.config_path)], cwd=ROOT, stdin=subprocess.DEVNULL,
+                                            stdout=output, stderr=subprocess.STDOUT, text=True,
+                                            env={**os.environ, **self.env})
         return self.process
 
     def kill_process(self) -> None:
