@@ -42,6 +42,7 @@ from typing import Any
 from ..config import ConfigError
 from ..platform.kube import KubeError, NotFound
 from ..platform.watcher import Changed, Delivery, Listed, PodGroupWatcher
+from ..ports import free_port
 from ..state import safe_component
 from .config import NodeConfig
 from .jobconfig import job_raw, validated, write_job_config
@@ -136,12 +137,6 @@ def port_problem(ip: str, port: int) -> str | None:
                 return f"{ip} is not an address of this host"
             return f"{ip}:{port} is in use ({error.strerror})"
     return None
-
-
-def free_loopback_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def resolve_with_deadline(timeout: float) -> Callable[[str], str | None]:
@@ -428,7 +423,7 @@ class NodeService:
             reason = "host_ip_mismatch" if "not an address" in problem else "port_taken"
             return refusal_of(spec, reason, f"the controller cannot listen: {problem}")
         directory = self.state_root / safe_component(spec.job_id)
-        metrics_port = free_loopback_port()
+        metrics_port = free_port()  # outside the ephemeral range: no connection takes it before the bridge binds
         raw = job_raw(spec, self.config.bridge, directory, metrics_port)
         try:
             validated(raw)

@@ -110,7 +110,8 @@ class NodeChaos:
         self.events = events
         self._tmp = Path(tempfile.mkdtemp(prefix="tft-node-chaos-"))
         tmp = self._tmp
-        self.server = StandInApiServer().start()
+        # outside the ephemeral range: while it is down, no client's connection can take its port
+        self.server = StandInApiServer(port=_port()).start()
         self.cluster = SimJobs(self.server.store, NODES)
         command = f'bridge_command = ["{__import__("sys").executable}", "{ROOT / "tests" / "node_stub_bridge.py"}"]'
         self.rigs = {node: NodeRig(self.server, tmp / node, "127.0.0.1:1", node=node, host_ip=ip,
