@@ -5,10 +5,11 @@ every opted-in training job whose controller pod is bound to this node
 Exit codes: 0 stopped by SIGTERM/SIGINT (the bridges keep running); 1 start-up failed
 (no Kubernetes client or credentials, metrics port taken); 2 bad configuration.
 
-Modules: ``config`` (the node TOML), ``podspec`` (a pod -> its bridge or a refusal),
-``jobconfig`` (the bridge's generated TOML), ``kube`` (pods and Events), ``launcher`` and
-``keeper`` (bridges that outlive the service), ``procs`` (process identity), ``metrics``
-(the node's endpoint), ``service`` (the loop).
+Needs the ``node`` extra (the Kubernetes client). Modules: ``config`` (the node TOML),
+``podspec`` (a pod -> its bridge or a refusal), ``jobconfig`` (the bridge's generated
+TOML), ``kube`` (pods and Events), ``launcher`` and ``keeper`` (bridges that outlive the
+service), ``procs`` (process identity), ``metrics`` (the node's endpoint), ``service``
+(the loop).
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     k = config.kubernetes
     try:
         client = api_client(k.kubeconfig or None, k.context or None, k.server or None)
-    except MissingClient as error:
-        log.error("%s", error)
+    except MissingClient:
+        log.error("the node service needs the Kubernetes client: pip install 'tft-bridge[node]'")
         return 1
     except Exception as error:  # no kubeconfig, no service account: say which
         log.error("no Kubernetes credentials: %s", error)
