@@ -59,3 +59,9 @@ def free_port() -> int:
         if port >= 1024 and port not in _handed_out:
             _handed_out.add(port)
             return port
+
+
+def release(port: int) -> None:
+    """``port`` may be handed out again (its listener is gone): a long-running process
+    that picks one port per child (the node service) must not use the ranges up."""
+    _handed_out.discard(port)

@@ -161,6 +161,10 @@ class SessionLauncher:
 
     def start(self, directory: Path, record: Record, argv: Sequence[str]) -> SessionBridge:
         _clear(directory)
+        # Recorded before it runs: a service killed right after the start still finds the
+        # bridge at its next start (by the keeper's child.json).
+        record.launcher, record.boot = self.kind, boot_id()
+        record.save(directory)
         with open(directory / LOG_FILE, "ab") as output:
             popen = subprocess.Popen(keeper_argv(directory, argv), stdin=subprocess.DEVNULL, stdout=output,
                                      stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,

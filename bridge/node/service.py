@@ -42,7 +42,7 @@ from typing import Any
 from ..config import ConfigError
 from ..platform.kube import KubeError, NotFound
 from ..platform.watcher import Changed, Delivery, Listed, PodGroupWatcher
-from ..ports import free_port
+from ..ports import free_port, release
 from ..state import safe_component
 from .config import NodeConfig
 from .jobconfig import job_raw, validated, write_job_config
@@ -364,6 +364,7 @@ class NodeService:
 
     def _ended(self, job_id: str, served: Served, code: int, now: float) -> None:
         served.exit_code = code
+        release(served.record.metrics_port)
         self.metrics.exits.labels(str(code) if code != UNKNOWN_EXIT else "unknown").inc()
         if served.stop_evidence:
             return
@@ -423,17 +424,18 @@ class NodeService:
             reason = "host_ip_mismatch" if "not an address" in problem else "port_taken"
             return refusal_of(spec, reason, f"the controller cannot listen: {problem}")
         directory = self.state_root / safe_component(spec.job_id)
-        metrics_port = free_port()  # outside the ephemeral range: no connection takes it before the bridge binds
-        raw = job_raw(spec, self.config.bridge, directory, metrics_port)
         try:
-            validated(raw)
+            validated(job_raw(spec, self.config.bridge, directory, 0))
         except ConfigError as error:
             text = "; ".join(error.problems)
             sources = [f"{key} is the pod's {variable}" for key, variable in POD_SOURCES.items() if key in text]
             return refusal_of(spec, "bridge_config", f"the bridge would refuse the configuration built from the pod "
                                                      f"and the node's [bridge]: {text}"
                                                      + (f" ({'; '.join(sources)})" if sources else ""))
-        path = write_job_config(directory, raw)
+        # Outside the ephemeral range: no connection takes it before the bridge binds it.
+        # Given back when the bridge ends (_ended), so years of jobs do not use the range up.
+        metrics_port = free_port()
+        path = write_job_config(directory, job_raw(spec, self.config.bridge, directory, metrics_port))
         record = Record(job_id=spec.job_id, pod_uid=spec.pod_uid, namespace=spec.namespace,
                         pod_name=spec.pod_name, bind_ip=spec.bind_ip, port=spec.port, metrics_port=metrics_port,
                         launcher=self.launcher.kind)
@@ -444,6 +446,7 @@ class NodeService:
         try:
             process = self.launcher.start(directory, record, self._bridge_argv(path))
         except OSError as error:
+            release(metrics_port)
             log.error("job %s: its bridge could not be started: %s", spec.job_id, error)
             self.metrics.loop_errors.inc()
             return refusal_of(spec, "bridge_failing", f"the bridge could not be started: {error}")

@@ -126,6 +126,7 @@ class NodeChaos:
         self.violations: dict[str, list[str]] = {}
         self.injected: dict[str, int] = {}
         self._monitor: asyncio.Task[None] | None = None
+        self._api_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ the run
 
@@ -169,9 +170,10 @@ class NodeChaos:
             else:
                 await asyncio.to_thread(self.cluster.restart, job)
         elif kind == "apiserver_down":
-            await asyncio.to_thread(self.server.stop)
-            await asyncio.sleep(args["seconds"])  # down this long: the behaviour injected
-            await asyncio.to_thread(self.server.start)
+            async with self._api_lock:  # two downs that overlap are one longer down, not two servers
+                await asyncio.to_thread(self.server.stop)
+                await asyncio.sleep(args["seconds"])  # down this long: the behaviour injected
+                await asyncio.to_thread(self.server.start)
         elif kind == "apiserver_slow":
             self.server.delay = args["delay"]
             await asyncio.sleep(args["seconds"])  # slow this long: the behaviour injected
