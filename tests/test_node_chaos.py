@@ -12,7 +12,7 @@ POD = "pod-uid-1"
 
 def verdict(*samples: Sample) -> dict[str, list[str]]:
     chaos = NodeChaos.__new__(NodeChaos)  # the checks only: no server, no services
-    chaos.samples, chaos.violations = list(samples), {}
+    chaos.samples, chaos.violations, chaos.ended = list(samples), {}, {}
     chaos.check()
     return chaos.violations
 

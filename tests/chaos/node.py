@@ -127,6 +127,7 @@ class NodeChaos:
         self.injected: dict[str, int] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._api_lock = asyncio.Lock()
+        self.ended: dict[int, str] = {}  # bridge pid -> its exit record and last log lines
 
     # ------------------------------------------------------------------ the run
 
@@ -222,8 +223,25 @@ class NodeChaos:
 
     async def monitor(self) -> None:
         while True:
-            self.samples.append(await asyncio.to_thread(self.sample))
+            sample = await asyncio.to_thread(self.sample)
+            if self.samples:
+                for pid, (node, job) in self.samples[-1].bridges.items():
+                    if pid not in sample.bridges:  # how it ended, read before a restart rewrites the files
+                        self.ended[pid] = self.how_it_ended(node, job)
+            self.samples.append(sample)
             await asyncio.sleep(SAMPLE)  # the monitor's sampling period
+
+    def how_it_ended(self, node: str, job: str) -> str:
+        directory = self.rigs[node].state_root / job
+        try:
+            exit_text = (directory / "exit.json").read_text()
+        except OSError:
+            exit_text = "no exit.json"
+        try:
+            tail = (directory / "bridge.log").read_text(errors="replace").splitlines()[-3:]
+        except OSError:
+            tail = []
+        return f"{exit_text}; log: {' | '.join(line[-160:] for line in tail)}"
 
     def settled(self, sample: Sample) -> bool:
         for job_uid, (pod_uid, node, live) in sample.pods.items():
@@ -264,7 +282,7 @@ class NodeChaos:
                 started_for = before.served_for.get(pid, "")
                 if pod is not None and pod[0] == started_for and pod[1] == node and pod[2]:
                     self.add("no-stop-while-running", f"{node}: the bridge {pid} of job {job} ended while its pod "
-                                                      f"{started_for} still ran there")
+                                                      f"{started_for} still ran there ({self.ended.get(pid, '?')})")
 
     def close(self) -> None:
         for rig in self.rigs.values():
