@@ -128,6 +128,7 @@ class NodeChaos:
         self._monitor: asyncio.Task[None] | None = None
         self._api_lock = asyncio.Lock()
         self.ended: dict[int, str] = {}  # bridge pid -> its exit record and last log lines
+        self.started_for: dict[int, str] = {}  # bridge pid -> the pod UID it was started for
 
     # ------------------------------------------------------------------ the run
 
@@ -215,11 +216,14 @@ class NodeChaos:
             pods[job.uid] = (pod["metadata"]["uid"], pod["spec"]["nodeName"], live)
         roots = {node: rig.state_root for node, rig in self.rigs.items()}
         bridges = bridge_processes(roots)
-        served_for: dict[int, str] = {}
         for pid, (node, job_dir) in bridges.items():
-            record = Record.load(roots[node] / job_dir / "node.json")
-            served_for[pid] = record.pod_uid if record is not None else ""
-        return Sample(time.monotonic(), pods, bridges, served_for)
+            if pid not in self.started_for:
+                # Read once, at the process's first sighting: the record was written before it
+                # started and is rewritten only for the next bridge, after this one ended. Read
+                # again later it may already be the next bridge's.
+                record = Record.load(roots[node] / job_dir / "node.json")
+                self.started_for[pid] = record.pod_uid if record is not None else ""
+        return Sample(time.monotonic(), pods, bridges, {pid: self.started_for[pid] for pid in bridges})
 
     async def monitor(self) -> None:
         while True:
