@@ -4,6 +4,7 @@ which pod hosts the controller, what each variable becomes, and what is refused.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-def judge(job: SimJob, index: int = 0, host_ip: str = "", clusterd: str = "", resolve=lambda name: None):  # type: ignore[no-untyped-def]
+def judge(job: SimJob, index: int = 0, host_ip: str = "", clusterd: str = "",
+          resolve: Callable[[str], str | None] = lambda name: None) -> JobSpec | Refusal | None:
     pod = pod_object(job, index, "node-1", "10.0.0.21")
     pod["metadata"]["uid"] = f"pod-{index}"
     return evaluate(pod, host_ip=host_ip, clusterd_address=clusterd, resolve=resolve)

@@ -97,7 +97,8 @@ def pod_object(job: SimJob, index: int, node: str, host_ip: str) -> dict[str, An
         },
         "spec": {"nodeName": node, "hostNetwork": host_network,
                  "containers": [{"name": "ascend", "image": "training:latest", "env": env}]},
-        "status": {"phase": "Pending", "hostIP": host_ip, "podIP": host_ip if host_network else f"10.244.0.{index + 2}"},
+        "status": {"phase": "Pending", "hostIP": host_ip,
+                   "podIP": host_ip if host_network else f"10.244.0.{index + 2}"},
     }
 
 
