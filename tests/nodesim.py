@@ -193,6 +193,36 @@ class NodeRig:
                         pass
 
 
+class LoggedProcess:
+    """A process whose output goes to a file (never a pipe nobody drains), and a wait for a line."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.log = log
+        self._output = open(log, "w")
+        self.process = subprocess.Popen(argv, cwd=ROOT, stdout=self._output, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    def wait_for(self, text: str, timeout: float = 20.0, count: int = 1) -> None:
+        eventually_sync(lambda: self.log.read_text(errors="replace").count(text) >= count, timeout,
+                        f"{text!r} in {self.log.name}")
+
+    def command(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            self._output.close()
+
+
 def events(server: StandInApiServer, pod: dict[str, Any], reason: str | None = None) -> list[dict[str, Any]]:
     found = server.store.events_for(pod["metadata"]["uid"])
     return [e for e in found if reason is None or e["reason"] == reason]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -24,9 +23,8 @@ from bridge.platform.sim.apiserver import StandInApiServer  # noqa: E402
 from bridge.sim.scenario import free_port  # noqa: E402
 
 from .conftest import eventually_sync  # noqa: E402
-from .nodesim import NodeRig, SimJob, SimJobs, rigs  # noqa: E402
+from .nodesim import LoggedProcess, NodeRig, SimJob, SimJobs, rigs  # noqa: E402
 from .processes import ROOT, reap  # noqa: E402
-from .test_cli_run import wait_for_line  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -47,27 +45,27 @@ needs_peers = pytest.mark.skipif(PEERS is None or sys.version_info[:2] != (3, 11
 
 
 @pytest.fixture
-def harness(tmp_path: Path) -> Iterator[tuple[str, str, str, subprocess.Popen[str]]]:
-    """The real ClusterD for one job (2 pods x 2 devices): its address, control URL, job uid."""
+def harness(tmp_path: Path) -> Iterator[tuple[str, str, str, LoggedProcess]]:
+    """The real ClusterD for one job (2 pods x 2 devices): its address, control URL, job
+    uid, and the process (its log in a file: a pipe nobody drains would stall ClusterD)."""
     assert PEERS is not None
     job_uid = "e2e-node-job-0001"
     ctl = f"127.0.0.1:{free_port()}"
-    process = subprocess.Popen([str(PEERS / "bin" / "clusterd-harness"), "-addr", "127.0.0.1:0", "-job-uid", job_uid,
-                                "-nodes", "2", "-devs", "2", "-strategies", "retry,recover,dump", "-keepalive", "5",
-                                "-ctl", ctl], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = LoggedProcess([str(PEERS / "bin" / "clusterd-harness"), "-addr", "127.0.0.1:0", "-job-uid", job_uid,
+                             "-nodes", "2", "-devs", "2", "-strategies", "retry,recover,dump", "-keepalive", "5",
+                             "-ctl", ctl], tmp_path / "clusterd.log")
     try:
-        line = wait_for_line(process, "HARNESS listening", timeout=60)[-1]
-        address = re.search(r"listening (\S+)", line).group(1)  # type: ignore[union-attr]
+        process.wait_for("HARNESS listening", timeout=60)
+        address = re.search(r"HARNESS listening (\S+)", process.log.read_text()).group(1)  # type: ignore[union-attr]
         yield address, f"http://{ctl}", job_uid, process
     finally:
-        process.send_signal(signal.SIGTERM)
-        reap(process)
+        process.close()
 
 
 def spawn_rank(rank: int, world: int, port: int, tmp_path: Path, **env: str) -> subprocess.Popen[str]:
     assert PEERS is not None
     return subprocess.Popen([sys.executable, str(PEERS / "fake_rank.py"), str(rank), str(world), str(port)],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "MINDIO_PKG_DIR": str(PEERS / "mindio"), "STEP_SLEEP": "0.3",
                                  "TIMELINE": str(tmp_path / f"rank{rank}.jsonl"), **env})
 
@@ -79,7 +77,7 @@ def timeline(tmp_path: Path, rank: int) -> list[dict]:
 
 @needs_peers
 def test_a_fault_is_recovered_through_the_real_clusterd_by_the_bridge_the_node_started(
-        tmp_path: Path, harness: tuple[str, str, str, subprocess.Popen[str]]) -> None:
+        tmp_path: Path, harness: tuple[str, str, str, LoggedProcess]) -> None:
     assert PEERS is not None
     address, ctl, job_uid, clusterd = harness
     job = SimJob("e2e-job", uid=job_uid, pods=2, devices_per_pod=2, ttp_port=free_port())
@@ -93,7 +91,11 @@ def test_a_fault_is_recovered_through_the_real_clusterd_by_the_bridge_the_node_s
             SimJobs(server.store, {"node-1": "127.0.0.1"}).create(job)
             rig.wait_running(job)
             assert rig.bridge_config(job)["controller"]["module"] == "mindio_ttp.controller_ttp"
-            wait_for_line(clusterd, "receive Subscribe signal request", timeout=60)
+            clusterd.wait_for("receive Subscribe signal request", timeout=60)
+            # The bridge counts itself subscribed at ClusterD's first keep-alive (up to 5 s later):
+            # ranks start then, so the fault is not reported on a stream still opening.
+            eventually_sync(lambda: rig.scrape().get("tft_bridge_subscription_up", {}).get((("job", job_uid),)),
+                            30, "the bridge subscribed")
             ranks = [spawn_rank(r, world, job.ttp_port, tmp_path, **({"FAULT_RANK": "1", "FAULT_STEP": "6",
                                                                      "FAULT_KIND": "uce"}))
                      for r in range(world)]
@@ -101,7 +103,7 @@ def test_a_fault_is_recovered_through_the_real_clusterd_by_the_bridge_the_node_s
                             "rank 1's UCE")
             eventually_sync(lambda: all(any(e["kind"] == "resumed" for e in timeline(tmp_path, r))
                                         for r in range(world)), 120, "every rank resumed after the recovery")
-            wait_for_line(clusterd, "receive ReportProcessFault", timeout=30)
+            clusterd.wait_for("receive ReportProcessFault", timeout=30)
 
             def recovered() -> float:
                 series = rig.scrape().get("tft_bridge_recovery_cycles_total", {})

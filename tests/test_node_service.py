@@ -5,6 +5,7 @@ bridges (real ``tft-bridge run`` processes with the stub controller)."""
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +19,7 @@ from bridge.sim.scenario import free_port  # noqa: E402
 from bridge.node.metrics import read_sample  # noqa: E402
 
 from .conftest import eventually_sync  # noqa: E402
-from .nodesim import NodeRig, SimJob, SimJobs, events, rigs  # noqa: E402
-from .processes import reap  # noqa: E402
+from .nodesim import LoggedProcess, NodeRig, SimJob, SimJobs, events, rigs  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,46 +30,12 @@ def server() -> Iterator[StandInApiServer]:
         yield srv
 
 
-class LoggedProcess:
-    """A process whose output goes to a file (never a pipe nobody drains), and a wait for a line."""
-
-    def __init__(self, argv: list[str], log: Path) -> None:
-        import subprocess
-        import sys
-
-        from .processes import ROOT
-
-        self.log = log
-        self._output = open(log, "w")
-        self.process = subprocess.Popen([sys.executable, "-m", "bridge.cli", *argv], cwd=ROOT, stdout=self._output,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.PIPE, text=True,
-                                        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
-
-    def wait_for(self, text: str, timeout: float = 20.0, count: int = 1) -> None:
-        eventually_sync(lambda: self.log.read_text(errors="replace").count(text) >= count, timeout,
-                        f"{text!r} in {self.log.name}")
-
-    def command(self, line: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        finally:
-            reap(self.process)
-            self._output.close()
-
-
 @pytest.fixture
 def clusterd(tmp_path: Path) -> Iterator[tuple[str, SimJob, LoggedProcess]]:
     """A simulated ClusterD that knows one job (``job-a``), commanded on its stdin."""
     job = SimJob("job-a", pods=2, devices_per_pod=4, ttp_port=free_port())
     port = free_port()
-    process = LoggedProcess(["sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", job.uid, "--world-size", "8",
+    process = LoggedProcess([sys.executable, "-m", "bridge.cli", "sim-clusterd", "--listen", f"127.0.0.1:{port}", "--job", job.uid, "--world-size", "8",
                              "--devices-per-pod", "4", "--keepalive", "0.5", "--phase-delay", "0.1"],
                             tmp_path / "clusterd.log")
     try:
