@@ -251,7 +251,7 @@ def test_exit_codes_follow_the_unit_contract(server: StandInApiServer, tmp_path:
         first = rig.wait_running(job)
         sim.wait_for("stream-open SubscribeProcessManageSignal", timeout=30)
         sim.command("kill-master")
-        # pid 0: the record written just before the keeper runs
+        # the record of the fresh bridge (never pid 0: written once its keeper runs)
         second = eventually_sync(lambda: (r := rig.records().get(job.uid)) and r["pid"] not in (0, first["pid"])
                                  and r, 40, "a fresh bridge after killMaster")
         assert rig.metrics.exits.labels("75")._value.get() == 1

@@ -122,8 +122,12 @@ class SessionBridge:
         self._popen = popen  # None: adopted, not our child
 
     def _child(self) -> tuple[int, int | None]:
+        """The bridge of *this* record's keeper (child.json names its keeper): a later
+        start in the same directory rewrites the file, and must never be taken for it."""
         try:
             data = json.loads((self.directory / CHILD_FILE).read_text())
+            if int(data.get("keeper") or 0) != self.record.pid:
+                return 0, None
             return int(data["pid"]), data.get("start")
         except (OSError, ValueError, KeyError, TypeError):
             return 0, None
@@ -161,10 +165,6 @@ class SessionLauncher:
 
     def start(self, directory: Path, record: Record, argv: Sequence[str]) -> SessionBridge:
         _clear(directory)
-        # Recorded before it runs: a service killed right after the start still finds the
-        # bridge at its next start (by the keeper's child.json).
-        record.launcher, record.boot = self.kind, boot_id()
-        record.save(directory)
         with open(directory / LOG_FILE, "ab") as output:
             popen = subprocess.Popen(keeper_argv(directory, argv), stdin=subprocess.DEVNULL, stdout=output,
                                      stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,

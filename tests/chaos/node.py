@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import shutil
+import signal
+import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,7 +117,7 @@ class NodeChaos:
         # outside the ephemeral range: while it is down, no client's connection can take its port
         self.server = StandInApiServer(port=_port()).start()
         self.cluster = SimJobs(self.server.store, NODES)
-        command = f'bridge_command = ["{__import__("sys").executable}", "{ROOT / "tests" / "node_stub_bridge.py"}"]'
+        command = f'bridge_command = ["{sys.executable}", "{ROOT / "tests" / "node_stub_bridge.py"}"]'
         self.rigs = {node: NodeRig(self.server, tmp / node, "127.0.0.1:1", node=node, host_ip=ip,
                                    env={"NODE_STUB_RANKS": "0"}) for node, ip in NODES.items()}
         for rig in self.rigs.values():
@@ -127,6 +131,7 @@ class NodeChaos:
         self.injected: dict[str, int] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._api_lock = asyncio.Lock()
+        self._node_locks = {node: asyncio.Lock() for node in NODES}
         self.ended: dict[int, str] = {}  # bridge pid -> its exit record and last log lines
         self.started_for: dict[int, str] = {}  # bridge pid -> the pod UID it was started for
 
@@ -163,7 +168,7 @@ class NodeChaos:
                 self.added.discard(args["job"])
                 if "again" in args:
                     await asyncio.sleep(args["again"])  # the job comes back later: the behaviour injected
-                    job.uid = __import__("uuid").uuid4().__str__()
+                    job.uid = str(uuid.uuid4())
                     await asyncio.to_thread(self.cluster.create, job, {0: "node-1", 1: "node-2"})
                     self.added.add(args["job"])
             elif kind == "pod_rescheduled":
@@ -185,9 +190,10 @@ class NodeChaos:
             self.server.store.expire_watches()
         elif kind == "node_sigkill_restart":
             rig = self.rigs[args["node"]]
-            rig.kill_process()
-            await asyncio.sleep(args["down"])  # the service stays down this long: the behaviour injected
-            rig.spawn()
+            async with self._node_locks[args["node"]]:  # overlapping restarts: one service at a time
+                rig.kill_process()
+                await asyncio.sleep(args["down"])  # the service stays down this long: the behaviour injected
+                rig.spawn()
         else:
             return
         self.injected[kind] = self.injected.get(kind, 0) + 1
@@ -218,9 +224,9 @@ class NodeChaos:
         bridges = bridge_processes(roots)
         for pid, (node, job_dir) in bridges.items():
             if pid not in self.started_for:
-                # Read once, at the process's first sighting: the record was written before it
-                # started and is rewritten only for the next bridge, after this one ended. Read
-                # again later it may already be the next bridge's.
+                # Read once, at the process's first sighting: the record is written as its keeper
+                # starts, before the keeper starts it, and rewritten only for the next bridge,
+                # after this one ended. Read again later it may already be the next bridge's.
                 record = Record.load(roots[node] / job_dir / "node.json")
                 self.started_for[pid] = record.pod_uid if record is not None else ""
         return Sample(time.monotonic(), pods, bridges, {pid: self.started_for[pid] for pid in bridges})
@@ -292,16 +298,32 @@ class NodeChaos:
         for rig in self.rigs.values():
             rig.kill_process()
             rig.kill_bridges()
-        for pid in bridge_processes({n: r.state_root for n, r in self.rigs.items()}):
-            try:
-                __import__("os").kill(pid, 9)
-            except OSError:
-                pass
+        for _ in range(2):  # whatever is left that names this schedule's directory: services first
+            for pid in sorted(processes_under(self._tmp), key=lambda p: b" node " not in p[1]):
+                try:
+                    os.kill(pid[0], signal.SIGKILL)
+                except OSError:
+                    pass
         self.server.stop()
-        if self.violations and __import__("os").environ.get("TFT_CHAOS_KEEP"):
+        if self.violations and os.environ.get("TFT_CHAOS_KEEP"):
             print(f"kept {self._tmp}")
             return
         shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def processes_under(directory: Path) -> list[tuple[int, bytes]]:
+    """(pid, command line) of every process whose command line names ``directory``."""
+    found = []
+    needle = str(directory).encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if needle in argv:
+                found.append((int(entry.name), argv))
+    return found
 
 
 def pairs(samples: list[Sample]) -> Iterator[tuple[Sample, Sample]]:
