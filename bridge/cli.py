@@ -1,5 +1,5 @@
 """``tft-bridge``: run the daemon, check a config, run the demo, work with fault strings,
-run the simulated ClusterD, run the AI-platform policy agent.
+run the simulated ClusterD, run the AI-platform policy agent, run the node service.
 
 Exit codes: 0 ok; 1 start-up failed; 2 bad configuration or bad input; 75 ClusterD sent
 killMaster (the job is being rescheduled; the systemd unit restarts the bridge for it);
@@ -23,6 +23,7 @@ from .config import BridgeConfig, ConfigError, config_warnings, load_config
 from .interrupts import capture_signals
 from .logs import setup_logging
 from .recorder.history import add_history_parser
+from .node import add_node_parser
 from .platform import add_platform_parser
 from .sim import cli as sim_cli
 
@@ -240,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=cmd_report_fault)
     add_history_parser(commands)
     add_platform_parser(commands)
+    add_node_parser(commands)
     return parser
 
 

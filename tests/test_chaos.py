@@ -38,8 +38,9 @@ pytestmark = pytest.mark.timeout(180)
 DAEMON_SEEDS = list(range(1, 29))
 SEED_API_SEEDS = list(range(1, 13))
 PROCESS_SEEDS = list(range(1, 9))
+NODE_SEEDS = list(range(1, 5))  # the node service (tests/chaos/node.py): 5-15 s each
 FIXED = ([("daemon", s) for s in DAEMON_SEEDS] + [("seed", s) for s in SEED_API_SEEDS]
-         + [("process", s) for s in PROCESS_SEEDS])
+         + [("process", s) for s in PROCESS_SEEDS] + [("node", s) for s in NODE_SEEDS])
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_a_schedule_round_trips_through_its_replay_json() -> None:
 def test_the_generator_covers_every_event_kind_and_entry_point() -> None:
     from .chaos.schedule import ENTRIES, KINDS
 
-    drawn = [generate(seed) for seed in range(300)]
+    drawn = [generate(seed) for seed in range(300)] + [generate(seed, "node") for seed in range(40)]
     assert {s.entry for s in drawn} == set(ENTRIES)
     assert {e.kind for s in drawn for e in s.events} == set(KINDS)
     assert any(not s.recoverable for s in drawn) and any(s.recoverable for s in drawn)

@@ -127,13 +127,11 @@ def _status_message(body: object) -> str:
     return ""
 
 
-class PodGroupApi:
-    """List, get, patch and watch PodGroups; every call bounded by a timeout."""
+class BoundedApi:
+    """An ``ApiClient`` and the timeouts every call of a subclass carries."""
 
     def __init__(self, client: Any, request_timeout: float = 10.0, connect_timeout: float = 5.0) -> None:
-        kubernetes = _kubernetes()
         self._client = client
-        self._api = kubernetes.client.CustomObjectsApi(client)
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
 
@@ -141,6 +139,17 @@ class PodGroupApi:
         close = getattr(self._client, "close", None)
         if close is not None:
             close()
+
+    def _timeouts(self) -> tuple[float, float]:
+        return self.connect_timeout, self.request_timeout
+
+
+class PodGroupApi(BoundedApi):
+    """List, get, patch and watch PodGroups; every call bounded by a timeout."""
+
+    def __init__(self, client: Any, request_timeout: float = 10.0, connect_timeout: float = 5.0) -> None:
+        super().__init__(client, request_timeout, connect_timeout)
+        self._api = _kubernetes().client.CustomObjectsApi(client)
 
     def list(self, namespace: str | None, selector: str | None) -> tuple[list[dict[str, Any]], str]:
         """Every matching PodGroup and the list's resourceVersion (the watch's start)."""
@@ -180,34 +189,42 @@ class PodGroupApi:
               timeout_seconds: int) -> WatchStream:
         """Open a watch from ``resource_version``; the server ends it after ``timeout_seconds``,
         and a silent connection is abandoned a few seconds after that."""
-        kwargs: dict[str, Any] = {
-            "watch": True,
-            "resource_version": resource_version,
-            "timeout_seconds": int(timeout_seconds),
-            "allow_watch_bookmarks": True,
-            "_preload_content": False,
-            "_request_timeout": (self.connect_timeout, timeout_seconds + max(5.0, self.request_timeout)),
-        }
+        kwargs = watch_arguments(resource_version, timeout_seconds, self.connect_timeout, self.request_timeout)
         if selector:
             kwargs["label_selector"] = selector
-        try:
-            if namespace:
-                response = self._api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, **kwargs)
-            else:
-                response = self._api.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kwargs)
-        except Exception as error:
-            raise classify(error) from error
-        status = getattr(response, "status", 200)
-        if not 200 <= status <= 299:
-            try:
-                body = response.data
-            finally:
-                _release(response)
-            raise error_for_status(status, f"HTTP {status}: {_status_message(body)}")
-        return WatchStream(response)
+        if namespace:
+            return open_watch(self._api.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, **kwargs)
+        return open_watch(self._api.list_cluster_custom_object, GROUP, VERSION, PLURAL, **kwargs)
 
-    def _timeouts(self) -> tuple[float, float]:
-        return self.connect_timeout, self.request_timeout
+
+def watch_arguments(resource_version: str, timeout_seconds: int, connect_timeout: float,
+                    request_timeout: float) -> dict[str, Any]:
+    """The client's keyword arguments of a watch call: bounded on both sides."""
+    return {
+        "watch": True,
+        "resource_version": resource_version,
+        "timeout_seconds": int(timeout_seconds),
+        "allow_watch_bookmarks": True,
+        "_preload_content": False,
+        "_request_timeout": (connect_timeout, timeout_seconds + max(5.0, request_timeout)),
+    }
+
+
+def open_watch(call: Any, *args: Any, **kwargs: Any) -> WatchStream:
+    """``call(*args, **kwargs)`` (a list call with ``watch=True``) as a :class:`WatchStream`,
+    every failure sorted into the error classes."""
+    try:
+        response = call(*args, **kwargs)
+    except Exception as error:
+        raise classify(error) from error
+    status = getattr(response, "status", 200)
+    if not 200 <= status <= 299:
+        try:
+            body = response.data
+        finally:
+            _release(response)
+        raise error_for_status(status, f"HTTP {status}: {_status_message(body)}")
+    return WatchStream(response)
 
 
 class WatchStream:

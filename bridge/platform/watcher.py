@@ -1,4 +1,6 @@
-"""List-then-watch of PodGroups on a dedicated thread, surviving expiry and restarts.
+"""List-then-watch on a dedicated thread, surviving expiry and restarts: the platform
+agent's PodGroups, and the node service's pods (``bridge/node``), through any API object
+with the ``list``/``watch`` pair of :class:`~.kube.PodGroupApi`.
 
 The official client blocks, so the watch lives on its own thread and hands what it
 receives to the agent through ``deliver`` (the agent makes that a thread-safe call
@@ -22,11 +24,10 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..backoff import Backoff
-from .kube import Expired, KubeError, PodGroupApi, RequestFailed, Unavailable, WatchStream, error_for_status
-from .metrics import PlatformMetrics
+from .kube import Expired, KubeError, RequestFailed, Unavailable, WatchStream, error_for_status
 
 log = logging.getLogger("tft_bridge.platform.watch")
 
@@ -47,10 +48,31 @@ class Changed:
 Delivery = Listed | Changed
 
 
+class ListWatchApi(Protocol):
+    """What the loop needs of an API: :class:`~.kube.PodGroupApi`, ``bridge.node.kube.PodApi``."""
+
+    def list(self, namespace: str | None, selector: str | None) -> tuple[list[dict[str, Any]], str]: ...
+
+    def watch(self, namespace: str | None, selector: str | None, resource_version: str,
+              timeout_seconds: int) -> WatchStream: ...
+
+
+class WatchMetrics(Protocol):
+    """The series the loop keeps (PlatformMetrics, NodeMetrics have them)."""
+
+    watch_up: Any
+    watch_restarts: Any
+    api_requests: Any
+    loop_errors: Any
+
+
 class PodGroupWatcher:
-    def __init__(self, api: PodGroupApi, namespace: str | None, selector: str | None,
-                 deliver: Callable[[Delivery], None], metrics: PlatformMetrics,
-                 watch_timeout: int = 300, backoff: Backoff | None = None) -> None:
+    """The reflector loop; ``what`` names the objects in log lines and the thread."""
+
+    def __init__(self, api: ListWatchApi, namespace: str | None, selector: str | None,
+                 deliver: Callable[[Delivery], None], metrics: WatchMetrics,
+                 watch_timeout: int = 300, backoff: Backoff | None = None, what: str = "PodGroup") -> None:
+        self._what = what
         self._api = api
         self._namespace = namespace
         self._selector = selector
@@ -64,7 +86,7 @@ class PodGroupWatcher:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run_logged, name="platform-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run_logged, name=f"{self._what.lower()}-watch", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -86,7 +108,7 @@ class PodGroupWatcher:
         try:
             self._run()
         except BaseException:
-            log.exception("the PodGroup watch thread failed")
+            log.exception("the %s watch thread failed", self._what)
             self._metrics.loop_errors.inc()
             raise
         finally:
@@ -120,7 +142,7 @@ class PodGroupWatcher:
                     break
                 delay = self._backoff.next()
                 level = logging.ERROR if isinstance(error, RequestFailed) else logging.WARNING
-                log.log(level, "PodGroup list/watch failed (%s); listing again in %.1f s", error, delay)
+                log.log(level, "%s list/watch failed (%s); listing again in %.1f s", self._what, error, delay)
                 self._metrics.watch_restarts.labels("error").inc()
                 self._metrics.api_requests.labels(operation, type(error).__name__.lower()).inc()
                 resource_version = None
@@ -129,7 +151,7 @@ class PodGroupWatcher:
                 if self._stop.is_set():
                     break
                 delay = self._backoff.next()
-                log.exception("PodGroup list/watch failed unexpectedly; listing again in %.1f s", delay)
+                log.exception("%s list/watch failed unexpectedly; listing again in %.1f s", self._what, delay)
                 self._metrics.loop_errors.inc()
                 self._metrics.watch_restarts.labels("error").inc()
                 resource_version = None

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
-import socket
 import tempfile
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from ..config import BridgeConfig, build_config
@@ -24,55 +21,9 @@ from .clusterd_release import MASTER, Release
 from .clusterd_timings import FAST, Timings
 
 
-#: Ports this process handed out: never twice, so two listeners chosen before either
-#: binds never collide.
-_handed_out: set[int] = set()
-_pick = random.Random()  # its own generator: seeded schedules must not see these draws
-
-#: Linux's default ephemeral range, where /proc does not say.
-_EPHEMERAL_DEFAULT = (32768, 60999)
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return _EPHEMERAL_DEFAULT
-
-
-def free_port() -> int:
-    """A TCP port free now, in the controller's accepted range (1024..65535) and outside
-    the kernel's ephemeral range.
-
-    A port the kernel picks for a bind to port 0 comes from the ephemeral range, the one
-    every outgoing connection takes its source port from: between this probe and the
-    listener's bind, a gRPC channel or a metrics scrape of a busy test run took such a
-    port, and the stub controller's bind then failed (SystemExit 2, a start-up failure
-    on a loaded machine). Outgoing connections never take a port outside the range, so
-    this picks one there at random, checks it binds, and never hands it out twice."""
-    low, high = _ephemeral_range()
-    spans = [(10000, low - 1), (high + 1, 65535)]  # 10000: clear of the ports services listen on
-    spans = [(start, end) for start, end in spans if end - start >= 1000]
-    for _ in range(200 if spans else 0):
-        start, end = _pick.choice(spans)
-        port = _pick.randint(start, end)
-        if port in _handed_out:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    while True:  # no usable span, or every try was taken: the kernel's pick
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port >= 1024 and port not in _handed_out:
-            _handed_out.add(port)
-            return port
+# free_port lives in bridge/ports.py (the node service picks its bridges' metrics ports
+# with it too); kept importable from here, with its generator, for the simulations.
+from ..ports import _ephemeral_range, _pick, free_port  # noqa: E402,F401
 
 
 class SimulatedJob:

@@ -30,7 +30,7 @@ WAIT = 4
 #: The bridge's report RPC deadline (``clusterd.rpc_timeout``) on every entry point.
 RPC_TIMEOUT = 2.0
 #: The entry points a schedule can run on.
-ENTRIES = ("daemon", "seed", "process")
+ENTRIES = ("daemon", "seed", "process", "node")
 
 #: Journal triggers: a schedule event fires ``at`` seconds after the first matching entry.
 TRIGGERS = ("start", "signal:stopTrain", "rpc:ReportStopComplete", "signal:globalFault",
@@ -43,7 +43,10 @@ CLUSTERD_KINDS = ("clusterd_restart", "clusterd_freeze", "refuse", "drop_stream"
                   "slow_signal", "duplicate_signal", "replay_signal", "rank_table")
 CONTROLLER_KINDS = ("slow_notify", "slow_destroy")
 BRIDGE_KINDS = ("sigterm", "sigkill_restart")
-KINDS = FAULT_KINDS + CLUSTERD_KINDS + CONTROLLER_KINDS + BRIDGE_KINDS
+#: The node service's entry point has its own kinds (tests/chaos/node.py), and only those.
+from .node import NODE_KINDS  # noqa: E402 - beside the other kinds on purpose
+
+KINDS = FAULT_KINDS + CLUSTERD_KINDS + CONTROLLER_KINDS + BRIDGE_KINDS + NODE_KINDS
 #: Kinds that end the job's bridge for good: nothing after them runs.
 TERMINAL_KINDS = frozenset({"sigterm"})
 #: Kinds only a real bridge process can take.
@@ -86,6 +89,9 @@ class Schedule:
                 raise ValueError(f"event {event.kind} needs the process entry point, not {self.entry}")
             if event.kind in DAEMON_ONLY_KINDS and self.entry == "seed":
                 raise ValueError(f"event {event.kind} needs a bridge daemon, not the seed API")
+            if (event.kind in NODE_KINDS) != (self.entry == "node"):
+                raise ValueError(f"event {event.kind} does not apply to the {self.entry} entry point "
+                                 f"(the node entry point takes {', '.join(NODE_KINDS)} and only those)")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
@@ -138,7 +144,8 @@ def pod_of(rank: int) -> list[int]:
 
 def _event(rng: random.Random, entry: str) -> Event:
     kinds = [k for k in KINDS
-             if not (k in PROCESS_ONLY_KINDS and entry != "process")
+             if k not in NODE_KINDS
+             and not (k in PROCESS_ONLY_KINDS and entry != "process")
              and not (k in DAEMON_ONLY_KINDS and entry == "seed")]
     # faults are what a schedule is about: weight them up
     weights = [6 if k in FAULT_KINDS else 1 for k in kinds]
@@ -180,6 +187,10 @@ def generate(seed: int, entry: str | None = None) -> Schedule:
     happens to a job after its bridge stopped)."""
     rng = random.Random(seed)
     entry = entry or rng.choice(("daemon", "daemon", "seed", "process"))
+    if entry == "node":
+        from .node import draw
+
+        return Schedule(seed, entry, tuple(Event(kind, at, "start", args) for kind, at, args in draw(rng)))
     events = [_event(rng, entry) for _ in range(rng.randint(1, 6))]
     if not any(e.kind in FAULT_KINDS and e.trigger == "start" for e in events):
         events.insert(0, Event("fault", round(rng.uniform(0, 1.0), 3), "start",

@@ -1,4 +1,4 @@
-"""An in-process stand-in for the Kubernetes API server, PodGroups only.
+"""An in-process stand-in for the Kubernetes API server: PodGroups, Pods and Events.
 
 It speaks the real paths and semantics the agent depends on, over real HTTP/1.1 on
 loopback, so the official ``kubernetes`` client talks to it unmodified:
@@ -25,7 +25,16 @@ loopback, so the official ``kubernetes`` client talks to it unmodified:
   refused) then :meth:`StandInApiServer.start`, which listens again on the same port with
   the same data (etcd survives). The caller decides how long it stays down.
 
-Not simulated: authentication, other resources, set-based selectors, field selectors,
+* Pods (``/api/v1[/namespaces/{ns}]/pods``, ``.../pods/{name}``) with the same list,
+  watch, get, patch and delete, and ``fieldSelector`` equality terms on any dotted path
+  (``spec.nodeName=node-1``, what every MindCluster node daemon watches with). A pod that
+  starts matching the field selector (bound to the node) is sent as ``ADDED``.
+* Events: ``POST /api/v1/namespaces/{ns}/events`` (``metadata.generateName`` honoured)
+  and their list; :meth:`PodGroupStore.events_for` shows what was recorded on an object.
+* A slow server: :attr:`StandInApiServer.delay` holds every request that long before
+  it is answered (a watch's events are not delayed once it is open).
+
+Not simulated: authentication, other resources, set-based selectors,
 ``limit``/``continue`` paging, server-side apply, bookmarks (accepted, never sent).
 """
 
@@ -50,6 +59,20 @@ log = logging.getLogger("tft_bridge.platform.sim.apiserver")
 
 GROUP_VERSION = "scheduling.volcano.sh/v1beta1"
 PREFIX = "/apis/" + GROUP_VERSION
+CORE_PREFIX = "/api/v1"
+PODGROUPS = "podgroups"
+PODS = "pods"
+EVENTS = "events"
+#: resource -> (apiVersion, kind, the path prefix it is served under)
+RESOURCES: dict[str, tuple[str, str, str]] = {
+    PODGROUPS: (GROUP_VERSION, "PodGroup", PREFIX),
+    PODS: ("v1", "Pod", CORE_PREFIX),
+    EVENTS: ("v1", "Event", CORE_PREFIX),
+}
+
+
+def _kind_name(resource: str) -> str:
+    return f"{resource}.scheduling.volcano.sh" if resource == PODGROUPS else resource
 
 
 class ApiError(Exception):
@@ -120,6 +143,37 @@ class Selector:
         return True
 
 
+@dataclass(frozen=True)
+class FieldSelector:
+    """Equality terms on dotted paths (``spec.nodeName=node-1``, ``status.phase!=Failed``)."""
+
+    terms: tuple[tuple[str, str, str], ...] = ()  # (op, path, value), op in = !=
+
+    @classmethod
+    def parse(cls, text: str | None) -> FieldSelector:
+        terms: list[tuple[str, str, str]] = []
+        for raw in (text or "").split(","):
+            term = raw.strip()
+            if not term:
+                continue
+            op = "!=" if "!=" in term else "==" if "==" in term else "=" if "=" in term else ""
+            if not op:
+                raise ApiError(400, "BadRequest", f"invalid field selector term {term!r}")
+            path, value = term.split(op, 1)
+            terms.append(("!=" if op == "!=" else "=", path.strip(), value.strip()))
+        return cls(tuple(terms))
+
+    def matches(self, obj: Mapping[str, Any] | None) -> bool:
+        for op, path, value in self.terms:
+            current: Any = obj or {}
+            for part in path.split("."):
+                current = current.get(part) if isinstance(current, Mapping) else None
+            text = "" if current is None else str(current)
+            if (op == "=") != (text == value):
+                return False
+        return True
+
+
 def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
     if not obj:
         return {}
@@ -146,14 +200,21 @@ def merge_patch(target: Any, patch: Any) -> Any:
 class Watcher:
     namespace: str | None
     selector: Selector
+    resource: str = PODGROUPS
+    fields: FieldSelector = FieldSelector()
     events: queue.Queue[dict[str, Any] | None] = field(default_factory=queue.Queue)
 
-    def offer(self, kind: str, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
-        """Queue ``kind`` for ``new`` as this watcher sees it (namespace and selector)."""
+    def sees(self, obj: Mapping[str, Any] | None) -> bool:
+        return obj is not None and self.selector.matches(_labels(obj)) and self.fields.matches(obj)
+
+    def offer(self, resource: str, kind: str, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
+        """Queue ``kind`` for ``new`` as this watcher sees it (resource, namespace, selectors)."""
+        if resource != self.resource:
+            return
         if self.namespace is not None and new["metadata"]["namespace"] != self.namespace:
             return
-        was = old is not None and self.selector.matches(_labels(old))
-        now = self.selector.matches(_labels(new))
+        was = self.sees(old)
+        now = self.sees(new)
         if kind == "DELETED":
             if was or now:
                 self.events.put({"type": "DELETED", "object": copy.deepcopy(new)})
@@ -165,14 +226,16 @@ class Watcher:
 
 
 class PodGroupStore:
-    """PodGroups with resourceVersions, an event history and live watchers; thread-safe."""
+    """The stand-in's objects (PodGroups, and Pods and Events beside them) with one
+    resourceVersion counter, an event history and live watchers; thread-safe. The
+    methods without a ``resource`` argument are PodGroup methods, as before."""
 
     def __init__(self, history_limit: int = 10_000) -> None:
         self._lock = threading.RLock()
         self._rv = 100
-        self._objects: dict[tuple[str, str], dict[str, Any]] = {}
-        # (rv, type, previous object or None, object)
-        self._history: deque[tuple[int, str, dict[str, Any] | None, dict[str, Any]]] = deque(
+        self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (resource, namespace, name)
+        # (rv, resource, type, previous object or None, object)
+        self._history: deque[tuple[int, str, str, dict[str, Any] | None, dict[str, Any]]] = deque(
             maxlen=history_limit)
         self._oldest = self._rv  # watches from below this rv get 410
         self._watchers: list[Watcher] = []
@@ -184,59 +247,79 @@ class PodGroupStore:
         with self._lock:
             return str(self._rv)
 
-    def get(self, namespace: str, name: str) -> dict[str, Any]:
+    def get(self, namespace: str, name: str, resource: str = PODGROUPS) -> dict[str, Any]:
         with self._lock:
-            obj = self._objects.get((namespace, name))
+            obj = self._objects.get((resource, namespace, name))
             if obj is None:
-                raise ApiError(404, "NotFound", f'podgroups.scheduling.volcano.sh "{name}" not found')
+                raise ApiError(404, "NotFound", f'{_kind_name(resource)} "{name}" not found')
             return copy.deepcopy(obj)
 
     def annotations(self, namespace: str, name: str) -> dict[str, str]:
         return dict(self.get(namespace, name)["metadata"].get("annotations") or {})
 
-    def list(self, namespace: str | None, selector: Selector = Selector()) -> tuple[list[dict[str, Any]], str]:
+    def list(self, namespace: str | None, selector: Selector = Selector(), resource: str = PODGROUPS,
+             fields: FieldSelector = FieldSelector()) -> tuple[list[dict[str, Any]], str]:
         with self._lock:
-            items = [copy.deepcopy(obj) for (ns, _), obj in sorted(self._objects.items())
-                     if (namespace is None or ns == namespace) and selector.matches(_labels(obj))]
+            items = [copy.deepcopy(obj) for (kind, ns, _), obj in sorted(self._objects.items())
+                     if kind == resource and (namespace is None or ns == namespace)
+                     and selector.matches(_labels(obj)) and fields.matches(obj)]
             return items, str(self._rv)
+
+    def events_for(self, uid: str) -> list[dict[str, Any]]:
+        """The Events recorded with ``involvedObject.uid == uid``, oldest first."""
+        with self._lock:
+            return [copy.deepcopy(obj) for (kind, _, _), obj in self._objects.items()
+                    if kind == EVENTS and (obj.get("involvedObject") or {}).get("uid") == uid]
 
     # ----------------------------------------------------------------- writes
 
     def create(self, namespace: str, name: str, annotations: Mapping[str, str] | None = None,
                labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-        with self._lock:
-            if (namespace, name) in self._objects:
-                raise ApiError(409, "AlreadyExists", f'podgroups.scheduling.volcano.sh "{name}" already exists')
-            obj: dict[str, Any] = {
-                "apiVersion": GROUP_VERSION,
-                "kind": "PodGroup",
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "uid": str(uuid.uuid4()),
-                    "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "annotations": dict(annotations or {}),
-                    "labels": dict(labels or {}),
-                },
-                "spec": {"minMember": 1},
-                "status": {"phase": "Running"},
-            }
-            return self._commit("ADDED", None, obj)
+        obj: dict[str, Any] = {
+            "apiVersion": GROUP_VERSION,
+            "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": namespace,
+                         "annotations": dict(annotations or {}), "labels": dict(labels or {})},
+            "spec": {"minMember": 1},
+            "status": {"phase": "Running"},
+        }
+        return self.create_object(PODGROUPS, obj)
 
-    def patch(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+    def create_object(self, resource: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create ``obj`` (a Pod, an Event, a PodGroup): the server sets uid,
+        creationTimestamp and resourceVersion, and a name from ``generateName``."""
+        new = copy.deepcopy(dict(obj))
+        meta = new.setdefault("metadata", {})
+        api_version, kind, _ = RESOURCES[resource]
+        new.setdefault("apiVersion", api_version)
+        new.setdefault("kind", kind)
+        with self._lock:
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+            namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+            if not name:
+                raise ApiError(422, "Invalid", "metadata.name: Required value")
+            if (resource, namespace, name) in self._objects:
+                raise ApiError(409, "AlreadyExists", f'{_kind_name(resource)} "{name}" already exists')
+            meta["uid"] = meta.get("uid") or str(uuid.uuid4())
+            meta["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            return self._commit(resource, "ADDED", None, new)
+
+    def patch(self, namespace: str, name: str, patch: Mapping[str, Any],
+              resource: str = PODGROUPS) -> dict[str, Any]:
         """A merge patch; ``metadata.resourceVersion`` in it is a precondition."""
         with self._lock:
-            current = self._current(namespace, name)
+            current = self._current(resource, namespace, name)
             body = copy.deepcopy(dict(patch))
             meta = body.get("metadata")
             if isinstance(meta, dict) and "resourceVersion" in meta:
                 wanted = meta.pop("resourceVersion")
-                self._check_rv(current, wanted, name)
+                self._check_rv(resource, current, wanted, name)
             for immutable in ("name", "namespace", "uid"):
                 if isinstance(meta, dict) and meta.get(immutable, current["metadata"][immutable]) \
                         != current["metadata"][immutable]:
                     raise ApiError(422, "Invalid", f"metadata.{immutable} is immutable")
-            return self._commit("MODIFIED", current, merge_patch(current, body))
+            return self._commit(resource, "MODIFIED", current, merge_patch(current, body))
 
     def patch_annotations(self, namespace: str, name: str, changes: Mapping[str, str | None]) -> dict[str, Any]:
         """An unconditional annotation patch (how ClusterD writes ProcessConfirmFault)."""
@@ -245,37 +328,38 @@ class PodGroupStore:
     def patch_labels(self, namespace: str, name: str, changes: Mapping[str, str | None]) -> dict[str, Any]:
         return self.patch(namespace, name, {"metadata": {"labels": dict(changes)}})
 
-    def update(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+    def update(self, obj: Mapping[str, Any], resource: str = PODGROUPS) -> dict[str, Any]:
         """PUT: the whole object; a non-empty ``metadata.resourceVersion`` must be current."""
         meta = obj.get("metadata") or {}
         namespace, name = meta.get("namespace", ""), meta.get("name", "")
         with self._lock:
-            current = self._current(namespace, name)
+            current = self._current(resource, namespace, name)
             if meta.get("resourceVersion"):
-                self._check_rv(current, meta["resourceVersion"], name)
+                self._check_rv(resource, current, meta["resourceVersion"], name)
             new = copy.deepcopy(dict(obj))
             for immutable in ("uid", "creationTimestamp"):
                 new["metadata"][immutable] = current["metadata"][immutable]
-            return self._commit("MODIFIED", current, new)
+            return self._commit(resource, "MODIFIED", current, new)
 
-    def delete(self, namespace: str, name: str) -> dict[str, Any]:
+    def delete(self, namespace: str, name: str, resource: str = PODGROUPS) -> dict[str, Any]:
         with self._lock:
-            current = self._current(namespace, name)
-            del self._objects[(namespace, name)]
+            current = self._current(resource, namespace, name)
+            del self._objects[(resource, namespace, name)]
             self._rv += 1
             gone_obj = copy.deepcopy(current)
             gone_obj["metadata"]["resourceVersion"] = str(self._rv)
-            self._publish("DELETED", current, gone_obj)
+            self._publish(resource, "DELETED", current, gone_obj)
             return copy.deepcopy(gone_obj)
 
     # ----------------------------------------------------------------- watch control
 
-    def subscribe(self, namespace: str | None, selector: Selector, from_rv: str | None) -> Watcher:
+    def subscribe(self, namespace: str | None, selector: Selector, from_rv: str | None,
+                  resource: str = PODGROUPS, fields: FieldSelector = FieldSelector()) -> Watcher:
         """A watcher fed from ``from_rv`` on (or ADDED for everything when it is None/"0")."""
-        watcher = Watcher(namespace, selector)
+        watcher = Watcher(namespace, selector, resource, fields)
         with self._lock:
             if from_rv in (None, "", "0"):
-                for obj in self.list(namespace, selector)[0]:
+                for obj in self.list(namespace, selector, resource, fields)[0]:
                     watcher.events.put({"type": "ADDED", "object": obj})
             else:
                 try:
@@ -284,9 +368,9 @@ class PodGroupStore:
                     raise ApiError(400, "BadRequest", f"invalid resourceVersion {from_rv!r}") from None
                 if start < self._oldest:
                     raise gone(from_rv)
-                for rv, kind, old, new in self._history:
+                for rv, kind_of, kind, old, new in self._history:
                     if rv > start:
-                        watcher.offer(kind, old, new)
+                        watcher.offer(kind_of, kind, old, new)
             self._watchers.append(watcher)
         return watcher
 
@@ -321,35 +405,35 @@ class PodGroupStore:
 
     # ----------------------------------------------------------------- internals
 
-    def _current(self, namespace: str, name: str) -> dict[str, Any]:
-        obj = self._objects.get((namespace, name))
+    def _current(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        obj = self._objects.get((resource, namespace, name))
         if obj is None:
-            raise ApiError(404, "NotFound", f'podgroups.scheduling.volcano.sh "{name}" not found')
+            raise ApiError(404, "NotFound", f'{_kind_name(resource)} "{name}" not found')
         return obj
 
     @staticmethod
-    def _check_rv(current: Mapping[str, Any], wanted: object, name: str) -> None:
+    def _check_rv(resource: str, current: Mapping[str, Any], wanted: object, name: str) -> None:
         if str(wanted) != current["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict",
-                           f'Operation cannot be fulfilled on podgroups.scheduling.volcano.sh "{name}": '
+                           f'Operation cannot be fulfilled on {_kind_name(resource)} "{name}": '
                            "the object has been modified; please apply your changes to the latest "
                            "version and try again")
 
-    def _commit(self, kind: str, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    def _commit(self, resource: str, kind: str, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
         if old is not None and _same(old, new):
             return copy.deepcopy(old)  # a no-op write: no new resourceVersion, no event
         self._rv += 1
         new["metadata"]["resourceVersion"] = str(self._rv)
         meta = new["metadata"]
-        self._objects[(meta["namespace"], meta["name"])] = new
-        self._publish(kind, old, new)
+        self._objects[(resource, meta["namespace"], meta["name"])] = new
+        self._publish(resource, kind, old, new)
         return copy.deepcopy(new)
 
-    def _publish(self, kind: str, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+    def _publish(self, resource: str, kind: str, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
         snapshot = copy.deepcopy(new)
-        self._history.append((self._rv, kind, copy.deepcopy(old) if old else None, snapshot))
+        self._history.append((self._rv, resource, kind, copy.deepcopy(old) if old else None, snapshot))
         for watcher in self._watchers:
-            watcher.offer(kind, old, snapshot)
+            watcher.offer(resource, kind, old, snapshot)
 
 
 def _same(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
@@ -407,38 +491,52 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         owner.requests.append((method, url.path, query))
+        if owner.delay > 0 and owner._closing.wait(owner.delay):
+            self.close_connection = True
+            return
         try:
-            namespace, name = _route(url.path)
+            resource, namespace, name = _route(url.path)
+            api_version, kind, _ = RESOURCES[resource]
             body = self._body() if method in ("PATCH", "PUT", "POST") else None
             hook = owner.before_write
             if hook is not None and method in ("PATCH", "PUT") and namespace and name:
                 hook(namespace, name, body)
             if method == "GET" and name is None:
+                fields = FieldSelector.parse(query.get("fieldSelector"))
                 if query.get("watch") in ("1", "true", "True"):
-                    self._watch(namespace, query)
+                    self._watch(resource, namespace, query, fields)
                     return
-                items, rv = owner.store.list(namespace, Selector.parse(query.get("labelSelector")))
-                self._send(200, {"apiVersion": GROUP_VERSION, "kind": "PodGroupList",
+                items, rv = owner.store.list(namespace, Selector.parse(query.get("labelSelector")), resource, fields)
+                self._send(200, {"apiVersion": api_version, "kind": f"{kind}List",
                                  "metadata": {"resourceVersion": rv}, "items": items})
             elif method == "GET" and name is not None and namespace is not None:
-                self._send(200, owner.store.get(namespace, name))
+                self._send(200, owner.store.get(namespace, name, resource))
+            elif method == "POST" and name is None and namespace is not None:
+                if not isinstance(body, dict):
+                    raise ApiError(400, "BadRequest", f"the body must be a {kind}")
+                meta = body.setdefault("metadata", {})
+                if meta.get("namespace", namespace) != namespace:
+                    raise ApiError(400, "BadRequest", "the namespace of the object does not match the request")
+                meta["namespace"] = namespace
+                self._send(201, owner.store.create_object(resource, body))
             elif method == "PATCH" and name is not None and namespace is not None:
                 content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-                if content_type != "application/merge-patch+json":
+                if content_type != "application/merge-patch+json" and not (
+                        resource != PODGROUPS and content_type == "application/strategic-merge-patch+json"):
                     raise ApiError(415, "UnsupportedMediaType",
                                    f"the body of the request was in an unknown format - accepted media types "
                                    f"include: application/json-patch+json, application/merge-patch+json, "
                                    f"application/apply-patch+yaml (got {content_type!r})")
                 if not isinstance(body, dict):
                     raise ApiError(400, "BadRequest", "a merge patch must be a JSON object")
-                self._send(200, owner.store.patch(namespace, name, body))
+                self._send(200, owner.store.patch(namespace, name, body, resource))
             elif method == "PUT" and name is not None and namespace is not None:
                 if not isinstance(body, dict):
-                    raise ApiError(400, "BadRequest", "the body must be a PodGroup")
+                    raise ApiError(400, "BadRequest", f"the body must be a {kind}")
                 body.setdefault("metadata", {}).update(namespace=namespace, name=name)
-                self._send(200, owner.store.update(body))
+                self._send(200, owner.store.update(body, resource))
             elif method == "DELETE" and name is not None and namespace is not None:
-                self._send(200, owner.store.delete(namespace, name))
+                self._send(200, owner.store.delete(namespace, name, resource))
             else:
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {url.path}")
         except ApiError as error:
@@ -464,14 +562,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ----------------------------------------------------------------- watch
 
-    def _watch(self, namespace: str | None, query: Mapping[str, str]) -> None:
+    def _watch(self, resource: str, namespace: str | None, query: Mapping[str, str], fields: FieldSelector) -> None:
         owner = self.server.owner
         selector = Selector.parse(query.get("labelSelector"))
         rv = query.get("resourceVersion")
         try:
             if rv not in (None, "", "0") and owner._take_expiry():
                 raise gone(rv)
-            watcher = owner.store.subscribe(namespace, selector, rv)
+            watcher = owner.store.subscribe(namespace, selector, rv, resource, fields)
         except ApiError as error:
             if error.code != 410 or owner.expire_mode == "http":
                 raise
@@ -520,16 +618,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def _route(path: str) -> tuple[str | None, str | None]:
-    """(namespace or None for cluster-wide, name or None) for a PodGroup path."""
-    if path.rstrip("/") == PREFIX + "/podgroups":
-        return None, None
-    if path.startswith(PREFIX + "/namespaces/"):
-        parts = path[len(PREFIX) + 1:].rstrip("/").split("/")
-        if len(parts) == 3 and parts[2] == "podgroups":
-            return unquote(parts[1]), None
-        if len(parts) == 4 and parts[2] == "podgroups":
-            return unquote(parts[1]), unquote(parts[3])
+def _route(path: str) -> tuple[str, str | None, str | None]:
+    """(resource, namespace or None for cluster-wide, name or None) for a served path."""
+    for resource, (_, _, prefix) in RESOURCES.items():
+        if path.rstrip("/") == f"{prefix}/{resource}":
+            return resource, None, None
+        if path.startswith(prefix + "/namespaces/"):
+            parts = path[len(prefix) + 1:].rstrip("/").split("/")
+            if len(parts) == 3 and parts[2] == resource:
+                return resource, unquote(parts[1]), None
+            if len(parts) == 4 and parts[2] == resource:
+                return resource, unquote(parts[1]), unquote(parts[3])
     raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
 
 
@@ -540,6 +639,10 @@ class _HttpServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], owner: StandInApiServer) -> None:
         self.owner = owner
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up mid-request (a watch closed, a timeout) is not news."""
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
 class StandInApiServer:
@@ -553,6 +656,8 @@ class StandInApiServer:
         #: "event": an expired resourceVersion is an ERROR event; "http": an HTTP 410.
         self.expire_mode = expire_mode
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        #: Seconds every request is held before it is answered (a slow or overloaded server).
+        self.delay = 0.0
         #: Called as ``hook(namespace, name, body)`` before an HTTP PATCH or PUT is applied
         #: (tests use it to make a concurrent change, so the write meets a really stale
         #: resourceVersion). The simulated ClusterD writes to the store directly, unhooked.

@@ -1,0 +1,176 @@
+"""The node service's configuration: one TOML file per node (``/etc/tft-bridge/node.toml``,
+``systemd/node.example.toml``), holding only what a pod cannot say.
+
+``[node]``, ``[kubernetes]`` and ``[metrics]`` configure the service itself; ``[bridge]``
+is the template of every job's bridge configuration, in the job file's own sections
+(``[bridge.clusterd]`` TLS, ``[bridge.hooks]``, ``[bridge.recorder]``, ...). The keys the
+node service derives from the pod (the job id, the controller's address, port and world
+size, the process-recovery switches, the state directory and the per-job metrics
+endpoint) are refused in ``[bridge]``: one job's value there would be wrong for every
+other job. Every problem is reported at once, one line per key, as ``check-config`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, build_config, host_problem, read_toml
+
+#: The opt-in label a job's pods carry (contrib/kubernetes/ascendjob-fragment.yaml).
+DEFAULT_SELECTOR = "tft-bridge/enabled=true"
+
+#: [bridge] keys the node service sets from the pod: never in the template.
+PER_JOB_KEYS = frozenset({
+    "job_id", "controller.bind_ip", "controller.port", "controller.world_size", "controller.enable_arf",
+    "controller.enable_zit", "controller.state_directory", "metrics.enabled", "metrics.address", "metrics.port",
+    "metrics.certfile", "metrics.keyfile", "metrics.client_cafile", "ranktable.job_id", "ranktable.path",
+    "recorder.directory",
+})
+
+
+class NodeConfigError(ConfigError):
+    title = "invalid node configuration"
+
+
+@dataclass(frozen=True)
+class NodeSection:
+    name: str = ""  # the Node's name; "" = $NODE_NAME, else the host name
+    host_ip: str = ""  # the IP bridges bind; "" = each pod's status.hostIP
+    selector: str = DEFAULT_SELECTOR  # the opt-in label selector
+    state_root: str = "/var/lib/tft-bridge/node"  # one directory per job under it
+    launcher: str = "auto"  # auto (systemd when it runs), systemd, session
+    bridge_command: tuple[str, ...] = ()  # () = this Python, -m bridge.cli
+    restart_delay: float = 5.0  # RestartSec= of the per-job unit contract
+    start_limit_burst: int = 10  # StartLimitBurst=
+    start_limit_interval: float = 600.0  # StartLimitIntervalSec=
+    ranks_leave_wait: float = 60.0  # a job gone: how long its ranks may stay connected before the stop
+    resolve_timeout: float = 2.0  # a MINDX_SERVER_IP name lookup
+    tick: float = 0.5  # how often children and the pending stops are looked at
+
+
+@dataclass(frozen=True)
+class KubernetesSection:
+    server: str = ""  # a URL used without credentials (kubectl proxy, tests)
+    kubeconfig: str = ""  # else a kubeconfig file; else the in-cluster service account
+    context: str = ""
+    request_timeout: float = 10.0
+    connect_timeout: float = 5.0
+    watch_timeout: int = 300
+
+
+@dataclass(frozen=True)
+class NodeMetricsSection:
+    enabled: bool = True
+    address: str = "127.0.0.1"
+    port: int = 9464
+    scrape_timeout: float = 2.0  # each job's own endpoint, read at every scrape of this one
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node: NodeSection = field(default_factory=NodeSection)
+    kubernetes: KubernetesSection = field(default_factory=KubernetesSection)
+    metrics: NodeMetricsSection = field(default_factory=NodeMetricsSection)
+    bridge: dict[str, Any] = field(default_factory=dict)  # the job template, validated
+    log_level: str = "INFO"
+
+    @property
+    def node_name(self) -> str:
+        return self.node.name or os.environ.get("NODE_NAME", "") or socket.gethostname()
+
+
+_SECTIONS: dict[str, type] = {"node": NodeSection, "kubernetes": KubernetesSection, "metrics": NodeMetricsSection}
+
+
+def _section(name: str, cls: type, raw: Any, problems: list[str]) -> Any:
+    if not isinstance(raw, Mapping):
+        problems.append(f"[{name}]: expected a table, got {raw!r}")
+        return cls()
+    known = {f.name: f for f in fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        spec = known.get(key)
+        if spec is None:
+            problems.append(f"{name}.{key}: unknown key (known: {', '.join(sorted(known))})")
+            continue
+        kind = type(spec.default)
+        if kind is tuple and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            values[key] = tuple(value)
+        elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            values[key] = float(value)
+        elif kind is int and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            values[key] = value
+        elif kind in (str, bool) and isinstance(value, kind):
+            values[key] = value
+        else:
+            problems.append(f"{name}.{key}: expected {kind.__name__}, got {value!r}")
+    return cls(**values)
+
+
+def _template_problems(template: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for key, value in template.items():
+        if isinstance(value, Mapping):
+            problems += [f"bridge.{key}.{inner}: set by the node service from the pod, not here"
+                         for inner in value if f"{key}.{inner}" in PER_JOB_KEYS]
+        elif key in PER_JOB_KEYS:
+            problems.append(f"bridge.{key}: set by the node service from the pod, not here")
+    if problems:
+        return problems
+    sample = dict(template)
+    sample["job_id"] = "template-check"
+    try:
+        build_config(sample, env={})
+    except ConfigError as error:
+        problems += [f"bridge: {line}" for line in error.problems]
+    return problems
+
+
+def build_node_config(raw: Mapping[str, Any]) -> NodeConfig:
+    problems: list[str] = []
+    sections: dict[str, Any] = {}
+    template: dict[str, Any] = {}
+    log_level = "INFO"
+    for key, value in raw.items():
+        if key in _SECTIONS:
+            sections[key] = _section(key, _SECTIONS[key], value, problems)
+        elif key == "bridge":
+            if isinstance(value, Mapping):
+                template = dict(value)
+                problems += _template_problems(template)
+            else:
+                problems.append(f"[bridge]: expected a table, got {value!r}")
+        elif key == "log_level" and isinstance(value, str):
+            log_level = value
+        else:
+            problems.append(f"{key}: unknown key (known: bridge, kubernetes, log_level, metrics, node)")
+    config = NodeConfig(**sections, bridge=template, log_level=log_level)
+    n = config.node
+    if n.launcher not in ("auto", "systemd", "session"):
+        problems.append(f"node.launcher: expected auto, systemd or session, got {n.launcher!r}")
+    if n.host_ip and host_problem(n.host_ip, allow_unspecified=False):
+        problems.append(f"node.host_ip: {host_problem(n.host_ip, allow_unspecified=False)}")
+    if not Path(n.state_root).is_absolute():
+        problems.append(f"node.state_root: expected an absolute path, got {n.state_root!r}")
+    if not n.selector.strip():
+        problems.append("node.selector: empty: the service would serve every pod of the node")
+    if n.start_limit_burst < 1:
+        problems.append("node.start_limit_burst: must be at least 1")
+    m = config.metrics
+    why = host_problem(m.address, allow_unspecified=False)
+    if m.enabled and why:
+        problems.append(f"metrics.address: {why}")
+    if not 0 <= m.port <= 65535:
+        problems.append(f"metrics.port: must be in 0..65535, got {m.port}")
+    if problems:
+        raise NodeConfigError(problems)
+    return config
+
+
+def load_node_config(path: str | os.PathLike[str]) -> NodeConfig:
+    return build_node_config(read_toml(path, NodeConfigError))

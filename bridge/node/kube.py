@@ -1,0 +1,84 @@
+"""Pods on this node and Events on them, through the official ``kubernetes`` client.
+
+As MindCluster's own node daemons do (device-plugin, NodeD), the service learns its
+node's pods by a list + watch with ``fieldSelector=spec.nodeName=<node>``; the opt-in
+label selector narrows it to the jobs that asked for a bridge. Pods arrive as plain
+dicts in the API's own shape (the client's JSON, not its models), like PodGroups do in
+``bridge/platform/kube.py``, whose error classes and watch stream this reuses.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ..platform.kube import BoundedApi, WatchStream, _kubernetes, classify, open_watch, watch_arguments
+
+COMPONENT = "tft-bridge-node"
+
+
+class PodApi(BoundedApi):
+    """List, watch and get the pods bound to one node; post Events. Every call bounded."""
+
+    def __init__(self, client: Any, node_name: str, request_timeout: float = 10.0,
+                 connect_timeout: float = 5.0) -> None:
+        super().__init__(client, request_timeout, connect_timeout)
+        self._core = _kubernetes().client.CoreV1Api(client)
+        self.node_name = node_name
+        self.field_selector = f"spec.nodeName={node_name}"
+
+    def list(self, namespace: str | None, selector: str | None) -> tuple[list[dict[str, Any]], str]:
+        kwargs: dict[str, Any] = {"field_selector": self.field_selector, "_preload_content": False,
+                                  "_request_timeout": self._timeouts()}
+        if selector:
+            kwargs["label_selector"] = selector
+        try:
+            if namespace:
+                response = self._core.list_namespaced_pod(namespace, **kwargs)
+            else:
+                response = self._core.list_pod_for_all_namespaces(**kwargs)
+            data = json.loads(response.data)
+        except Exception as error:
+            raise classify(error) from error
+        items = [item for item in data.get("items") or [] if isinstance(item, dict)]
+        return items, str((data.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch(self, namespace: str | None, selector: str | None, resource_version: str,
+              timeout_seconds: int) -> WatchStream:
+        kwargs = watch_arguments(resource_version, timeout_seconds, self.connect_timeout, self.request_timeout)
+        kwargs["field_selector"] = self.field_selector
+        if selector:
+            kwargs["label_selector"] = selector
+        if namespace:
+            return open_watch(self._core.list_namespaced_pod, namespace, **kwargs)
+        return open_watch(self._core.list_pod_for_all_namespaces, **kwargs)
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        """One pod by name (NotFound when it is gone): the positive evidence a stop needs."""
+        try:
+            response = self._core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                      _request_timeout=self._timeouts())
+            return dict(json.loads(response.data))
+        except Exception as error:
+            raise classify(error) from error
+
+    def event(self, pod: dict[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
+        """A core/v1 Event on ``pod`` (what ``kubectl describe pod`` shows)."""
+        meta = pod.get("metadata") or {}
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'pod')}.", "namespace": meta.get("namespace")},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name"),
+                               "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+            "reason": reason, "message": message[:1024], "type": kind,
+            "source": {"component": COMPONENT, "host": self.node_name},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingComponent": COMPONENT, "reportingInstance": self.node_name,
+        }
+        try:
+            self._core.create_namespaced_event(meta.get("namespace"), body, _preload_content=False,
+                                               _request_timeout=self._timeouts())
+        except Exception as error:
+            raise classify(error) from error

@@ -1,0 +1,290 @@
+"""Starting a job's bridge so that it outlives the node service, and finding it again.
+
+The controller cannot adopt running ranks (docs/mindio-controller.md section 4), so a
+bridge that died with the node service would leave its job without fault tolerance.
+Every bridge therefore runs outside the service's process tree, under the keeper
+(``keeper.py``), and is described by a record in its job's state directory
+(``node.json``), which the next start of the service reads to adopt it:
+
+* ``systemd`` (where systemd runs and the service is root): a transient unit
+  ``tft-bridge-job-<job id>.service`` per bridge (``systemd-run``): its own cgroup, so a
+  stop, restart or crash of ``tft-bridge-node.service`` leaves it alone; its output in
+  the journal under its own identifier; systemd's watchdog on the bridge's pings.
+* ``session`` (no systemd: containers, tests): a process in its own session, output
+  appended to ``bridge.log`` in the state directory, identified by its pid *and* its
+  start time (a pid alone is reused), with the boot id: after a reboot nothing is adopted.
+
+Neither restarts a bridge by itself: the service decides (docs/node-service.md), and a
+start of the service never restarts a running bridge.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Protocol
+
+from ..state import safe_component
+from .keeper import CHILD_FILE, EXIT_FILE, write_json
+from .procs import alive, boot_id, start_ticks
+
+log = logging.getLogger("tft_bridge.node.launcher")
+
+RECORD_FILE = "node.json"
+LOG_FILE = "bridge.log"
+#: poll()'s answer for a bridge that ended without a recorded exit (killed with its keeper).
+UNKNOWN_EXIT = -1
+SYSTEMCTL_TIMEOUT = 10.0
+
+
+@dataclass
+class Record:
+    """What the service knows of one running bridge; written before it is started."""
+
+    job_id: str
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    bind_ip: str
+    port: int
+    metrics_port: int
+    launcher: str  # session or systemd
+    unit: str = ""
+    pid: int = 0  # the keeper's (session)
+    start: int | None = None  # its start time in clock ticks since boot
+    boot: str = ""
+    started_at: float = 0.0
+
+    @classmethod
+    def load(cls, path: Path) -> Record | None:
+        try:
+            data = json.loads(path.read_text())
+            known = {f.name for f in fields(cls)}
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except (OSError, ValueError, TypeError) as error:
+            log.warning("%s: unreadable bridge record (%s); not adopted", path, error)
+            return None
+
+    def save(self, directory: Path) -> None:
+        write_json(directory / RECORD_FILE, asdict(self))
+
+
+class BridgeProcess(Protocol):
+    record: Record
+
+    def poll(self) -> int | None:
+        """None while the bridge runs; else its exit code (128 + signal; UNKNOWN_EXIT)."""
+
+    def terminate(self) -> None:
+        """SIGTERM to the bridge: its own bounded stop follows (bridge/daemon.py)."""
+
+
+class Launcher(Protocol):
+    kind: str
+
+    def start(self, directory: Path, record: Record, argv: Sequence[str]) -> BridgeProcess: ...
+
+    def adopt(self, directory: Path, record: Record) -> BridgeProcess: ...
+
+
+def read_exit(directory: Path) -> int:
+    try:
+        return int(json.loads((directory / EXIT_FILE).read_text())["code"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return UNKNOWN_EXIT
+
+
+def keeper_argv(directory: Path, argv: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "bridge.node.keeper", "--dir", str(directory), "--", *argv]
+
+
+def _clear(directory: Path) -> None:
+    for name in (EXIT_FILE, CHILD_FILE):
+        (directory / name).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- session
+
+
+class SessionBridge:
+    def __init__(self, directory: Path, record: Record, popen: subprocess.Popen[bytes] | None) -> None:
+        self.directory = directory
+        self.record = record
+        self._popen = popen  # None: adopted, not our child
+
+    def _child(self) -> tuple[int, int | None]:
+        """The bridge of *this* record's keeper (child.json names its keeper): a later
+        start in the same directory rewrites the file, and must never be taken for it."""
+        try:
+            data = json.loads((self.directory / CHILD_FILE).read_text())
+            if int(data.get("keeper") or 0) != self.record.pid:
+                return 0, None
+            return int(data["pid"]), data.get("start")
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0, None
+
+    def poll(self) -> int | None:
+        if self._popen is not None:
+            if self._popen.poll() is None:
+                return None
+        elif self.record.boot == boot_id() and (alive(self.record.pid, self.record.start) or alive(*self._child())):
+            return None  # the keeper runs, or its bridge still does although the keeper was killed
+        return read_exit(self.directory)
+
+    def terminate(self) -> None:
+        if self._popen is not None and self._popen.poll() is None:
+            self._popen.send_signal(signal.SIGTERM)
+            return
+        if self.record.boot != boot_id():
+            return
+        for pid, ticks in ((self.record.pid, self.record.start), self._child()):
+            if alive(pid, ticks):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except OSError:
+                    pass
+                return
+
+
+class SessionLauncher:
+    """Bridges as processes in their own sessions (no systemd)."""
+
+    kind = "session"
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self._env = dict(env) if env is not None else None
+
+    def start(self, directory: Path, record: Record, argv: Sequence[str]) -> SessionBridge:
+        _clear(directory)
+        with open(directory / LOG_FILE, "ab") as output:
+            popen = subprocess.Popen(keeper_argv(directory, argv), stdin=subprocess.DEVNULL, stdout=output,
+                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                     cwd=directory, env=self._env)
+        record.launcher, record.pid, record.start = self.kind, popen.pid, start_ticks(popen.pid)
+        record.boot, record.started_at = boot_id(), time.time()
+        record.save(directory)
+        return SessionBridge(directory, record, popen)
+
+    def adopt(self, directory: Path, record: Record) -> SessionBridge:
+        return SessionBridge(directory, record, None)
+
+
+# --------------------------------------------------------------------------- systemd
+
+
+def unit_name(job_id: str) -> str:
+    return f"tft-bridge-job-{safe_component(job_id)}.service"
+
+
+#: The transient unit's properties: the per-job unit contract of systemd/tft-bridge@.service
+#: that still applies when the node service decides about restarts (Restart=no).
+UNIT_PROPERTIES = (
+    "Type=notify", "NotifyAccess=all", "WatchdogSec=30s", "TimeoutStartSec=90s", "TimeoutStopSec=75s",
+    "KillMode=mixed", "KillSignal=SIGTERM", "Restart=no", "LimitNOFILE=131072", "LimitRTPRIO=1",
+    "NoNewPrivileges=yes", "CapabilityBoundingSet=", "ProtectSystem=strict", "ProtectHome=yes",
+    "PrivateTmp=yes", "PrivateDevices=yes", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
+)
+
+
+class SystemdBridge:
+    def __init__(self, directory: Path, record: Record, systemctl: str) -> None:
+        self.directory = directory
+        self.record = record
+        self._systemctl = systemctl
+
+    def poll(self) -> int | None:
+        try:
+            result = subprocess.run([self._systemctl, "is-active", self.record.unit], capture_output=True,
+                                    text=True, timeout=SYSTEMCTL_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            log.warning("systemctl is-active %s failed (%s); taken as running", self.record.unit, error)
+            return None
+        state = result.stdout.strip()
+        if state in ("active", "activating", "deactivating", "reloading", "refreshing"):
+            return None
+        return read_exit(self.directory)
+
+    def terminate(self) -> None:
+        try:
+            subprocess.run([self._systemctl, "stop", "--no-block", self.record.unit], capture_output=True,
+                           timeout=SYSTEMCTL_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            log.error("systemctl stop %s failed: %s", self.record.unit, error)
+
+
+class SystemdLauncher:
+    """Bridges as transient systemd units (``systemd-run``)."""
+
+    kind = "systemd"
+
+    def __init__(self, env: Mapping[str, str] | None = None, systemd_run: str = "systemd-run",
+                 systemctl: str = "systemctl") -> None:
+        self._env = dict(env or {})
+        self._systemd_run = systemd_run
+        self._systemctl = systemctl
+
+    def command(self, directory: Path, record: Record, argv: Sequence[str]) -> list[str]:
+        # --collect: the unit is unloaded when it ends, failed or not (exit.json keeps the code).
+        command = [self._systemd_run, "--no-block", "--collect", f"--unit={record.unit}",
+                   f"--description=tft-bridge for job {record.job_id} ({record.namespace}/{record.pod_name})",
+                   f"--property=WorkingDirectory={directory}", f"--property=ReadWritePaths={directory}",
+                   f"--property=SyslogIdentifier=tft-bridge-job-{safe_component(record.job_id)}"]
+        command += [f"--property={p}" for p in UNIT_PROPERTIES]
+        command += [f"--setenv={k}={v}" for k, v in sorted(self._env.items())]
+        return [*command, "--", *keeper_argv(directory, argv)]
+
+    def start(self, directory: Path, record: Record, argv: Sequence[str]) -> SystemdBridge:
+        _clear(directory)
+        record.launcher, record.unit = self.kind, unit_name(record.job_id)
+        record.boot, record.started_at = boot_id(), time.time()
+        subprocess.run([self._systemctl, "reset-failed", record.unit], capture_output=True,
+                       timeout=SYSTEMCTL_TIMEOUT)
+        record.save(directory)
+        result = subprocess.run(self.command(directory, record, argv), capture_output=True, text=True,
+                                timeout=SYSTEMCTL_TIMEOUT)
+        if result.returncode != 0:
+            raise OSError(f"systemd-run {record.unit} failed: {result.stderr.strip()[:300]}")
+        return SystemdBridge(directory, record, self._systemctl)
+
+    def adopt(self, directory: Path, record: Record) -> SystemdBridge:
+        return SystemdBridge(directory, record, self._systemctl)
+
+
+def choose_launcher(kind: str, env: Mapping[str, str] | None = None) -> Launcher:
+    """``auto``: systemd when it is the init system and the service may use it (root)."""
+    if kind == "auto":
+        kind = "systemd" if Path("/run/systemd/system").is_dir() and os.geteuid() == 0 \
+            and shutil.which("systemd-run") else "session"
+    if kind == "systemd":
+        return SystemdLauncher(env)
+    return SessionLauncher(env)
+
+
+def adopt_launcher(record: Record, current: Launcher, env: Mapping[str, str] | None = None) -> Launcher:
+    """The launcher a record was started with (a bridge keeps its kind across upgrades)."""
+    if record.launcher == current.kind:
+        return current
+    return SystemdLauncher(env) if record.launcher == "systemd" else SessionLauncher(env)
+
+
+def records(state_root: Path) -> list[tuple[Path, Record]]:
+    found = []
+    if not state_root.is_dir():
+        return found
+    for directory in sorted(state_root.iterdir()):
+        path = directory / RECORD_FILE
+        if path.is_file():
+            record = Record.load(path)
+            if record is not None:
+                found.append((directory, record))
+    return found
+

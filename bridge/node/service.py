@@ -1,0 +1,503 @@
+"""``tft-bridge node``: one service per node that gives every opted-in job whose
+controller pod is bound here its bridge, and never orphans one.
+
+One loop (``run``) owns all state; the pod watch (``PodGroupWatcher`` over ``PodApi``)
+hands it what the API server says through a queue, Events leave through another
+(``EventPoster``), and the metrics endpoint reads only ``targets`` (a list replaced
+whole, never mutated). Each pass of the loop (``reconcile``):
+
+1. evaluates every opted-in pod of the node (``podspec.evaluate``): the controller pods
+   get a ``JobSpec`` or a ``Refusal`` (an Event on the pod once per reason, a log line,
+   ``tft_bridge_node_refusals_total{reason}``); the others are none of its business;
+2. looks at every bridge it runs or adopted: one that ended on its own follows the
+   per-job unit's exit-code contract (75 and 76: a fresh bridge; 1, a signal: restarted
+   within the start limit; 0: an operator stopped it, left stopped; 2: refused);
+3. stops a bridge only on positive evidence that its job is gone from this node -- the
+   pod deleted, terminal, or replaced by a pod with another UID (the same job restarted:
+   a new incarnation; pod 0 rescheduled elsewhere) -- read from a complete list or
+   confirmed by a GET of the pod, never inferred from a watch that broke or an API server
+   that does not answer; and then only once the bridge's controller counts no rank
+   (``tft_bridge_controller_ranks_connected``) or ``node.ranks_leave_wait`` has passed;
+4. starts the bridges of served jobs that have none, from the pod alone.
+
+A start of the service adopts every bridge recorded under ``node.state_root``
+(``launcher.py``); a stop of the service (SIGTERM, an upgrade, a crash) leaves them
+running: nothing restarts a bridge under a running job but its own exit code.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import queue
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+from ..platform.kube import KubeError, NotFound
+from ..platform.watcher import Changed, Delivery, Listed, PodGroupWatcher
+from ..ports import free_port, release
+from ..state import safe_component
+from .config import NodeConfig
+from .jobconfig import job_raw, validated, write_job_config
+from .kube import PodApi
+from .launcher import UNKNOWN_EXIT, BridgeProcess, Launcher, Record, adopt_launcher, records
+from .metrics import NodeMetrics, Target, read_sample
+from .podspec import JobSpec, Refusal, evaluate, is_terminal, meta, pod_uid
+
+log = logging.getLogger("tft_bridge.node")
+
+EXIT_RESCHEDULED = 75  # bridge/daemon.py: killMaster
+EXIT_CONTROLLER_ENDED = 76  # bridge/daemon.py: the controller ended on its own
+EXIT_CONFIG = 2
+RANKS_GAUGE = "tft_bridge_controller_ranks_connected"
+#: The bridge keys a pod's variables become, to name them in a refusal.
+POD_SOURCES = {"controller.wait_mindx_time": "MINDIO_WAIT_MINDX_TIME", "controller.world_size": "WORLD_SIZE or "
+               "MS_WORKER_NUM", "controller.port": "TTP_PORT", "clusterd.address": "MINDX_SERVER_IP"}
+CONFIRM_INTERVAL = 5.0  # a pod that left the view is asked about at most this often
+EVENT_QUEUE = 256
+
+
+@dataclass
+class Served:
+    """One job's bridge on this node, run or adopted by the service."""
+
+    spec: JobSpec | None  # None: adopted, its pod not seen yet
+    record: Record
+    directory: Path
+    process: BridgeProcess
+    adopted: bool = False
+    starts: deque[float] = field(default_factory=deque)  # monotonic times, for the start limit
+    stop_evidence: str = ""  # why it is being stopped ("" = it is not)
+    stop_since: float = 0.0
+    terminated: bool = False  # SIGTERM sent
+    last_confirm: float = 0.0
+    exit_code: int | None = None  # it ended; the code decides what follows
+    restart_at: float = 0.0
+    restart_cause: str = ""
+
+
+class EventPoster:
+    """Posts Events from a thread of its own, so an API server that is down or slow never
+    holds the loop; a full queue drops (and counts) the newest."""
+
+    def __init__(self, api: PodApi, metrics: NodeMetrics) -> None:
+        self._api = api
+        self._metrics = metrics
+        self._queue: queue.Queue[tuple[dict[str, Any], str, str, str] | None] = queue.Queue(EVENT_QUEUE)
+        self._thread = threading.Thread(target=self._run, name="node-events", daemon=True)
+        self._thread.start()
+
+    def post(self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
+        try:
+            self._queue.put_nowait((dict(pod), reason, message, kind))
+        except queue.Full:
+            self._metrics.events.labels("dropped").inc()
+
+    def close(self) -> None:
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            pod, reason, message, kind = item
+            try:
+                self._api.event(pod, reason, message, kind)
+                self._metrics.events.labels("ok").inc()
+            except KubeError as error:
+                log.warning("event %s on pod %s/%s not posted: %s", reason, meta(pod).get("namespace"),
+                            meta(pod).get("name"), error)
+                self._metrics.events.labels("failed").inc()
+            except Exception:
+                log.exception("posting an event failed")
+                self._metrics.events.labels("failed").inc()
+
+
+def port_problem(ip: str, port: int) -> str | None:
+    """Why the controller could not bind ``ip:port`` now (None: it can)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((ip, port))
+        except OSError as error:
+            if error.errno == errno.EADDRNOTAVAIL:
+                return f"{ip} is not an address of this host"
+            return f"{ip}:{port} is in use ({error.strerror})"
+    return None
+
+
+def resolve_with_deadline(timeout: float) -> Callable[[str], str | None]:
+    """A resolver whose lookup gives up after ``timeout`` (getaddrinfo has no deadline of
+    its own; the lookup thread is left to finish on its own)."""
+
+    def resolve(name: str) -> str | None:
+        result: list[str] = []
+
+        def lookup() -> None:
+            try:
+                infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+                if infos:
+                    result.append(str(infos[0][4][0]))
+            except OSError:
+                pass
+
+        thread = threading.Thread(target=lookup, name="node-resolve", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        return result[0] if result else None
+
+    return resolve
+
+
+class NodeService:
+    def __init__(self, config: NodeConfig, api: PodApi, launcher: Launcher, metrics: NodeMetrics, *,
+                 bridge_argv: Callable[[Path], list[str]], env: Mapping[str, str] | None = None,
+                 resolve: Callable[[str], str | None] | None = None,
+                 port_check: Callable[[str, int], str | None] = port_problem) -> None:
+        self.config = config
+        self.api = api
+        self.launcher = launcher
+        self.metrics = metrics
+        self._bridge_argv = bridge_argv
+        self._env = env
+        self._resolve = resolve or resolve_with_deadline(config.node.resolve_timeout)
+        self._port_check = port_check
+        self.state_root = Path(config.node.state_root)
+        self._deliveries: queue.Queue[Delivery] = queue.Queue()
+        self._pods: dict[str, dict[str, Any]] = {}  # pod uid -> pod, the watch's view
+        self._listed = False  # a complete list arrived since the start
+        self.jobs: dict[str, Served] = {}  # job id -> its bridge
+        self._refused: dict[str, Refusal] = {}  # pod uid -> the refusal in force
+        self._reported: set[tuple[str, str]] = set()  # (pod uid, reason) already posted
+        self._given_up: dict[str, str] = {}  # pod uid -> why no bridge is started for it again
+        self._kept_warned: set[str] = set()
+        self.targets: list[Target] = []  # read by the metrics thread: replaced whole, never mutated
+        self._stop = threading.Event()
+        self.events = EventPoster(api, metrics)
+        self.watcher = PodGroupWatcher(api, None, config.node.selector, self._deliveries.put, metrics,
+                                       watch_timeout=config.kubernetes.watch_timeout, what="Pod")
+        metrics.bridges.set_function(lambda: float(len(self.targets)))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        """Until ``request_stop``; the bridges are left running."""
+        self.adopt()
+        self.watcher.start()
+        try:
+            while not self._stop.is_set():
+                self._drain(self.config.node.tick)
+                try:
+                    self.reconcile()
+                except Exception:  # one bad pass must not end the service that keeps jobs' bridges
+                    log.exception("a reconcile pass failed")
+                    self.metrics.loop_errors.inc()
+        finally:
+            self.watcher.stop()
+            self.events.close()
+            log.info("node service stopped; %d bridge(s) left running: %s", len(self.jobs),
+                     ", ".join(sorted(self.jobs)) or "none")
+        return 0
+
+    def _drain(self, timeout: float) -> None:
+        try:
+            item = self._deliveries.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            self._apply(item)
+            try:
+                item = self._deliveries.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, delivery: Delivery) -> None:
+        if isinstance(delivery, Listed):
+            self._pods = {pod_uid(p): p for p in delivery.items if pod_uid(p)}
+            self._listed = True
+        elif isinstance(delivery, Changed):
+            uid = pod_uid(delivery.obj)
+            if delivery.kind == "DELETED":
+                self._pods.pop(uid, None)
+            elif uid:
+                self._pods[uid] = delivery.obj
+
+    # ------------------------------------------------------------------ adoption
+
+    def adopt(self) -> None:
+        """Every bridge recorded under the state root, running or ended while the service
+        was away; nothing is started or stopped here."""
+        for directory, record in records(self.state_root):
+            launcher = adopt_launcher(record, self.launcher, self._env)
+            process = launcher.adopt(directory, record)
+            served = Served(None, record, directory, process, adopted=True)
+            code = process.poll()
+            if code is None:
+                log.info("adopted the running bridge of job %s (pod %s/%s, %s)", record.job_id, record.namespace,
+                         record.pod_name, record.unit or f"pid {record.pid}")
+                self.metrics.adopted.inc()
+            else:
+                served.exit_code = code
+                log.info("the bridge of job %s ended while the node service was away (exit %s)", record.job_id,
+                         code)
+            self.jobs[record.job_id] = served
+        self._publish_targets()
+
+    # ------------------------------------------------------------------ reconcile
+
+    def reconcile(self) -> None:
+        now = time.monotonic()
+        desired: dict[str, JobSpec] = {}
+        refused: dict[str, Refusal] = {}
+        for uid, pod in self._pods.items():
+            if is_terminal(pod) or meta(pod).get("deletionTimestamp"):
+                continue
+            result = evaluate(pod, host_ip=self.config.node.host_ip,
+                              clusterd_address=str((self.config.bridge.get("clusterd") or {}).get("address") or ""),
+                              resolve=self._resolve)
+            if isinstance(result, Refusal):
+                refused[uid] = result
+            elif isinstance(result, JobSpec):
+                if result.job_id in desired:
+                    log.warning("two controller pods for job %s on this node (%s, %s); serving the first",
+                                result.job_id, desired[result.job_id].pod_name, result.pod_name)
+                    continue
+                desired[result.job_id] = result
+        for job_id, served in list(self.jobs.items()):
+            self._look_after(job_id, served, desired.get(job_id), now)
+        for job_id, spec in desired.items():
+            if job_id not in self.jobs and spec.pod_uid not in self._given_up:
+                refusal = self._start(spec, "job", now)
+                if refusal is not None:
+                    refused[spec.pod_uid] = refusal
+        for uid, why in self._given_up.items():
+            if uid in self._pods and uid not in refused and why:
+                refused[uid] = why_refusal(self._pods[uid], why)
+        self._report_refusals(refused)
+        self._given_up = {uid: why for uid, why in self._given_up.items() if uid in self._pods}
+        self._publish_targets()
+
+    def _look_after(self, job_id: str, served: Served, spec: JobSpec | None, now: float) -> None:
+        if served.exit_code is None:
+            code = served.process.poll()
+            if code is not None:
+                self._ended(job_id, served, code, now)
+        if served.exit_code is not None:
+            self._after_exit(job_id, served, spec, now)
+            return
+        if served.spec is None and spec is not None and spec.pod_uid == served.record.pod_uid:
+            served.spec = spec  # an adopted bridge meets its pod again
+        if not served.stop_evidence:
+            evidence = self._evidence_gone(served, spec, now)
+            if evidence:
+                served.stop_evidence, served.stop_since = evidence, now
+                log.info("job %s: pod %s/%s %s; stopping its bridge once its ranks have left", job_id,
+                         served.record.namespace, served.record.pod_name, evidence)
+        if served.stop_evidence and not served.terminated:
+            self._maybe_terminate(job_id, served, now)
+
+    def _evidence_gone(self, served: Served, spec: JobSpec | None, now: float) -> str:
+        """Positive evidence that ``served``'s pod no longer hosts a running job here, or "".
+        Before the first complete list nothing is known, so nothing is concluded."""
+        uid = served.record.pod_uid
+        if spec is not None:
+            return "" if spec.pod_uid == uid else "replaced"
+        if not self._listed:
+            return ""
+        pod = self._pods.get(uid)
+        if pod is not None:
+            if is_terminal(pod):
+                return "terminal"
+            if meta(pod).get("deletionTimestamp"):
+                return "deleted"
+            return ""  # still there, only not served now (a refusal): a running job keeps its bridge
+        if now - served.last_confirm < CONFIRM_INTERVAL:
+            return ""
+        served.last_confirm = now
+        try:
+            current = self.api.get(served.record.namespace, served.record.pod_name)
+        except NotFound:
+            return "deleted"
+        except KubeError as error:
+            log.info("job %s: its pod left the view, and the API server cannot confirm it is gone (%s); "
+                     "the bridge keeps running", served.record.job_id, error)
+            return ""
+        if pod_uid(current) != uid:
+            return "replaced"
+        if is_terminal(current):
+            return "terminal"
+        if meta(current).get("deletionTimestamp"):
+            return "deleted"
+        if uid not in self._kept_warned:
+            self._kept_warned.add(uid)
+            log.warning("job %s: pod %s/%s runs but no longer carries the opt-in label %r; its bridge is kept "
+                        "until the job ends", served.record.job_id, served.record.namespace,
+                        served.record.pod_name, self.config.node.selector)
+        return ""
+
+    def _maybe_terminate(self, job_id: str, served: Served, now: float) -> None:
+        waited = now - served.stop_since
+        if waited < self.config.node.ranks_leave_wait:
+            connected = read_sample(served.record.metrics_port, RANKS_GAUGE, timeout=1.0)
+            if connected:
+                return  # ranks still attached: a stop now would orphan them
+        served.terminated = True
+        served.process.terminate()
+        self.metrics.stops.labels(served.stop_evidence).inc()
+        log.info("job %s: bridge stopped (%s; waited %.0f s for the ranks)", job_id, served.stop_evidence, waited)
+
+    def _ended(self, job_id: str, served: Served, code: int, now: float) -> None:
+        served.exit_code = code
+        release(served.record.metrics_port)
+        self.metrics.exits.labels(str(code) if code != UNKNOWN_EXIT else "unknown").inc()
+        if served.stop_evidence:
+            return
+        level = logging.INFO if code in (EXIT_RESCHEDULED, EXIT_CONTROLLER_ENDED) else logging.WARNING
+        log.log(level, "job %s: its bridge ended on its own with exit %s", job_id,
+                code if code != UNKNOWN_EXIT else "unknown")
+
+    def _after_exit(self, job_id: str, served: Served, spec: JobSpec | None, now: float) -> None:
+        """What the per-job unit's exit-code contract says, for a job still served here."""
+        code = served.exit_code
+        if served.stop_evidence or spec is None or spec.pod_uid != served.record.pod_uid:
+            if served.stop_evidence or self._listed:
+                del self.jobs[job_id]  # stopped on evidence, or its pod is no longer served here
+            return
+        if served.restart_at:
+            if now >= served.restart_at:
+                del self.jobs[job_id]
+                refusal = self._start(spec, served.restart_cause, now, served.starts)
+                if refusal is not None:
+                    self._given_up[spec.pod_uid] = refusal.reason
+            return
+        pod = self._pods.get(spec.pod_uid, {})
+        if code == 0:
+            log.warning("job %s: its bridge was stopped by someone else (exit 0); not restarted until the job's "
+                        "pod is replaced", job_id)
+            self.events.post(pod, "TftBridgeStopped", "the bridge was stopped (exit 0) by an operator; not "
+                             "restarted for this pod", "Warning")
+            self._given_up[spec.pod_uid] = ""
+            del self.jobs[job_id]
+            return
+        if code == EXIT_CONFIG:
+            self._given_up[spec.pod_uid] = "bridge_config"
+            del self.jobs[job_id]
+            return
+        cause = {EXIT_RESCHEDULED: "rescheduled", EXIT_CONTROLLER_ENDED: "controller_ended"}.get(code, "failure")
+        window = self.config.node.start_limit_interval
+        while served.starts and now - served.starts[0] > window:
+            served.starts.popleft()
+        if len(served.starts) >= self.config.node.start_limit_burst:
+            log.error("job %s: its bridge started %d times in %.0f s; giving up (start limit)", job_id,
+                      len(served.starts), window)
+            self._given_up[spec.pod_uid] = "bridge_failing"
+            del self.jobs[job_id]
+            return
+        served.restart_at = now + self.config.node.restart_delay
+        served.restart_cause = cause
+
+    # ------------------------------------------------------------------ start
+
+    def _start(self, spec: JobSpec, cause: str, now: float, starts: deque[float] | None = None) -> Refusal | None:
+        for other_id, other in self.jobs.items():
+            if other_id != spec.job_id and other.record.port == spec.port and other.record.bind_ip == spec.bind_ip:
+                return refusal_of(spec, "port_taken", f"{spec.bind_ip}:{spec.port} is the controller port of "
+                                                      f"job {other_id}'s bridge on this node")
+        problem = self._port_check(spec.bind_ip, spec.port)
+        if problem is not None:
+            reason = "host_ip_mismatch" if "not an address" in problem else "port_taken"
+            return refusal_of(spec, reason, f"the controller cannot listen: {problem}")
+        directory = self.state_root / safe_component(spec.job_id)
+        try:
+            validated(job_raw(spec, self.config.bridge, directory, 0))
+        except ConfigError as error:
+            text = "; ".join(error.problems)
+            sources = [f"{key} is the pod's {variable}" for key, variable in POD_SOURCES.items() if key in text]
+            return refusal_of(spec, "bridge_config", f"the bridge would refuse the configuration built from the pod "
+                                                     f"and the node's [bridge]: {text}"
+                                                     + (f" ({'; '.join(sources)})" if sources else ""))
+        # Outside the ephemeral range: no connection takes it before the bridge binds it.
+        # Given back when the bridge ends (_ended), so years of jobs do not use the range up.
+        metrics_port = free_port()
+        path = write_job_config(directory, job_raw(spec, self.config.bridge, directory, metrics_port))
+        record = Record(job_id=spec.job_id, pod_uid=spec.pod_uid, namespace=spec.namespace,
+                        pod_name=spec.pod_name, bind_ip=spec.bind_ip, port=spec.port, metrics_port=metrics_port,
+                        launcher=self.launcher.kind)
+        if cause == "job" and (directory / "node.json").exists():
+            previous = Record.load(directory / "node.json")
+            if previous is not None and previous.pod_uid != spec.pod_uid:
+                cause = "incarnation"
+        try:
+            process = self.launcher.start(directory, record, self._bridge_argv(path))
+        except OSError as error:
+            release(metrics_port)
+            log.error("job %s: its bridge could not be started: %s", spec.job_id, error)
+            self.metrics.loop_errors.inc()
+            return refusal_of(spec, "bridge_failing", f"the bridge could not be started: {error}")
+        served = Served(spec, record, directory, process, starts=starts if starts is not None else deque())
+        served.starts.append(now)
+        self.jobs[spec.job_id] = served
+        self.metrics.starts.labels(cause).inc()
+        log.info("job %s (%s/%s): bridge started (%s): controller %s:%d, world size %d, ClusterD %s", spec.job_id,
+                 spec.namespace, spec.pod_name, cause, spec.bind_ip, spec.port, spec.world_size,
+                 spec.clusterd_address)
+        self.events.post(self._pods.get(spec.pod_uid, {}), "TftBridgeStarted",
+                         f"bridge started ({cause}): controller {spec.bind_ip}:{spec.port}, world size "
+                         f"{spec.world_size}, ClusterD {spec.clusterd_address}", "Normal")
+        return None
+
+    # ------------------------------------------------------------------ refusals and metrics
+
+    def _report_refusals(self, refused: dict[str, Refusal]) -> None:
+        counts: dict[str, int] = {}
+        for uid, refusal in refused.items():
+            counts[refusal.reason] = counts.get(refusal.reason, 0) + 1
+            if (uid, refusal.reason) in self._reported:
+                continue
+            self._reported.add((uid, refusal.reason))
+            self.metrics.refusals.labels(refusal.reason).inc()
+            log.error("job %s (pod %s/%s) gets no bridge: %s: %s", refusal.job_id or "?", refusal.namespace,
+                      refusal.pod_name, refusal.reason, refusal.message)
+            self.events.post(self._pods.get(uid, {"metadata": {"uid": uid, "name": refusal.pod_name,
+                                                               "namespace": refusal.namespace}}),
+                             "TftBridgeRefused", f"{refusal.reason}: {refusal.message}")
+        self._refused = refused
+        self._reported = {key for key in self._reported if key[0] in self._pods}
+        self.metrics.set_refused(counts)
+
+    def _publish_targets(self) -> None:
+        self.targets = [(job_id, served.record.metrics_port) for job_id, served in sorted(self.jobs.items())
+                        if served.exit_code is None]
+
+    @property
+    def refused(self) -> dict[str, Refusal]:
+        return dict(self._refused)
+
+
+def refusal_of(spec: JobSpec, reason: str, message: str) -> Refusal:
+    return Refusal(spec.job_id, spec.pod_uid, spec.namespace, spec.pod_name, reason, message)
+
+
+def why_refusal(pod: Mapping[str, Any], reason: str) -> Refusal:
+    m = meta(pod)
+    messages = {"bridge_config": "the bridge refused the configuration built for this job (exit 2); see the "
+                                 "node service's log",
+                "bridge_failing": "the bridge failed to start too often (start limit); see its log"}
+    return Refusal("", pod_uid(pod), str(m.get("namespace") or ""), str(m.get("name") or ""), reason,
+                   messages.get(reason, reason))

@@ -1,0 +1,90 @@
+"""The node service's unit and example configuration: ``systemd-analyze verify`` clean,
+the keys the never-orphan rule depends on present, and the example file loading."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge.config import read_toml
+from bridge.node.config import NodeConfigError, build_node_config, load_node_config
+
+from .test_systemd_unit import ROOT, last, needs_systemd_analyze, parse_unit, systemd_quote, verify_problems
+
+UNIT = ROOT / "systemd" / "tft-bridge-node.service"
+EXAMPLE = ROOT / "systemd" / "node.example.toml"
+
+
+@needs_systemd_analyze
+def test_verify_is_clean(tmp_path: Path) -> None:
+    text = UNIT.read_text().replace("ExecStart=/opt/tft-bridge/venv/bin/tft-bridge",
+                                    f"ExecStart={systemd_quote(sys.executable)} -m bridge.cli")
+    path = tmp_path / "tft-bridge-node.service"
+    path.write_text(text)
+    problems = verify_problems(path)
+    assert not problems, problems
+
+
+def test_a_stop_of_the_service_never_reaches_a_bridge() -> None:
+    unit = parse_unit(UNIT.read_text())
+    assert last(unit, "Service", "KillMode") == "process"  # session-launched bridges live in this cgroup
+    assert last(unit, "Service", "RestartPreventExitStatus") == "2"
+    assert last(unit, "Service", "Type") == "notify"
+    assert "node --config /etc/tft-bridge/node.toml" in last(unit, "Service", "ExecStart")
+
+
+def test_the_example_loads_and_every_per_job_key_is_refused() -> None:
+    config = load_node_config(EXAMPLE)
+    assert config.node.selector == "tft-bridge/enabled=true"
+    assert config.bridge["controller"]["module"] == "mindio_ttp.controller_ttp"
+    raw = read_toml(EXAMPLE)
+    raw["bridge"]["controller"]["port"] = 8000
+    raw["bridge"]["job_id"] = "x"
+    raw["node"]["launcher"] = "docker"
+    raw["node"]["surprise"] = 1
+    with pytest.raises(NodeConfigError) as caught:
+        build_node_config(raw)
+    text = str(caught.value)
+    for line in ("bridge.controller.port: set by the node service from the pod",
+                 "bridge.job_id: set by the node service from the pod",
+                 "node.launcher: expected auto, systemd or session, got 'docker'",
+                 "node.surprise: unknown key"):
+        assert line in text, text
+
+
+def test_a_bad_bridge_template_is_refused_with_the_bridges_own_words() -> None:
+    raw = read_toml(EXAMPLE)
+    raw["bridge"]["clusterd"]["rpc_timeout"] = 0
+    with pytest.raises(NodeConfigError) as caught:
+        build_node_config(raw)
+    assert "bridge: clusterd.rpc_timeout: must be in 0.1..300" in str(caught.value)
+
+
+def test_a_transient_bridge_unit_is_named_for_its_job_and_runs_the_keeper(tmp_path: Path) -> None:
+    from bridge.node.launcher import Record, SystemdLauncher, unit_name
+
+    record = Record(job_id="0f6c-uid", pod_uid="p", namespace="ns", pod_name="job-master-0", bind_ip="10.0.0.21",
+                    port=8000, metrics_port=40000, launcher="systemd", unit=unit_name("0f6c-uid"))
+    command = SystemdLauncher({"PYTHONUNBUFFERED": "1"}).command(tmp_path, record, ["tft-bridge", "run", "--config",
+                                                                                    "x.toml"])
+    assert command[:4] == ["systemd-run", "--no-block", "--collect", "--unit=tft-bridge-job-0f6c-uid.service"]
+    assert "--property=Restart=no" in command  # the node service decides, by the exit code
+    assert "--property=KillMode=mixed" in command and "--setenv=PYTHONUNBUFFERED=1" in command
+    tail = command[command.index("--") + 1:]
+    assert tail[1:5] == ["-m", "bridge.node.keeper", "--dir", str(tmp_path)]
+    assert tail[-4:] == ["tft-bridge", "run", "--config", "x.toml"]
+
+
+@needs_systemd_analyze
+def test_the_transient_units_properties_are_valid_unit_keys(tmp_path: Path) -> None:
+    """systemd-run takes the same keys as a unit file: one written from them verifies clean."""
+    from bridge.node.launcher import UNIT_PROPERTIES
+
+    lines = ["[Service]", f"ExecStart={systemd_quote(sys.executable)} -m bridge.node.keeper --dir /tmp -- /bin/true",
+             *UNIT_PROPERTIES]
+    path = tmp_path / "tft-bridge-job-x.service"
+    path.write_text("\n".join(lines) + "\n")
+    problems = verify_problems(path)
+    assert not problems, problems
