@@ -322,7 +322,7 @@ class ReportLane:
             early, self.posting = self.posting, []
             held = self._unhold()
         for reports in early:
-            self.deliver(reports)
+            self._deliver(reports)
             self._flushed.add(id(reports))  # after: ``deliver`` claims it first
         for reports in held:
             self._deliver(reports)

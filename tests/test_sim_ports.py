@@ -1,4 +1,4 @@
-"""The ports the simulations listen on (bridge/sim/scenario.py's ``free_port``): outside
+"""The ports the simulations and the node service listen on (bridge/ports.py's ``free_port``): outside
 the kernel's ephemeral range, where an outgoing connection of a busy test run took a
 port between its probe and the stub controller's bind (SystemExit 2 at start-up)."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import socket
 
-from bridge.sim import scenario
-from bridge.sim.scenario import free_port
+from bridge import ports as port_picker
+from bridge.ports import free_port
 
 
 def test_a_free_port_is_never_one_an_outgoing_connection_could_take() -> None:
-    low, high = scenario._ephemeral_range()
+    low, high = port_picker._ephemeral_range()
     ports = [free_port() for _ in range(200)]
     assert all(1024 <= port <= 65535 and not low <= port <= high for port in ports)
     assert len(set(ports)) == len(ports)  # never handed out twice
@@ -29,13 +29,13 @@ def test_a_taken_port_is_skipped(monkeypatch) -> None:  # type: ignore[no-untype
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        draw = scenario._pick.randint
+        draw = port_picker._pick.randint
         picks: list[int] = []
 
         def first_the_taken_one(start: int, end: int) -> int:
             picks.append(taken if not picks else draw(start, end))
             return picks[-1]
 
-        monkeypatch.setattr(scenario._pick, "randint", first_the_taken_one)
+        monkeypatch.setattr(port_picker._pick, "randint", first_the_taken_one)
         port = free_port()
         assert picks[0] == taken and port != taken and port == picks[-1]

@@ -14,16 +14,12 @@ from typing import Any
 from ..config import BridgeConfig, build_config
 from ..daemon import Bridge
 from ..metrics import BridgeMetrics
+from ..ports import free_port
 from ..systemd import Notifier
 from . import mindio_ttp
 from .clusterd import SimClusterD, SimJob
 from .clusterd_release import MASTER, Release
 from .clusterd_timings import FAST, Timings
-
-
-# free_port lives in bridge/ports.py (the node service picks its bridges' metrics ports
-# with it too); kept importable from here, with its generator, for the simulations.
-from ..ports import _ephemeral_range, _pick, free_port  # noqa: E402,F401
 
 
 class SimulatedJob:
