@@ -296,6 +296,12 @@ NEVER_MOVED: dict[tuple[str, str], str] = {
                                                    "pings as every release accepts",
     ("Retry cycles ClusterD repeated after a success", "A"): "the demo plays ClusterD master, which does not "
                                                              "repeat a retry that succeeded",
+    ("ClusterD operator requests by operation and result", "A"): "no operator runs a NIC switch or a stress test",
+    ("Auxiliary ClusterD stream failures by stream", "A"): "the demo's ClusterD serves every auxiliary stream "
+                                                          "and breaks none",
+    ("ClusterD fault messages by result", "A"): "the demo's faults are the controller's, not an NPU fault in "
+                                                "ClusterD's fault centre",
+    ("Faults handed over by tft-bridge report-fault, by result", "A"): "nobody runs tft-bridge report-fault",
 }
 #: Counters with open-ended label values (not pre-created in bridge/metrics.py): the series
 #: is born at its first event already at 1, so increase() shows 0 for that event. The
