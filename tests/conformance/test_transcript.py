@@ -16,6 +16,7 @@ from .transcript import bridge_steps, clusterd_steps, controller_steps, faults_t
 CLUSTERD = """\
 [2026-11-27 15:52:29.917860][INFO]     85      recover/fault_recover_service.go:572    service receive Init request, role=tft-bridge, jobId=conformance-restart
 [2026-11-27 15:52:29.929922][INFO]     99      recover/fault_recover_service.go:666    receive Subscribe signal request, taskId=conformance-restart, rule=tft-bridge
+[2026-11-27 15:52:29.930012][INFO]     91      fault/grpc_service.go:99    fault service receive Register request, jobId=conformance-restart, role=tft-bridge
 [2026-11-27 15:52:29.930198][INFO]     99      recover/controller.go:225    jobId=conformance-restart's action path = {INIT}
 [2026-11-27 15:52:30.944300][INFO]     93      recover/fault_recover_service.go:768    receive ReportProcessFault, info={jobId=conformance-restart, faultRanks={2:1}}
 [2026-11-27 15:52:30.949395][INFO]     100     recover/controller.go:640    signal enqueue, jobId=conformance-restart, uuid=18EBF1CFBBD82552-67d17d1a6dd77be225238a2054d89d85, signalType=stopTrain, strategy=, faults=2:1

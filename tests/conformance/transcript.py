@@ -112,7 +112,9 @@ def faults_text(value: Any) -> str:
 
 # --------------------------------------------------------------------------- ClusterD's log
 _CD_PATTERNS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"service receive (Init|Register) request"), "unary"),
+    # The Recover service's Init and Register; not the Fault service's own Register
+    # ("fault service receive Register request", bridge/faultinfo.py), a side stream.
+    (re.compile(r"(?<!fault )service receive (Init|Register) request"), "unary"),
     (re.compile(r"receive Subscribe signal request"), "subscribe"),
     (re.compile(r"receive ReportProcessFault, info=\{.*faultRanks=(\{[^}]*\})"), "fault"),
     (re.compile(r"receive ReportStopComplete, jobId=\S+, code=(-?\d+)"), "stop"),
