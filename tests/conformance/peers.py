@@ -404,6 +404,10 @@ class Ranks:
         self.starts: dict[int, int] = {}  # how many times each rank was started
         self._lock = threading.Lock()  # the node agent's thread restarts ranks too
 
+    def pod_ranks(self, pod: int) -> list[int]:
+        """The ranks of pod ``pod`` (rank r is on pod r // devs), as a whole-node restart takes them."""
+        return list(range(pod * self.devs, (pod + 1) * self.devs))
+
     def start(self, ranks: Iterable[int] | None = None, *, restarted: bool = False, fault_rank: int = -1,
               fault_step: int = 8, fault_kind: str = "none") -> None:
         for rank in range(self.world_size) if ranks is None else ranks:
@@ -581,6 +585,9 @@ class BridgeDaemon(Entry):
         self.config_path = workdir / "job.toml"
         self.recorder_dir = workdir / "recorder"
         self.extra_toml = extra_toml
+        #: its STATE_DIRECTORY (systemd's StateDirectory=, one per job); a test that needs
+        #: a short path (a unix socket's has at most 107 bytes) sets it before the start
+        self.state_directory = workdir / "state"
 
     def write_config(self) -> Path:
         keepalive = self.clusterd.options.keepalive
@@ -606,7 +613,7 @@ directory = "{self.recorder_dir}"
     def env(self) -> dict[str, str]:
         # The unit's own state directory (systemd's StateDirectory=, one per job): the
         # orphaned-job marker of one scenario's daemon is no other scenario's business.
-        return {**super().env(), "STATE_DIRECTORY": str(self.workdir / "state")}
+        return {**super().env(), "STATE_DIRECTORY": str(self.state_directory)}
 
     def argv(self) -> list[str]:
         self.write_config()
