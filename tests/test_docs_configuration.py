@@ -81,18 +81,31 @@ def page_value(cell: str, key: str) -> Any:
     return tomllib.loads(f"value = {match.group(1)}")["value"]
 
 
+ENV_READ = re.compile(r"""(?:environ|env)(?:\.get\(|\[)\s*["']([A-Z][A-Z0-9_]*)["']""")
+#: Reads a training pod's container environment from its spec (the node service), not the
+#: bridge's own process environment: those variables are documented in docs/node-service.md.
+POD_SPEC_READER = ROOT / "bridge" / "node" / "podspec.py"
+
+
 def environment_read_by_modules() -> set[str]:
     """Variables the bridge's modules read by name from their process environment.
 
     ``bridge/sim`` is left out: it is the stand-in for the peers and reads what they read.
     """
-    pattern = re.compile(r"""(?:environ|env)(?:\.get\(|\[)\s*["']([A-Z][A-Z0-9_]*)["']""")
     names: set[str] = set()
     for path in (ROOT / "bridge").rglob("*.py"):
-        if "sim" in path.relative_to(ROOT / "bridge").parts:
+        if "sim" in path.relative_to(ROOT / "bridge").parts or path == POD_SPEC_READER:
             continue
-        names.update(pattern.findall(path.read_text(encoding="utf-8")))
+        names.update(ENV_READ.findall(path.read_text(encoding="utf-8")))
     return names
+
+
+def test_the_node_service_page_names_every_pod_variable_it_reads() -> None:
+    read = set(ENV_READ.findall(POD_SPEC_READER.read_text(encoding="utf-8")))
+    assert {"MINDX_TASK_ID", "TTP_PORT"} <= read  # the scan itself works
+    page = (ROOT / "docs" / "node-service.md").read_text(encoding="utf-8")
+    missing = sorted(name for name in read if f"`{name}`" not in page)
+    assert not missing, f"pod variables bridge/node/podspec.py reads and docs/node-service.md does not name: {missing}"
 
 
 def test_the_page_lists_exactly_the_job_file_keys(page: dict[str, dict[str, list[str]]]) -> None:
