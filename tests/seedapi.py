@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -47,6 +48,12 @@ class ServerThread:
 
     def run(self, coroutine):  # type: ignore[no-untyped-def]
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
+
+    def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` on the server's loop, which owns the simulation's state."""
+        async def on_loop() -> Any:
+            return function(*args)
+        return self.run(on_loop())
 
     def wait_for(self, predicate, timeout: float = 10):  # type: ignore[no-untyped-def]
         return self.run(self.sim.wait_for(predicate, timeout))

@@ -134,7 +134,7 @@ def test_seed_api_declines_a_stress_test_and_training_resumes(server: ServerThre
     try:
         assert manager.link is not None and manager.side is not None
         link, streams = manager.link, manager.side.om.streams
-        eventually_sync(lambda: server.run(_on_loop(om_streams_open, server.sim, SEED_JOB, streams)), 10,
+        eventually_sync(lambda: server.call(om_streams_open, server.sim, SEED_JOB, streams), 10,
                         what="OM streams open")
         outcome = server.run(stress_test(server.address, SEED_JOB, [0, 1]))
         server.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportRecoverStatus")
@@ -157,7 +157,7 @@ def test_seed_api_declines_a_nic_switch(server: ServerThread, training: Any) -> 
     try:
         assert manager.side is not None
         streams = manager.side.om.streams
-        eventually_sync(lambda: server.run(_on_loop(om_streams_open, server.sim, SEED_JOB, streams)), 10,
+        eventually_sync(lambda: server.call(om_streams_open, server.sim, SEED_JOB, streams), 10,
                         what="OM streams open")
         outcome = server.run(switch_nic(server.address, SEED_JOB))
         server.wait_for(lambda e: e.kind == "annotation" and e.name == "ProcessRecoverStatus"
@@ -170,11 +170,6 @@ def test_seed_api_declines_a_nic_switch(server: ServerThread, training: Any) -> 
         assert desyncs(manager.metrics) == 0
     finally:
         manager.close()
-
-
-async def _on_loop(function: Any, *args: Any) -> Any:
-    """``function(*args)`` on the simulated ClusterD's loop, which owns its journal."""
-    return function(*args)
 
 
 @pytest.mark.parametrize(("strategies", "verdict"), [
