@@ -7,6 +7,11 @@ What ClusterD asks of the job beyond the recovery path: its operator (OM) reques
 touches the report path. They start once the link runs and stop right before the
 controller is destroyed (``Link.stop``'s ``before_destroy``), while the channel is still
 open, so no stream of theirs sees the channel close under it.
+
+Both entry points run them: the daemon (``daemon.py``) and the seed API
+(``recover_manager.py``), which leaves out ``report-fault``: that command finds the
+socket through the bridge's configuration file and checks ranks against its world size,
+and a seed-API launcher has neither (``report_fault=False``).
 """
 
 from __future__ import annotations
@@ -26,22 +31,26 @@ from .state import state_directory
 class SideServices:
     """Owns the side loops of one bridge run; ``tasks`` are supervised by the daemon."""
 
-    def __init__(self, config: BridgeConfig, link: Link, metrics: BridgeMetrics) -> None:
+    def __init__(self, config: BridgeConfig, link: Link, metrics: BridgeMetrics, *, report_fault: bool = True) -> None:
         self.om = OmResponder(config.job_id, link.client, metrics, ready=link.session.live.wait)
         self.fault_info = FaultInfoReader(config.job_id, link.client, metrics, ready=link.session.live.wait,
                                           on_info=link.recorder.clusterd_faults)
-        directory = state_directory(config.controller.state_directory, config.job_id)
-        self.local_reports = LocalReports(config.job_id, config.controller.world_size, directory, link.sink, metrics,
-                                          accepting=lambda: link.controller.started,
-                                          live=link.session.live.is_set, step=lambda: link.flow.step)
+        self.local_reports: LocalReports | None = None
+        if report_fault:
+            directory = state_directory(config.controller.state_directory, config.job_id)
+            self.local_reports = LocalReports(config.job_id, config.controller.world_size, directory, link.sink,
+                                              metrics, accepting=lambda: link.controller.started,
+                                              live=link.session.live.is_set, step=lambda: link.flow.step)
         self.tasks: dict[str, asyncio.Task[Any]] = {}
 
     def start(self) -> None:
         self.tasks["om"] = spawn("om", self.om.run())
         self.tasks["fault-info"] = spawn("fault-info", self.fault_info.run())
-        self.tasks["local-reports"] = spawn("local-reports", self.local_reports.run())
+        if self.local_reports is not None:
+            self.tasks["local-reports"] = spawn("local-reports", self.local_reports.run())
 
     def stop(self) -> None:
         self.om.stop()
         self.fault_info.stop()
-        self.local_reports.stop()
+        if self.local_reports is not None:
+            self.local_reports.stop()

@@ -28,6 +28,15 @@ What differs from the old client, on purpose:
   over (it is dropped, never handed to the next cycle), ``Code.WaitReportTimeout``
   (507) when ``wait`` ran out, ``Code.ServerInnerError`` (599) when it was not sent.
 * ``report_process_fault`` accepts the controller's second dict (fault codes).
+* Once subscribed it runs the daemon's side services (``bridge.extras.SideServices``)
+  and stops them in ``close()``: ClusterD's operator NIC switch and stress test are
+  declined at once (``bridge.om``; with nobody on those streams the real ClusterD keeps
+  training paused without limit), and what ClusterD's fault centre saw for the job
+  (``bridge.faultinfo``) is logged, as the cause of the recovery that follows (this API
+  keeps no flight recorder). ``tft-bridge report-fault`` is not served: the command finds
+  the bridge's socket through its configuration file and the state directory named
+  there, and checks ranks against the configured world size; a launcher on this API has
+  no configuration file, no state directory of its own and no known world size.
 * The controller's wait (``MINDIO_WAIT_MINDX_TIME``, read from this process's
   environment as the controller reads it) bounds the reconnect back-off at half of it,
   as the daemon's configuration does, and a wait of 11 s or less is logged as a warning.
@@ -66,8 +75,9 @@ from .clusterd import RpcFailure, client_info
 from .codes import Code
 from .config import ClusterDConfig, build_config, config_warnings
 from .controller import ControllerHost, load_controller_module, wait_time_from_environment
+from .extras import SideServices
 from .flow import ControllerFlow
-from .link import Link
+from .link import Link, finish
 from .metrics import BridgeMetrics
 from .reporttypes import ControllerReport
 
@@ -170,6 +180,7 @@ class DLRecoverManager:
             log.warning("configuration: %s", warning)
         self.metrics = BridgeMetrics()
         self.link: Link | None = None  # from start_subscribe() on
+        self.side: SideServices | None = None  # with the link; its tasks run on the manager's loop
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tft-recover-manager", daemon=True)
         self._thread.start()
@@ -228,6 +239,8 @@ class DLRecoverManager:
                                    on_desync=self.metrics.count_desync),
                     on_kill_master=lambda: None)  # the caller's process: its launcher decides (logged)
         await link.start()
+        self.side = SideServices(self.config, link, self.metrics, report_fault=False)
+        self.side.start()
         return link
 
     def close(self, timeout: float = 10.0) -> None:
@@ -252,7 +265,11 @@ class DLRecoverManager:
 
     async def _shutdown(self) -> None:
         if self.link is not None:
-            await self.link.stop()
+            side = self.side
+            # as the daemon: the side services end right before the destroy, channel still open
+            await self.link.stop(before_destroy=side.stop if side is not None else lambda: None)
+            if side is not None:
+                await finish(side.tasks.values())
         await self._client.close()
 
     def submit(self, link: Link, callback: str, args: tuple[Any, ...], wait: float | None) -> int:

@@ -1,10 +1,13 @@
 """ClusterD's Fault service read for the flight recorder: bounded summaries, the cycle
-each lands in, and `tft-bridge history`, on the simulated ClusterD."""
+each lands in, and `tft-bridge history`, on the simulated ClusterD; on the seed API
+(which keeps no recorder) the same message read and logged as the recovery's cause."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +19,9 @@ from bridge.sim.clusterd import SimJob
 from bridge.sim.clusterd_release import V7_3
 from bridge.sim.scenario import SimulatedJob
 
-from .conftest import eventually
+from .conftest import eventually, eventually_sync
+from .seedapi import JOB as SEED_JOB
+from .seedapi import ServerThread, hosting_the_controller, server, training  # noqa: F401 - fixtures
 from .simjobs import annotation, start_job
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,6 +89,32 @@ async def test_the_npu_and_code_of_a_recovered_fault_are_in_its_record(
     assert job.metrics.sample("tft_bridge_fault_info_messages_total", {"result": "received"}) >= 1
     await eventually(lambda: reader.last is not None and reader.last["signal"] == "normal", 10,
                      what="the fault cleared")
+
+
+def test_the_seed_api_logs_the_npu_and_code_of_a_recovered_fault(
+        server: ServerThread, training: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The seed API reads the same Fault service: the fault centre's device and code
+    reach the launcher's log before the recovery they cause, and clear after it."""
+    caplog.set_level(logging.INFO, logger="bridge.faultinfo")
+    manager = hosting_the_controller(server, training)
+    try:
+        assert manager.side is not None
+        reader = manager.side.fault_info
+        eventually_sync(lambda: reader.stream.subscribed.is_set(), 10, what="fault info stream")
+        server.call(server.sim.device_fault, SEED_JOB, [6])  # the device plugin's report: node-1, NPU 2
+        eventually_sync(lambda: reader.last is not None and reader.last["signal"] == "fault", 10,
+                        what="the fault message")
+        assert reader.last is not None and reader.last["devices"] == [
+            {"node": "node-1", "device": "2", "type": "NPU", "codes": ["80C98000"], "levels": ["RestartNPU"]}]
+        assert f"ClusterD's fault centre for job {SEED_JOB}: node-1 NPU 2: 80C98000 (RestartNPU)" in caplog.text
+        training.inject_fault({6: 1})  # ... and the rank on it fails
+        server.wait_for(lambda e: e.kind == "annotation" and e.detail.get("value") == "recover-success", 15)
+        server.call(server.sim.clear_device_faults, SEED_JOB)
+        eventually_sync(lambda: reader.last is not None and reader.last["signal"] == "normal", 10,
+                        what="the fault cleared")
+        assert manager.metrics.sample("tft_bridge_fault_info_messages_total", {"result": "received"}) >= 2
+    finally:
+        manager.close()
 
 
 async def test_a_release_without_the_fault_service_says_so_in_the_record(

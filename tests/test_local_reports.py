@@ -1,11 +1,13 @@
 """``tft-bridge report-fault``: faults handed to the running bridge over its owner-only
-socket are reported to ClusterD on the controller's own path; refusals are clear."""
+socket are reported to ClusterD on the controller's own path; refusals are clear. The
+seed API does not serve it (bridge/recover_manager.py says why): it opens no socket."""
 
 from __future__ import annotations
 
 import asyncio
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,7 @@ from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
 
 from .conftest import eventually
+from .seedapi import ServerThread, hosting_the_controller, server, training  # noqa: F401 - fixtures
 from .simjobs import annotation, start_job
 
 pytestmark = pytest.mark.timeout(60)
@@ -127,3 +130,18 @@ async def test_a_fault_during_an_operator_pause_is_refused(tmp_path: Path) -> No
         server.stop()
         await task
     assert not (tmp_path / SOCKET_NAME).exists()  # removed when the bridge stops
+
+
+def test_the_seed_api_opens_no_report_fault_socket(server: ServerThread, training: Any, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launcher on the seed API has no configuration file for the command to find its
+    socket by, nor a world size to check ranks against: the other side services run, this
+    one does not, and nothing is bound even where a state directory is given."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    manager = hosting_the_controller(server, training)
+    try:
+        assert manager.side is not None and manager.side.local_reports is None
+        assert set(manager.side.tasks) == {"om", "fault-info"}
+        assert not (tmp_path / SOCKET_NAME).exists() and list(tmp_path.iterdir()) == []
+    finally:
+        manager.close()

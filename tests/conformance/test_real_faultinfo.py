@@ -2,11 +2,13 @@
 ClusterD's device info (the harness's ``POST /fault/device``), the rank on that NPU dies,
 the job recovers, and ``tft-bridge history`` names the node, the NPU, the fault code and
 its level as ClusterD's Fault service published them. ClusterD v7.3.2 (its harness)
-serves no Fault service: the record says so."""
+serves no Fault service: the record says so. A launcher on the seed API, which keeps no
+recorder, logs the same cause."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +53,28 @@ def test_history_names_the_npu_and_fault_code_of_a_recovered_fault(tmp_path: Pat
                                     "the recovered cycle in the flight recorder")
             text = history(job.entry.recorder_dir, "--cycle", cycle["key"])  # type: ignore[attr-defined]
             assert cause in text, text
+        except Exception:
+            print(job.dump())
+            raise
+
+
+def test_a_seed_api_launcher_logs_the_npu_and_fault_code_before_the_recovery(tmp_path: Path) -> None:
+    """The seed API keeps no flight recorder: the cause, as ClusterD's Fault service
+    published it, is in the launcher's log, before the recovery the fault causes."""
+    peers = find_real_peers()
+    assert peers is not None
+    with RealJob(peers, tmp_path, "seed") as job:
+        try:
+            job.start()
+            mark = job.entry.log.mark()
+            job.clusterd.post("/fault/device", rank=2)  # rank 2: node-1, NPU 0 (2 devices per node)
+            cause = re.escape(f"ClusterD's fault centre for job {job.options.job_uid}: node-1 NPU 0: 80C98000 "
+                              "(RestartNPU)")
+            ((at, _),) = eventually_sync(lambda: job.entry.log.find(cause, mark)[:1], 60, "the cause logged")
+            job.ranks.kill([2])  # the process on the failed NPU dies; the controller reports it
+            job.clusterd.wait_annotation("ProcessRecoverStatus", lambda v: v == "recover-success", 120)
+            callbacks = [i for i, _ in job.entry.log.find(r"^LAUNCHER .*\"report_fault_ranks\"", mark)]
+            assert callbacks and at < callbacks[0]  # logged before the controller reported the rank
         except Exception:
             print(job.dump())
             raise

@@ -1,5 +1,6 @@
 """ClusterD's operator stress test on the real peers: the bridge declines it at once and
-training resumes (before, ClusterD waited in NotifyStressTestState with training paused).
+training resumes (before, ClusterD waited in NotifyStressTestState with training paused),
+on both entry points: the daemon and a launcher on the seed API.
 
 A NIC switch cannot run here: the harness's nodes have no super pod and ClusterD refuses
 it (``node:... should operate in superPodID``, 413); tests/test_om.py runs it on the
@@ -35,11 +36,11 @@ async def operate(address: str, job_id: str) -> tuple[int, str]:
         return status.code, outcome
 
 
-@pytest.mark.parametrize("release", ["master", "7.3.2"])
-def test_stress_test_is_declined_and_training_resumes(tmp_path: Path, release: str) -> None:
+@pytest.mark.parametrize(("entry", "release"), [("daemon", "master"), ("daemon", "7.3.2"), ("seed", "master")])
+def test_stress_test_is_declined_and_training_resumes(tmp_path: Path, entry: str, release: str) -> None:
     peers = find_real_peers()
     assert peers is not None
-    with RealJob(peers, tmp_path, "daemon", HarnessOptions(release=release)) as job:
+    with RealJob(peers, tmp_path, entry, HarnessOptions(release=release)) as job:
         try:
             job.start()
             eventually_sync(lambda: last_step(job) >= 5, 60, "training under way")
