@@ -1,9 +1,9 @@
 """A NIC switch through the bridge on the real peers, with nodes in a super pod.
 
 The shipped harness's nodes have no super pod, so ClusterD refuses a NIC switch there
-(tests/conformance/test_real_om.py). This runs only with a harness built from
-``real-peers/harness-src`` with ``harness-superpod.patch`` (a ``-super-pod ID`` flag for
-the nodes' device info), named by ``TFT_BRIDGE_SUPERPOD_HARNESS``: the bridge declines the
+(tests/conformance/test_real_om.py). This runs only with a harness whose nodes' device
+info names a super pod (a ``-super-pod ID`` flag the shipped harness does not have yet),
+named by ``TFT_BRIDGE_SUPERPOD_HARNESS``: the bridge declines the
 switch at once (``result`` false) and ClusterD takes its failure path, a recovery cycle
 with no fault ranks, which the job's strategies decide (docs/clusterd.md section 12).
 """
