@@ -182,13 +182,8 @@ def cases() -> list[tuple[Scenario, str]]:
 
 
 # --------------------------------------------------------------------------- the real peers
-def _poll(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """``eventually_sync`` at a pace for a predicate that reads a whole log: every 0.2 s."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            eventually_sync(predicate, 0, what)  # raises, saying what was awaited
-        time.sleep(0.2)
+#: how often a predicate that reads a whole log is asked again
+LOG_POLL = 0.2
 
 
 def _closed_cycles(job: RealJob) -> int:
@@ -223,8 +218,8 @@ def run_real(scenario: Scenario, release: str, peers: Path, workdir: Path) -> tr
             job.clusterd.wait_log(MOMENTS[scenario.ends_at][0], 0, REAL_BOUND, f"ClusterD's {scenario.ends_at}")
         else:
             cycles = scenario.cycles_on(release)
-            _poll(lambda: _closed_cycles(job) >= cycles, REAL_BOUND + scenario.idle,
-                  f"ClusterD closing {cycles} cycle(s)")
+            eventually_sync(lambda: _closed_cycles(job) >= cycles, REAL_BOUND + scenario.idle,
+                            f"ClusterD closing {cycles} cycle(s)", interval=LOG_POLL)
         if scenario.entry_exits:
             job.entry.wait_exit(REAL_BOUND)
         time.sleep(scenario.settle)  # the quiet time is the behaviour under test: nothing late may come
