@@ -20,6 +20,7 @@ import pytest
 from bridge._proto import recover_pb2 as pb
 from bridge.sim import clusterd_rules as rules
 from bridge.sim.clusterd import SimClusterD, SimJob
+from bridge.sim.clusterd_timings import REAL
 
 from .test_sim_clusterd import JOB, T, Client, Stream, faults_of, own_sim
 
@@ -185,6 +186,7 @@ async def test_the_platforms_strategy_vetoes_the_jobs() -> None:
 
 
 def test_platform_rules() -> None:
+    assert (REAL.platform_poll, REAL.platform_wait) == (3.0, 300.0)  # CheckPeriod, ProcessControlTimeout
     assert rules.platform_mode({"ProcessRecoverStrategy": ""})
     assert not rules.platform_mode({"ProcessRecoverStrategy-x": "recover"})
     assert rules.platform_strategy({"ProcessRecoverStrategy": "\u3000dump,,"}, confirm=False) == "dump"
