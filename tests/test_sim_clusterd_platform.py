@@ -20,6 +20,7 @@ import pytest
 from bridge._proto import recover_pb2 as pb
 from bridge.sim import clusterd_rules as rules
 from bridge.sim.clusterd import SimClusterD, SimJob
+from bridge.sim.clusterd_release import RELEASES
 from bridge.sim.clusterd_timings import REAL
 
 from .test_sim_clusterd import JOB, T, Client, Stream, faults_of, own_sim
@@ -130,6 +131,20 @@ async def test_a_confirm_left_from_the_last_fault_is_509_without_a_global_fault(
         assert paths(sim)[0].endswith("NotifyGlobalFaultState(writeConfirmFaultOrWaitResultFaultTimeout)-->"
                                       "FaultRetryState(finish)-->INIT")
         assert platform_steps(sim)[-1] == ("confirm-failed", rules.CONFIRM_OR_RESULT_FAILED)
+
+
+async def test_on_v7_3_fault_retry_sends_no_exit_notice() -> None:
+    """v7.3.2's FaultRetry resets without a dump_exit (observed on its harness after a
+    509); master's sends one first."""
+    leftover = {**SEED_003, "ProcessRecoverStrategy": "recover", "ProcessConfirmFault": "1:1"}
+    async with own_sim(platform_job(leftover), release=RELEASES["7.3"]) as (sim, client):
+        stream = await client.session(sim)
+        assert await client.fault({2: 1}) == 0
+        assert (await stream.next()).signalType == "stopTrain"
+        assert await client.stop_complete() == 0
+        assert await stream.ended() == grpc.StatusCode.OK  # nothing between: no dump_exit
+        assert [e.name for e in sim.journal.signals(job_id=JOB)] == ["stopTrain"]
+        assert paths(sim)[0].endswith("(writeConfirmFaultOrWaitResultFaultTimeout)-->FaultRetryState(finish)-->INIT")
 
 
 async def test_no_result_key_within_the_wait_is_509_after_the_confirm_was_written() -> None:

@@ -62,8 +62,9 @@ Where it knowingly differs from the real server:
 * A signal is written once: no 3-try send with 1 s and 2 s pauses; a failed write is a
   broken stream (reset).
 * It plays master unless told another release (``release``, clusterd_release.py: the
-  ping policy, v7.3.2's repeated retry cycle, v7.0.RC1's slow fault centre and older
-  protocol); v7.0.RC1's second retry cycle after a success is not modelled.
+  ping policy, v7.3.2's repeated retry cycle, the FaultRetry without an exit notice of
+  v7.3.2 and v7.0.RC1, v7.0.RC1's slow fault centre and older protocol); v7.0.RC1's
+  second retry cycle after a success is not modelled.
 """
 
 from __future__ import annotations

@@ -811,10 +811,12 @@ class JobController:
         await self._fault_retry("clearSuccess")
 
     async def _fault_retry(self, event: str) -> NoReturn:
-        """FaultRetry: label pause, dump_exit, (the job is running again), label on, reset."""
+        """FaultRetry: label pause, dump_exit (master only: clusterd_release.py), (the job
+        is running again), label on, reset."""
         self._enter("FaultRetryState", event)
         self.host.set_label(self.job_id, "process-recover-enable", "pause")
-        await self._notify(self._dump_exit_signal())
+        if self.host.release.fault_retry_dump_exit:
+            await self._notify(self._dump_exit_signal())
         # Waits for the job to run again (27 polls of 5 s at most): the stream ends
         # with OK 5.0 s after this dump_exit on the real server.
         await self._sleep(self.host.timings.job_running_wait)

@@ -113,6 +113,9 @@ MOMENTS: dict[str, tuple[str, Callable[[JournalEntry], bool]]] = {
     # platform mode: ClusterD at a fault, waiting for the platform's strategy
     "plat-wait": (r"start wait plat strategy ready",
                   lambda e: e.kind == "platform" and e.name == "wait-strategy"),
+    # platform mode: ClusterD refusing the confirm step (509), FaultRetry next
+    "plat-509": (r"write confirm fault or wait plat result fault timeout|interacte with plat error",
+                 lambda e: e.kind == "platform" and e.name == "confirm-failed"),
 }
 
 
@@ -203,6 +206,18 @@ SCENARIOS: tuple[Scenario, ...] = (
              platform_writes=(PlatformWrite("plat-wait", 6.0, {"ProcessRecoverStrategy": "recover",
                                                                "RankTableReady": "true"}),),
              compared_annotations=("ProcessConfirmFault",)),
+    # Platform mode with the last fault's ProcessConfirmFault never cleared (the platform's
+    # strategy recover already written): ClusterD stops the job at rank 2's process fault,
+    # then refuses to confirm (509) and ends in FaultRetry (a dump_exit, no globalFault).
+    # The platform clears the confirm and readies the rank table 2 s after the refusal;
+    # the bridge re-reports the fault to the reset job, the second cycle confirms 2:1 and
+    # the recover succeeds. The controller waits out both cycles (60 s; 20 s would expire
+    # before the second globalFault).
+    Scenario("platform-confirm-not-cleared", fault_rank=2, fault_kind="unknown", wait_mindx_time=60,
+             releases=("master", "7.3.2"),
+             podgroup={"ProcessRecoverStrategy": "recover", "ProcessResultFault": "", "ProcessConfirmFault": "1:1"},
+             platform_writes=(PlatformWrite("plat-509", 2.0, {"ProcessConfirmFault": "", "RankTableReady": "true"}),),
+             cycles={"master": 2, "7.3.2": 2}, compared_annotations=("ProcessConfirmFault",)),
     # The bridge idle past three of its pings (every 30 s, its default), then a UCE: on
     # v7.3.2 (gRPC's default ping policy: the third strike draws GOAWAY) no GOAWAY, so
     # one subscription until the cycle.
