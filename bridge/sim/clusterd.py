@@ -42,10 +42,11 @@ Where it knowingly differs from the real server:
 * Recover-in-place knows only business reports' faults: device faults that keep a pod
   from restarting in place, and the fault centre's check that the fault disappeared,
   are not modelled (one ``in_place_check_delay``, then it has).
-* Platform mode (``ProcessRecoverStrategy`` and friends), NIC switch, stress test and
-  scale-out (``upgrade``) are not simulated here (platform
-  mode is :mod:`bridge.platform.sim.clusterd`). A successful downgrade parks the job in
-  ``ScaleRunningState`` until a new type-"1" fault or a reset.
+* Platform mode (``ProcessRecoverStrategy`` and friends, bridge/sim/clusterd_platform.py)
+  is simulated on the PodGroup annotations this simulation keeps: a test writes the
+  platform's (:meth:`SimClusterD.platform_annotate`). Scale-out (``upgrade``) is not
+  simulated. A successful downgrade parks the job in ``ScaleRunningState`` until a new
+  type-"1" fault or a reset.
 * The OM pause skips the NIC-switch step: pause StopComplete -> changeStrategy continue.
 * A downgrade whose isolate-ranks report times out counts as a failed downgrade (the real
   server would choose again and could loop every 15 minutes).
@@ -61,8 +62,9 @@ Where it knowingly differs from the real server:
 * A signal is written once: no 3-try send with 1 s and 2 s pauses; a failed write is a
   broken stream (reset).
 * It plays master unless told another release (``release``, clusterd_release.py: the
-  ping policy, v7.3.2's repeated retry cycle, v7.0.RC1's slow fault centre and older
-  protocol); v7.0.RC1's second retry cycle after a success is not modelled.
+  ping policy, v7.3.2's repeated retry cycle, the FaultRetry without an exit notice of
+  v7.3.2 and v7.0.RC1, v7.0.RC1's slow fault centre and older protocol); v7.0.RC1's
+  second retry cycle after a success is not modelled.
 """
 
 from __future__ import annotations
@@ -171,7 +173,7 @@ class SimClusterD:
         self.server_credentials: grpc.ServerCredentials | None = None  # set for TLS / mTLS tests
         self.address: str | None = None
         # Kubernetes-side state: survives a ClusterD restart.
-        self._annotations: dict[str, dict[str, str]] = {}
+        self._annotations: dict[str, dict[str, str]] = {job.job_id: dict(job.annotations) for job in jobs}
         self._labels: dict[str, dict[str, str]] = {}
         self.rank_tables: dict[str, str] = {}
         # The nodes' device faults (device-info ConfigMaps: survive a restart) and the
@@ -263,10 +265,13 @@ class SimClusterD:
 
     def add_job(self, job: SimJob) -> None:
         self.jobs[job.job_id] = job
+        self._annotations.setdefault(job.job_id, dict(job.annotations))
 
     def init_job(self, job: SimJob) -> None:
+        """Init freezes the PodGroup's configuration, platform mode included."""
         self.inited[job.job_id] = JobConfig(job.job_id, rules.job_strategies(job.strategies),
-                                            job.devices_per_pod, job.hot_switch)
+                                            job.devices_per_pod, job.hot_switch,
+                                            rules.platform_mode(self.podgroup(job.job_id)))
 
     def register_job(self, job_id: str) -> None:
         self.controllers[job_id] = JobController(self, self.inited[job_id])
@@ -277,8 +282,22 @@ class SimClusterD:
         return ctl.state if ctl is not None else "INIT"
 
     def podgroup(self, job_id: str) -> dict[str, str]:
-        """The annotations ClusterD wrote on the job's PodGroup."""
+        """The job's PodGroup annotations: the job's own (``SimJob.annotations``), what
+        the platform wrote (:meth:`platform_annotate`) and what ClusterD wrote."""
         return dict(self._annotations.get(job_id, {}))
+
+    def platform_annotate(self, job_id: str, values: Mapping[str, str]) -> None:
+        """The AI platform writes PodGroup annotations (the harness's ``POST
+        /pg/annotate``: an empty value deletes the key), e.g. ``ProcessRecoverStrategy``
+        and ``RankTableReady`` in platform mode. Journaled as ``annotation`` entries with
+        ``by="platform"``; ClusterD reads them at its next poll."""
+        annotations = self._annotations.setdefault(job_id, {})
+        for key, value in values.items():
+            if value:
+                annotations[key] = value
+            else:
+                annotations.pop(key, None)
+            self.journal.record("annotation", key, job_id, value=value, by="platform")
 
     def labels(self, job_id: str) -> dict[str, str]:
         """The PodGroup labels ClusterD wrote (process-recover-enable)."""

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -35,6 +35,7 @@ from . import clusterd_rules as rules
 from .clusterd_channels import (RECOVER_STATUS, RECOVER_STRATEGY, REPORT_KINDS, STOP_COMPLETE, OmChannels, Outgoing,
                                 ReportSlot, Subscriber)
 from .clusterd_hot_switch import HotSwitch
+from .clusterd_platform import Platform
 from .clusterd_rules import FaultCache, FaultPair
 from .clusterd_release import Release
 from .clusterd_timings import Timings
@@ -69,6 +70,7 @@ class JobConfig:
     strategies: tuple[str, ...]
     devices_per_pod: int
     hot_switch: bool = False  # the PodGroup label subHealthyStrategy is "hotSwitch"
+    platform: bool = False  # the PodGroup carried ProcessRecoverStrategy: platform mode
 
 
 class Host(Protocol):
@@ -85,6 +87,7 @@ class Host(Protocol):
     def violation(self, job_id: str, text: str) -> None: ...
     def next_stream_id(self, key: str) -> int: ...
     def annotate(self, job_id: str, key: str, value: str) -> None: ...
+    def podgroup(self, job_id: str) -> dict[str, str]: ...
     def set_label(self, job_id: str, key: str, value: str) -> None: ...
 
 
@@ -142,6 +145,8 @@ class JobController:
         #: recoverInPlacePodFaults: the pods ReportProcessFault named (recover-in-place on)
         self.soft_fault_pods: dict[str, None] = {}
         self.in_place = False  # restartFaultProcess: this cycle restarts its faulty processes in place
+        #: platform mode's PodGroup exchange (clusterd_platform.py), None outside it
+        self.platform = Platform(host, self.job_id) if config.platform else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -192,6 +197,8 @@ class JobController:
         self.hot_switch = None
         self.soft_fault_pods = {}
         self.in_place = False
+        if self.platform is not None:
+            self.platform.strategy = ""
         self.gen = Generation()
         if start_new:
             self.host.record("state", "INIT", self.job_id, event=reason, uuid="")
@@ -496,6 +503,8 @@ class JobController:
 
     async def _fault_cycle(self) -> None:
         self._enter("NotifyWaitFaultFlushingState", "faultOccur")
+        if self.platform is not None and await self.platform.wait_strategy() is None:
+            await self._fault_retry("waitPlatStrategyTimeout")
         if self._only_dump_first():
             self.agent_strategies.append(rules.DUMP)
             await self._dump_for_fault("dumpForFault")
@@ -521,7 +530,16 @@ class JobController:
         """``shouldDumpWhenOccurFault``: dump is the job's top strategy and a normal fault
         made the job unhealthy: ClusterD skips stopTrain and sends saveAndExit."""
         strategies = self.config.strategies
+        if self.platform is not None:  # onlySupportDumpStrategy: the platform chose dump
+            return self.platform.strategy == rules.DUMP and rules.DUMP in strategies and self.unhealthy
         return bool(strategies) and strategies[0] == rules.DUMP and self.unhealthy
+
+    def _strategies(self) -> tuple[str, ...]:
+        """The job's strategies as ClusterD's ``support*Strategy`` checks see them: in
+        platform mode, retry/recover/dump only if the platform chose that one."""
+        if self.platform is None:
+            return self.config.strategies
+        return self.platform.job_strategies(self.config.strategies)
 
     async def _recover(self, event: str) -> None:
         """From WaitFaultFlushFinished to the end; loops back after a 405 retry failure."""
@@ -531,7 +549,7 @@ class JobController:
             had_hccl = "2" in faults.all_types()
             faults.take_retry_to_normal(
                 last_result_was_retry=bool(self.results) and self.results[-1].strategy == rules.RETRY,
-                retry_supported=rules.RETRY in self.config.strategies,
+                retry_supported=rules.RETRY in self._strategies(),
             )
             pure_retry = bool(faults.retry) and not faults.normal
             timings = self.host.timings
@@ -561,6 +579,8 @@ class JobController:
     async def _notify_global_fault(self, pure_retry: bool, had_hccl: bool) -> None:
         """timeout 33 only for a pure retry cycle with an HCCL fault: an HCCL fault merged
         into a type-1 cycle gets 0 on the real server."""
+        if self.platform is not None:
+            pure_retry = await self._platform_confirm(pure_retry)
         timeout = rules.HCCL_GLOBAL_FAULT_TIMEOUT if had_hccl and pure_retry else 0
         if pure_retry:
             signal = self._signal("globalFault", rules.GLOBAL_FAULT_RETRY_ACTIONS,
@@ -576,8 +596,40 @@ class JobController:
                                   self.gen.faults.normal, timeout=timeout, node_rank_ids=nodes)
         await self._notify(signal)
 
+    async def _platform_confirm(self, pure_retry: bool) -> bool:
+        """Platform mode before the globalFault: the confirm exchange (clusterd_platform.py;
+        a failure is 509 and FaultRetry). A type-1 cycle goes on with the merged faults
+        (``setCacheFault(nil, merged)``); a retry cycle whose merge stayed retry-only keeps
+        its retry faults; one the platform added a type-1 fault to drops its retry faults
+        and has no normal ones, so its globalFault names no rank and no pod
+        (``notifyFaultForRetryFaultCasePlatFormMode``: read from the code, not observed).
+        Returns whether the cycle is still a pure retry."""
+        assert self.platform is not None
+        faults = self.gen.faults
+        merged = await self.platform.confirm(faults.retry if pure_retry else faults.normal)
+        if merged is None:
+            await self._fault_retry("writeConfirmFaultOrWaitResultFaultTimeout")
+        if not pure_retry:
+            faults.normal, faults.retry = merged, []
+            return False
+        if all(fault_type != rules.NORMAL for _, fault_type in merged):
+            return True
+        faults.retry = []
+        return False
+
+    async def _platform_rank_table(self, strategy: str) -> str:
+        """Platform mode, a recover chosen: ``WaitRankTableReady``; if it fails, the
+        platform's strategy is read again (not usable: a handler error, the job resets)
+        and the choice falls to dump or exit (``chooseForRecoverFail``)."""
+        assert self.platform is not None
+        if strategy != rules.RECOVER or await self.platform.rank_table_ready():
+            return strategy
+        if self.platform.reread_strategy() is None:
+            self._finish_now("handler error: flush platform strategy failed")
+        return rules.choose_after_recover_failure(self._strategies(), self.agent_strategies)
+
     def _choose(self) -> str:
-        job, agent = self.config.strategies, self.agent_strategies
+        job, agent = self._strategies(), self.agent_strategies
         if not self.results:
             strategy = rules.choose_first(job, agent, bool(self.gen.faults.normal),
                                           self._rank0_pod_faulty(), self.in_place)
@@ -600,6 +652,8 @@ class JobController:
         while True:
             self._enter("NotifyDecidedStrategyState", event)
             strategy = self._choose()
+            if self.platform is not None:
+                strategy = await self._platform_rank_table(strategy)
             extra = rules.DOWNGRADE_EXTRA_PARAMS if strategy == rules.DOWNGRADE else ""
             if strategy == rules.RETRY and rules.HCCL in self.gen.faults.all_types():
                 # HCCL: the real server lets the network converge first (UCE: at once).
@@ -731,10 +785,13 @@ class JobController:
         self._enter("ListenScheduleResultState", "checkFinish")
         if strategy != rules.EXIT:  # at once after the dump's result (docs/clusterd.md)
             await self._notify(self._dump_exit_signal())
-        await self._sleep(min(timings.schedule_check, timings.dump_exit_repeat))
+        # Platform mode skips the schedule checks and the restart wait ("plat not
+        # support pod rescheduling").
+        platform = self.platform is not None
+        await self._sleep(0.0 if platform else min(timings.schedule_check, timings.dump_exit_repeat))
         self._enter("NotifyRestartAllProcessState", "scheduleSuccess")
         self._enter("WaitRestartAllProcessState", "notifySuccess")
-        await self._sleep(max(0.0, timings.dump_exit_repeat - timings.schedule_check))
+        await self._sleep(0.0 if platform else max(0.0, timings.dump_exit_repeat - timings.schedule_check))
         self._enter("FaultClearState", "restartFinish")
         await self._fault_retry("clearSuccess")
 
@@ -754,10 +811,12 @@ class JobController:
         await self._fault_retry("clearSuccess")
 
     async def _fault_retry(self, event: str) -> NoReturn:
-        """FaultRetry: label pause, dump_exit, (the job is running again), label on, reset."""
+        """FaultRetry: label pause, dump_exit (master only: clusterd_release.py), (the job
+        is running again), label on, reset."""
         self._enter("FaultRetryState", event)
         self.host.set_label(self.job_id, "process-recover-enable", "pause")
-        await self._notify(self._dump_exit_signal())
+        if self.host.release.fault_retry_dump_exit:
+            await self._notify(self._dump_exit_signal())
         # Waits for the job to run again (27 polls of 5 s at most): the stream ends
         # with OK 5.0 s after this dump_exit on the real server.
         await self._sleep(self.host.timings.job_running_wait)
@@ -894,6 +953,10 @@ class SimJob:
     rank_table_job_id: str | None = None
     #: the nodes' super pod (device info ``SuperPodID``); < 0: not a super pod, NIC switch refused
     super_pod_id: int = 0
+    #: the PodGroup's other annotations when the job is created (the harness's ``-anno``,
+    #: ``-platform``, ``-plat-result``): ``ProcessRecoverStrategy`` present turns platform
+    #: mode on (clusterd_platform.py); later writes go through ``SimClusterD.platform_annotate``
+    annotations: dict[str, str] = field(default_factory=dict)
 
     @property
     def config_job_id(self) -> str:

@@ -22,6 +22,11 @@ release, next to MindCluster's own synchronous client (docs/releases.md):
   client's value is an unknown field the server never reads), and there is no
   ``HealthCheck`` RPC (UNIMPLEMENTED). v7.2.RC1 to v7.3.2 and branch v26.0.0 share
   master's recover.proto and config.proto.
+* **FaultRetry's exit notice** (v7.3.2, v7.0.RC1): FaultRetry (a report timeout, a
+  platform-mode 508/509, the end of a dump or exit) pauses the job's label and resets
+  without sending anything; master sends the ``dump_exit`` notice first (its
+  ``handleFaultRetry`` calls ``sendDumpExit``; read in the sources of every release tag,
+  observed on the v7.3.2 harness: a 509 in platform mode sent no signal).
 * **Hot switch and recover-in-place** (read in the sources): v7.3.2 has both, as master
   does; v7.0.RC1 has neither (a ``recover-in-place`` annotation is an unknown name,
   dropped; a sub-healthy fault starts no switch).
@@ -73,14 +78,15 @@ class Release:
     health_check: bool = True  #: the HealthCheck RPC exists
     hot_switch_and_in_place: bool = True  #: the hot switch and recover-in-place exist
     fault_service: bool = True  #: the Fault service (fault.Fault) is served (not by the v7.3.2 harness)
+    fault_retry_dump_exit: bool = True  #: FaultRetry sends the dump_exit notice before it resets
 
 
 MASTER = Release("master", "master (and branch v26.0.0)", MASTER_PING_POLICY)
 V7_3 = Release("7.3", "v7.3.2 (v7.2.RC1-v7.3.2 share its protocol)", DEFAULT_PING_POLICY,
-               repeats_retry_cycle=True, fault_service=False)
+               repeats_retry_cycle=True, fault_service=False, fault_retry_dump_exit=False)
 V7_0 = Release("7.0", "v7.0.RC1", DEFAULT_PING_POLICY, slow_fault_centre=True,
                signal_fields_7_to_9=False, isolate_rank_ids=False, health_check=False,
-               hot_switch_and_in_place=False, fault_service=False)
+               hot_switch_and_in_place=False, fault_service=False, fault_retry_dump_exit=False)
 
 RELEASES: dict[str, Release] = {release.name: release for release in (MASTER, V7_3, V7_0)}
 

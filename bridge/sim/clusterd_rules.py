@@ -27,7 +27,7 @@ import random
 import re
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 #: (rankId, faultType) exactly as they travel in ``FaultRank``.
 FaultPair = tuple[str, str]
@@ -138,13 +138,25 @@ def parse_fault_string(text: str) -> list[FaultPair]:
     return out
 
 
+def faults_string(faults: Iterable[FaultPair]) -> str:
+    """``Faults2String`` then ``Trim(",")``: "rank:type" joined by commas, as ClusterD
+    writes ``ProcessConfirmFault`` (the pairs as they are, unvalidated)."""
+    return ",".join(f"{rank}:{fault_type}" for rank, fault_type in faults).strip(",")
+
+
+def merge_platform_faults(written: Iterable[FaultPair], result: str, confirm: str) -> list[FaultPair]:
+    """``writeConfirmFaultAndWaitPlatResultFault``: ClusterD's own (deduplicated) list,
+    then ``WaitProcessResultFault``'s ``dedupe(result + confirm as re-read)``, the whole
+    deduplicated once more: ClusterD's entries keep their place and a type-"1" is sticky."""
+    platform = dedupe_faults(parse_fault_string(result) + parse_fault_string(confirm))
+    return dedupe_faults(dedupe_faults(written) + platform)
+
+
 def merge_fault_strings(written: str, result: str, confirm: str) -> tuple[dict[int, int], bool]:
-    """Platform mode's confirm step: ``dedupe(written + dedupe(result + confirm))``, then
-    the all-or-nothing rank conversion (one rank id Atoi rejects empties the list:
-    returns ``({}, True)``). Types other than "1" count as retryable (kept as 0 unless
-    "2"); a type-1 entry is sticky."""
-    merged = dedupe_faults(parse_fault_string(written)
-                           + dedupe_faults(parse_fault_string(result) + parse_fault_string(confirm)))
+    """:func:`merge_platform_faults` of the strings, then the all-or-nothing rank
+    conversion (one rank id Atoi rejects empties the list: returns ``({}, True)``). Types
+    other than "1" count as retryable (kept as 0 unless "2"); a type-1 entry is sticky."""
+    merged = merge_platform_faults(parse_fault_string(written), result, confirm)
     faults: dict[int, int] = {}
     for rank_text, fault_type in merged:
         rank = go_atoi(rank_text)
@@ -288,3 +300,58 @@ def choose_after_retry_failure(job: Sequence[str], agent: Sequence[str],
 
 def choose_after_recover_failure(job: Sequence[str], agent: Sequence[str]) -> str:
     return DUMP if _supported(DUMP, job, agent) else EXIT
+
+
+# --------------------------------------------------------------------------- platform mode
+#: ClusterD's PodGroup annotation keys of platform mode (its constant package): the
+#: platform's strategy, ClusterD's confirmed faults, the platform's result faults, the
+#: platform's rank-table readiness. ProcessRecoverStatus is ClusterD's outcome.
+PLATFORM_STRATEGY = "ProcessRecoverStrategy"
+CONFIRM_FAULT = "ProcessConfirmFault"
+RESULT_FAULT = "ProcessResultFault"
+RANK_TABLE_READY = "RankTableReady"
+RECOVER_STATUS = "ProcessRecoverStatus"
+#: The strategies a platform may set before the confirm step (``exit`` only at it).
+PLATFORM_CHOICES = (RETRY, RECOVER, DUMP)
+#: ``WaitPlatStrategyTimeout``: no usable ProcessRecoverStrategy within the wait.
+STRATEGY_WAIT_TIMEOUT = 508
+#: ``WriteConfirmFaultOrWaitPlatResultFault``: the confirm was not clear, no result
+#: came, or the strategy re-read at the confirm step is not usable.
+CONFIRM_OR_RESULT_FAILED = 509
+
+
+def platform_mode(annotations: Mapping[str, str]) -> bool:
+    """Init's ``PlatFormMode``: the *presence* of ProcessRecoverStrategy (empty counts)."""
+    return PLATFORM_STRATEGY in annotations
+
+
+def platform_strategy(annotations: Mapping[str, str], *, confirm: bool) -> str | None:
+    """``platFormStrategy``: the key must exist; its value after ``TrimSpace`` then
+    ``Trim(",")`` must be retry, recover or dump (or ``exit`` at the confirm step)."""
+    if PLATFORM_STRATEGY not in annotations:
+        return None
+    value = trim_space(annotations[PLATFORM_STRATEGY]).strip(",")
+    return value if value in PLATFORM_CHOICES or (confirm and value == EXIT) else None
+
+
+def confirm_not_clear(annotations: Mapping[str, str]) -> bool:
+    """``UpdateProcessConfirmFault`` refuses ("plat not clear pre confirm fault") while the
+    previous confirm is still there: any non-empty value."""
+    return len(annotations.get(CONFIRM_FAULT, "")) > 0
+
+
+def rank_table_state(annotations: Mapping[str, str]) -> str:
+    """``WaitRankTableReady``'s reading: ``ready`` ("true"), ``failed`` (any other
+    non-empty value: fails at once), ``waiting`` (absent or empty: poll on)."""
+    value = annotations.get(RANK_TABLE_READY, "")
+    if value == "true":
+        return "ready"
+    return "failed" if value else "waiting"
+
+
+def platform_job_strategies(job: Sequence[str], plat: str) -> tuple[str, ...]:
+    """The job's strategies as ``support*Strategy`` sees them in platform mode: retry,
+    recover and dump only if the platform chose that one (recover-in-place rides on
+    ``recover``); elastic-training (downgrade) and exit are not the platform's to veto."""
+    gated = {RETRY: RETRY, RECOVER: RECOVER, DUMP: DUMP, RECOVER_IN_PLACE: RECOVER}
+    return tuple(name for name in job if name not in gated or gated[name] == plat)

@@ -68,6 +68,12 @@ class Timings:
     #: it gone (the scheduler's work; not measured).
     old_pod_delete_delay: float = 1.0
 
+    #: platform mode: how often ClusterD reads the PodGroup while it waits for the
+    #: platform's strategy, result faults or rank table (constant.CheckPeriod, 3 s) ...
+    platform_poll: float = 3.0
+    #: ... and how long it waits for each before giving up (ProcessControlTimeout, 300 s).
+    platform_wait: float = 300.0
+
     def scaled(self, factor: float, **overrides: object) -> Timings:
         """Every delay times ``factor`` (ratios and orderings kept), then ``overrides``."""
         changes: dict[str, object] = {}

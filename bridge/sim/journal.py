@@ -28,11 +28,12 @@ from typing import Any
 #: resets a job to see the 599 waits for this entry instead of sleeping. ``kube``: a
 #: Kubernetes operation ClusterD asked for that the simulation has no pods to perform (a
 #: hot switch's backup pod, an old pod's or the first pod's deletion). ``stuck``: a flow
-#: that moves nowhere until the next reset, as the real one does.
+#: that moves nowhere until the next reset, as the real one does. ``platform``: a step of
+#: platform mode's PodGroup exchange (bridge/sim/clusterd_platform.py).
 KINDS: frozenset[str] = frozenset(
     {"rpc", "signal", "stream-open", "stream-end", "state", "fault-lost", "violation",
      "annotation", "report-late", "report-blocked", "fault-centre", "kube", "stuck",
-     "om", "om-stream-open", "om-stream-end", "om-notify", "om-response"}
+     "om", "om-stream-open", "om-stream-end", "om-notify", "om-response", "platform"}
 )
 
 Predicate = Callable[["JournalEntry"], bool]

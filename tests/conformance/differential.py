@@ -13,12 +13,16 @@ side:
 * ClusterD's: the RPCs it received in order (fault ranks, the status code of each
   report, the strategies offered, the strategy of each result), the signals it sent
   (type, fault ranks, strategy; keep-alives left out), the ``ProcessRecoverStatus`` it
-  wrote, and each closed cycle's state path;
+  wrote, each closed cycle's state path, and in platform mode its PodGroup exchange
+  (the platform's strategy it read, 508/509, the faults it merged, the rank table);
 * the controller's: its callbacks (fault ranks, codes, strategies, the strategy list it
   offered) and the notifies it was given (``change_strategy`` with its strategy);
 * the bridge's own record: its RPCs with ClusterD's answer codes, the signals, the
   notifies with the controller's return codes, the outcomes;
-* how the entry ended (its exit code).
+* how the entry ended (its exit code), and the PodGroup annotations the scenario names
+  (``ProcessConfirmFault``) as they are at the end;
+* the platform's writes (a scenario in platform mode), each with how many signals
+  ClusterD had sent by then: a ClusterD that went on without the platform shows there.
 
 What legitimately differs is left out of the comparison: uuids, times, ports, free
 text, and ClusterD's ``choose strategy`` line (the simulation logs no decision apart
@@ -37,7 +41,8 @@ stub as by the real one), which a ClusterD outage of real seconds must fit in.
 
 A scenario is data (``Scenario``): the fault (rank, kind), ranks killed at start or
 after ClusterD received the stop-complete, a ClusterD outage at the stop-complete, an
-idle time before the fault, the strategies the PodGroup allows, how many cycles ClusterD
+idle time before the fault, the strategies the PodGroup allows and its other
+annotations (platform mode), what the platform writes and when, how many cycles ClusterD
 closes on each release, whether the entry ends by itself. The two drivers
 (``run_real``, ``run_sim``) play the same definition.
 """
@@ -105,7 +110,27 @@ MOMENTS: dict[str, tuple[str, Callable[[JournalEntry], bool]]] = {
                      lambda e: e.kind == "signal" and e.name == "globalFault"),
     "strategy": (r"signal enqueue, .*signalType=changeStrategy",
                  lambda e: e.kind == "signal" and e.name == "changeStrategy"),
+    # platform mode: ClusterD at a fault, waiting for the platform's strategy
+    "plat-wait": (r"start wait plat strategy ready",
+                  lambda e: e.kind == "platform" and e.name == "wait-strategy"),
+    # platform mode: ClusterD refusing the confirm step (509), FaultRetry next
+    "plat-509": (r"write confirm fault or wait plat result fault timeout|interacte with plat error",
+                 lambda e: e.kind == "platform" and e.name == "confirm-failed"),
 }
+
+
+@dataclass(frozen=True)
+class PlatformWrite:
+    """The AI platform writing PodGroup annotations (the harness's ``POST /pg/annotate``,
+    ``SimClusterD.platform_annotate``) ``after`` seconds (real; scaled on the
+    simulation) past a moment (a ``MOMENTS`` key)."""
+
+    at: str
+    after: float
+    annotations: Mapping[str, str]
+
+    def text(self) -> str:
+        return ",".join(f"{key}={value}" for key, value in self.annotations.items())
 
 
 @dataclass(frozen=True)
@@ -127,6 +152,10 @@ class Scenario:
     settle: float = 3.0  # quiet seconds on the real peers after the end: what comes late is compared too
     wait_mindx_time: int = 20  # MINDIO_WAIT_MINDX_TIME, on both
     releases: tuple[str, ...] = ("master",)  # the harness releases it runs against
+    # the PodGroup's other annotations at creation: ProcessRecoverStrategy turns platform mode on
+    podgroup: Mapping[str, str] = field(default_factory=dict)
+    platform_writes: tuple[PlatformWrite, ...] = ()  # what the platform writes, and when
+    compared_annotations: tuple[str, ...] = ()  # PodGroup annotations both sides must end with
 
     def cycles_on(self, release: str) -> int:
         return self.cycles.get(release, 1)
@@ -168,6 +197,27 @@ SCENARIOS: tuple[Scenario, ...] = (
     # the 15 s after it is back in NORMAL.
     Scenario("rank-killed-at-global-fault", fault_rank=2, fault_kind="unknown", kill_ranks=(0,),
              kill_at="global-fault", settle=15.0),
+    # Seed 003's platform mode: ProcessRecoverStrategy empty, ProcessResultFault empty. At
+    # rank 2's process fault ClusterD sends nothing while it polls (every 3 s) for the
+    # platform's strategy; 6 s later the platform writes recover and RankTableReady=true;
+    # ClusterD confirms 2:1 in ProcessConfirmFault, and the recover of 2 and 3 succeeds.
+    Scenario("platform-recover", fault_rank=2, fault_kind="unknown", releases=("master", "7.3.2"),
+             podgroup={"ProcessRecoverStrategy": "", "ProcessResultFault": ""},
+             platform_writes=(PlatformWrite("plat-wait", 6.0, {"ProcessRecoverStrategy": "recover",
+                                                               "RankTableReady": "true"}),),
+             compared_annotations=("ProcessConfirmFault",)),
+    # Platform mode with the last fault's ProcessConfirmFault never cleared (the platform's
+    # strategy recover already written): ClusterD stops the job at rank 2's process fault,
+    # then refuses to confirm (509) and ends in FaultRetry (a dump_exit, no globalFault).
+    # The platform clears the confirm and readies the rank table 2 s after the refusal;
+    # the bridge re-reports the fault to the reset job, the second cycle confirms 2:1 and
+    # the recover succeeds. The controller waits out both cycles (60 s; 20 s would expire
+    # before the second globalFault).
+    Scenario("platform-confirm-not-cleared", fault_rank=2, fault_kind="unknown", wait_mindx_time=60,
+             releases=("master", "7.3.2"),
+             podgroup={"ProcessRecoverStrategy": "recover", "ProcessResultFault": "", "ProcessConfirmFault": "1:1"},
+             platform_writes=(PlatformWrite("plat-509", 2.0, {"ProcessConfirmFault": "", "RankTableReady": "true"}),),
+             cycles={"master": 2, "7.3.2": 2}, compared_annotations=("ProcessConfirmFault",)),
     # The bridge idle past three of its pings (every 30 s, its default), then a UCE: on
     # v7.3.2 (gRPC's default ping policy: the third strike draws GOAWAY) no GOAWAY, so
     # one subscription until the cycle.
@@ -195,8 +245,10 @@ def run_real(scenario: Scenario, release: str, peers: Path, workdir: Path) -> tr
     read back once ClusterD closed the scenario's cycles (or reached ``ends_at``) and
     ``settle`` quiet seconds passed; the entry is then stopped (SIGTERM) unless it ended
     by itself."""
+    podgroup = dict(scenario.podgroup)  # the platform's two keys have flags of their own
     options = HarnessOptions(job_uid=f"differential-{scenario.name}", strategies=scenario.strategies,
-                             keepalive=KEEPALIVE, release=release)
+                             keepalive=KEEPALIVE, release=release, platform=podgroup.pop("ProcessRecoverStrategy", None),
+                             plat_result=podgroup.pop("ProcessResultFault", None), annotations=podgroup)
     # A port outside the kernel's ephemeral range when the restart reuses it.
     port = free_port() if scenario.clusterd_outage else 0
     job = RealJob(peers, workdir, "daemon", options, wait_mindx_time=scenario.wait_mindx_time, clusterd_port=port,
@@ -209,6 +261,13 @@ def run_real(scenario: Scenario, release: str, peers: Path, workdir: Path) -> tr
         elif scenario.kill_ranks:
             job.clusterd.wait_log(MOMENTS[scenario.kill_at][0], 0, REAL_BOUND, f"ClusterD's {scenario.kill_at}")
             job.ranks.kill(scenario.kill_ranks)
+        written: list[tr.Step] = []
+        for write in scenario.platform_writes:
+            job.clusterd.wait_log(MOMENTS[write.at][0], 0, REAL_BOUND, f"ClusterD's {write.at}")
+            time.sleep(write.after)  # the platform's delay is the behaviour under test
+            sent = [s for s in tr.clusterd_steps(job.clusterd.log.lines(), release) if s.kind == "signal"]
+            job.clusterd.post("/pg/annotate", **write.annotations)
+            written.append(_platform_step(write, len(sent)))
         if scenario.clusterd_outage:
             job.clusterd.wait_log(MOMENTS["stop-complete"][0], 0, REAL_BOUND, "the stop-complete at ClusterD")
             job.clusterd.kill()
@@ -224,6 +283,8 @@ def run_real(scenario: Scenario, release: str, peers: Path, workdir: Path) -> tr
             job.entry.wait_exit(REAL_BOUND)
         time.sleep(scenario.settle)  # the quiet time is the behaviour under test: nothing late may come
         transcript = job.transcript()
+        transcript.steps = sorted([*transcript.steps, *written], key=lambda s: s.at)
+        transcript.annotations = {key: job.clusterd.annotation(key) for key in scenario.compared_annotations}
         if not scenario.entry_exits:
             transcript.exit_code = job.entry.terminate(timeout=70)
         return transcript
@@ -231,6 +292,13 @@ def run_real(scenario: Scenario, release: str, peers: Path, workdir: Path) -> tr
         raise AssertionError(f"the real run of {scenario.name} on {release} failed: {error}\n{job.dump()}") from error
     finally:
         job.close()
+
+
+def _platform_step(write: PlatformWrite, signals_before: int) -> tr.Step:
+    """The platform's write as a step of the transcript, with the signals ClusterD had
+    sent by then (keep-alives left out)."""
+    return tr.Step("platform", "annotate", write.text(), detail=f"after {signals_before} signal(s)",
+                   at=time.monotonic())
 
 
 # --------------------------------------------------------------------------- the simulations
@@ -256,7 +324,8 @@ async def run_sim(scenario: Scenario, release: str, workdir: Path) -> tr.Transcr
     """The same scenario on the simulated ClusterD of ``release`` and the stub controller
     (the bridge in process), on scaled clocks."""
     strategies = tuple(scenario.strategies.split(","))
-    spec = SimJob(f"differential-{scenario.name}", world_size=4, devices_per_pod=2, strategies=strategies)
+    spec = SimJob(f"differential-{scenario.name}", world_size=4, devices_per_pod=2, strategies=strategies,
+                  annotations=dict(scenario.podgroup))
     recorder = workdir / "sim-recorder"
     timings = SIM_TIMINGS
     job = SimulatedJob(spec, keepalive_interval=KEEPALIVE, clusterd_timings=timings,
@@ -285,6 +354,13 @@ async def run_sim(scenario: Scenario, release: str, workdir: Path) -> tr.Transcr
         if scenario.kill_ranks and scenario.kill_at != "start":
             await journal.wait_for(MOMENTS[scenario.kill_at][1], SIM_BOUND)
             training.disconnect_ranks(scenario.kill_ranks)
+        written: list[tr.Step] = []
+        for write in scenario.platform_writes:
+            await journal.wait_for(MOMENTS[write.at][1], SIM_BOUND)
+            await asyncio.sleep(write.after * SIM_SCALE)  # the platform's delay is the behaviour under test
+            sent = [e for e in journal.signals(job_id=spec.job_id) if e.name not in ("keep-alive", "rankTable")]
+            job.sim.platform_annotate(spec.job_id, write.annotations)
+            written.append(_platform_step(write, len(sent)))
         if scenario.clusterd_outage:
             await journal.wait_for(MOMENTS["stop-complete"][1], SIM_BOUND)
             address = job.sim.address
@@ -307,6 +383,9 @@ async def run_sim(scenario: Scenario, release: str, workdir: Path) -> tr.Transcr
         # loop (the bridge's, the simulated ClusterD's keep-alives) never stalls on them.
         events = await asyncio.to_thread(_bridge_events, recorder)
         transcript = sim_transcript(journal, list(job.training.events), events, spec.job_id)
+        transcript.steps = sorted([*transcript.steps, *written], key=lambda s: s.at)
+        podgroup = job.sim.podgroup(spec.job_id)
+        transcript.annotations = {key: podgroup.get(key) for key in scenario.compared_annotations}
     except Exception as error:  # the simulated run's own failure, with what it had seen
         events = await asyncio.to_thread(_bridge_events, recorder)
         seen = sim_transcript(journal, list(job.training.events), events, spec.job_id)
@@ -375,6 +454,9 @@ def clusterd_steps_sim(entries: Sequence[JournalEntry]) -> list[tr.Step]:
                                  strategy=str(d.get("changeStrategy") or ""), detail=str(d.get("uuid") or ""), at=at))
         elif entry.kind == "annotation" and entry.name == "ProcessRecoverStatus":
             steps.append(tr.Step("clusterd", "outcome", str(d.get("value")), at=at))
+        elif entry.kind == "platform":
+            steps.append(tr.Step("clusterd", "platform", entry.name, faults=tr.faults_text(d.get("faults") or ""),
+                                 strategy=str(d.get("strategy") or ""), code=entry.code, at=at))
     return steps
 
 
@@ -417,8 +499,11 @@ def _key(step: tr.Step) -> tuple[Any, ...]:
 
 
 def _compared_detail(step: tr.Step) -> str:
-    """The strategies offered, and a cycle's state path: the only free text compared."""
-    return step.detail if step.kind == "cycle" or step.name in ("ReportRecoverStrategy", "report_strategies") else ""
+    """The strategies offered, a cycle's state path and the signals sent before a
+    platform's write: the only free text compared."""
+    if step.kind == "cycle" or step.side == "platform" or step.name in ("ReportRecoverStrategy", "report_strategies"):
+        return step.detail
+    return ""
 
 
 def _shown(step: tr.Step | None) -> str:
@@ -428,8 +513,8 @@ def _shown(step: tr.Step | None) -> str:
     return f"{step} [{detail}]" if detail else str(step)
 
 
-COMPARED = {"clusterd": ("rpc", "signal", "outcome", "cycle"), "controller": ("callback", "notify"),
-            "bridge": ("rpc", "signal", "notify", "outcome")}
+COMPARED = {"clusterd": ("rpc", "signal", "outcome", "cycle", "platform"), "controller": ("callback", "notify"),
+            "bridge": ("rpc", "signal", "notify", "outcome"), "platform": ("annotate",)}
 
 
 def steps_of(transcript: tr.Transcript, name: str, kind: str) -> list[tr.Step]:
@@ -462,6 +547,9 @@ def differences(real: tr.Transcript, sim: tr.Transcript) -> list[str]:
         found.append(f"ProcessRecoverStatus: real {real.outcome} | sim {sim.outcome}")
     if real.exit_code != sim.exit_code:
         found.append(f"exit code: real {real.exit_code} | sim {sim.exit_code}")
+    for key in sorted(set(real.annotations) | set(sim.annotations)):
+        if real.annotations.get(key) != sim.annotations.get(key):
+            found.append(f"PodGroup {key}: real {real.annotations.get(key)!r} | sim {sim.annotations.get(key)!r}")
     return found
 
 
@@ -478,5 +566,6 @@ def report(scenario: Scenario, release: str, real: tr.Transcript, sim: tr.Transc
                 b = theirs[index] if index < len(theirs) else None
                 same = a is not None and b is not None and _key(a) == _key(b)
                 lines.append(f"{' ' if same else '!'} {_shown(a) if a else '':<70} | {_shown(b) if b else ''}")
-    lines.append(f"real: outcome={real.outcome} exit={real.exit_code}; sim: outcome={sim.outcome} exit={sim.exit_code}")
+    lines.append(f"real: outcome={real.outcome} exit={real.exit_code} {real.annotations}; "
+                 f"sim: outcome={sim.outcome} exit={sim.exit_code} {sim.annotations}")
     return "\n".join(lines)

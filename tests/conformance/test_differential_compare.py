@@ -60,6 +60,18 @@ def test_an_extra_step_the_outcome_and_the_exit_code_are_caught() -> None:
     assert differences(_run(), _run(exit_code=76)) == ["exit code: real 0 | sim 76"]
 
 
+def test_a_platform_write_after_a_signal_and_a_podgroup_that_differs_are_caught() -> None:
+    """A ClusterD that went on without the platform had sent a signal by its write; a
+    confirm written differently (or not at all) shows in the PodGroup at the end."""
+    write = Step("platform", "annotate", "ProcessRecoverStrategy=recover", detail="after 0 signal(s)")
+    found = differences(_run(extra=write), _run(extra=replace(write, detail="after 1 signal(s)")))
+    assert found == ["platform annotate #1: real platform annotate ProcessRecoverStrategy=recover "
+                     "[after 0 signal(s)] | sim platform annotate ProcessRecoverStrategy=recover [after 1 signal(s)]"]
+    real, sim = _run(), _run()
+    real.annotations, sim.annotations = {"ProcessConfirmFault": "2:1"}, {"ProcessConfirmFault": None}
+    assert differences(real, sim) == ["PodGroup ProcessConfirmFault: real '2:1' | sim None"]
+
+
 def test_the_report_prints_both_transcripts() -> None:
     found = differences(_run(), _run(code=499))
     text = report(SCENARIOS[0], "master", _run(), _run(code=499), found)

@@ -79,6 +79,34 @@ def test_clusterd_cycle_line_per_release() -> None:
     assert [s.kind for s in clusterd_steps(lines(v732), "master")].count("cycle") == 0
 
 
+#: Platform mode's lines, verbatim from the differential's ``platform-recover`` on the
+#: v7.3.2 harness (master writes the same lines at other line numbers).
+PLATFORM_CLUSTERD = """\
+[INFO]     2026/11/27 18:39:09.229265 94      recover/controller.go:697    start wait plat strategy ready, jobId=differential-platform-recover, pgName=e2e-job
+[INFO]     2026/11/27 18:39:18.232050 94      recover/controller.go:700    finish wait plat strategy, jobId=differential-platform-recover, pgName=e2e-job, strategy=recover, err=<nil>
+[INFO]     2026/11/27 18:39:19.240043 94      recover/controller.go:854    finish wait plat result fault, jobId=differential-platform-recover, faults=2:1, err=<nil>
+[INFO]     2026/11/27 18:39:19.240352 94      recover/controller.go:862    plat confirm strategy=recover, jobId=differential-platform-recover, err=<nil>
+[INFO]     2026/11/27 18:39:19.240455 94      recover/controller.go:977    jobId=differential-platform-recover, plat merge faults=2:1
+[INFO]     2026/11/27 18:39:19.253257 94      recover/controller.go:1201    start wait plat rankTable ready, jobId=differential-platform-recover, pgName=e2e-job
+[INFO]     2026/11/27 18:39:19.253622 94      recover/controller.go:1204    finish wait plat rankTable ready, jobId=differential-platform-recover, pgName=e2e-job, err=<nil>
+"""
+
+
+def test_clusterd_platform_mode() -> None:
+    assert [str(s) for s in clusterd_steps(lines(PLATFORM_CLUSTERD), "7.3.2")] == [
+        "clusterd platform wait-strategy",
+        "clusterd platform strategy strategy=recover",
+        "clusterd platform confirm strategy=recover",
+        "clusterd platform merge faults=2:1",
+        "clusterd platform rank-table-ready",
+    ]
+    # What an error does to them (the same format strings, an error instead of <nil>).
+    failed = (PLATFORM_CLUSTERD.replace("strategy=recover, err=<nil>", "strategy=, err=wait plat strategy")
+              .replace("pgName=e2e-job, err=<nil>", "pgName=e2e-job, err=check e2e-job RankTableReady failed"))
+    steps = [str(s) for s in clusterd_steps(lines(failed), "7.3.2")]
+    assert steps[1] == "clusterd platform strategy code=508" and steps[-1] == "clusterd platform rank-table-failed"
+
+
 def test_controller_side() -> None:
     steps = [str(s) for s in controller_steps(lines(CONTROLLER))]
     assert steps == [

@@ -9,7 +9,11 @@ implementation: a ``Step`` is one side's view of one thing.
   ``ReportStopComplete`` and ``ReportRecoverStatus`` with the status code reported and
   the strategy, ``ReportRecoverStrategy`` with the strategies), ``signal`` (the signal
   type, its fault ranks, its strategy), ``decision`` (the strategy chosen), ``outcome``
-  (the ``ProcessRecoverStatus`` written), ``cycle`` (a closed cycle's state path).
+  (the ``ProcessRecoverStatus`` written), ``cycle`` (a closed cycle's state path),
+  ``platform`` (platform mode's PodGroup exchange: ``wait-strategy``, ``strategy`` with
+  the platform's strategy read and 508 if none came, ``confirm`` with the strategy
+  re-read at the confirm step and 509 if unusable, ``confirm-failed`` (509), ``merge``
+  with the merged fault ranks, ``rank-table-ready`` / ``rank-table-failed``).
 * side ``controller``: what the controller did. ``callback`` (``report_fault_ranks``,
   ``report_stop_complete``, ``report_strategies``, ``report_result``, with fault ranks,
   code and strategy) and ``notify`` (``stop_train``, ``on_global_rank``,
@@ -17,6 +21,8 @@ implementation: a ``Step`` is one side's view of one thing.
   ``upgrade``, ``dump``, ``exit``, ``continue``, ``migration``; ``prepare_action``).
 * side ``bridge``: the bridge's own record: ``rpc`` with ClusterD's answer code,
   ``signal``, ``notify`` with the controller's return code, ``outcome``.
+* side ``platform``: what a test did as the AI platform: ``annotate`` (the PodGroup
+  annotations written, and how many signals ClusterD had sent by then).
 
 Fault ranks are written ``"rank:type,..."`` sorted by rank, whatever the source wrote
 (``{2:0}``, ``2:0``, ``[2:0, ]``, a Python dict). The parsers here read the real peers'
@@ -66,6 +72,8 @@ class Transcript:
     steps: list[Step] = field(default_factory=list)
     outcome: str | None = None  # the PodGroup's ProcessRecoverStatus at the end
     exit_code: int | None = None  # the entry's exit code, None while it runs
+    #: other PodGroup annotations read at the end (those a scenario compares), None: absent
+    annotations: dict[str, str | None] = field(default_factory=dict)
 
     def of(self, side: str, kind: str | None = None, name: str | None = None) -> list[Step]:
         return [s for s in self.steps
@@ -86,14 +94,15 @@ class Transcript:
         return [s.detail for s in self.of("clusterd", "cycle")]
 
     def to_json(self) -> str:
-        return json.dumps({"outcome": self.outcome, "exit_code": self.exit_code,
+        return json.dumps({"outcome": self.outcome, "exit_code": self.exit_code, "annotations": self.annotations,
                            "steps": [asdict(s) for s in self.steps]}, indent=1)
 
     def __repr__(self) -> str:  # what an assertion message shows
         return str(self)
 
     def __str__(self) -> str:
-        lines = [f"outcome={self.outcome} exit_code={self.exit_code}"]
+        lines = [f"outcome={self.outcome} exit_code={self.exit_code}"
+                 + (f" annotations={self.annotations}" if self.annotations else "")]
         lines += [f"{s.at:10.3f} {s}" for s in self.steps]
         return "\n".join(lines)
 
@@ -123,7 +132,18 @@ _CD_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"signal enqueue, jobId=\S+, uuid=(\S*), signalType=(\w+), strategy=(\w*), faults=(\S*)"), "signal"),
     (re.compile(r"choose strategy:(\w+)"), "decision"),
     (re.compile(r"ProcessRecoverStatus=([\w-]+)"), "outcome"),
+    # Platform mode (controller.go's platform-mode lines; the same in v7.3.2).
+    (re.compile(r"start wait plat strategy ready"), "plat-wait"),
+    (re.compile(r"finish wait plat strategy, jobId=\S+, pgName=\S+, strategy=(\w*), err=(.*)$"), "plat-strategy"),
+    (re.compile(r"plat confirm strategy=(\w*), jobId=\S+, err=(.*)$"), "plat-confirm"),
+    (re.compile(r"write confirm fault or wait plat result fault timeout|interacte with plat error"), "plat-failed"),
+    (re.compile(r"plat merge faults=(\S*)"), "plat-merge"),
+    (re.compile(r"finish wait plat rankTable ready, jobId=\S+, pgName=\S+, err=(.*)$"), "plat-rank-table"),
 ]
+#: ClusterD's platform-mode codes: no usable strategy in time (508); confirm, result or
+#: confirm-step strategy failed (509).
+_PLAT_CODES = {"plat-strategy": 508, "plat-confirm": 509}
+_NIL = "<nil>"
 
 
 def clusterd_steps(lines: Iterable[LogLine], release: str = "master") -> list[Step]:
@@ -162,6 +182,20 @@ def clusterd_steps(lines: Iterable[LogLine], release: str = "master") -> list[St
                 steps.append(Step("clusterd", "decision", "strategy", strategy=match.group(1), at=line.at))
             elif what == "outcome":
                 steps.append(Step("clusterd", "outcome", match.group(1), at=line.at))
+            elif what == "plat-wait":
+                steps.append(Step("clusterd", "platform", "wait-strategy", at=line.at))
+            elif what in _PLAT_CODES:
+                code = None if match.group(2).strip() == _NIL else _PLAT_CODES[what]
+                steps.append(Step("clusterd", "platform", what.removeprefix("plat-"), strategy=match.group(1),
+                                  code=code, at=line.at))
+            elif what == "plat-failed":
+                steps.append(Step("clusterd", "platform", "confirm-failed", code=509, at=line.at))
+            elif what == "plat-merge":
+                steps.append(Step("clusterd", "platform", "merge", faults=faults_text(match.group(1)), at=line.at))
+            elif what == "plat-rank-table":
+                ready = match.group(1).strip() == _NIL
+                steps.append(Step("clusterd", "platform", "rank-table-ready" if ready else "rank-table-failed",
+                                  at=line.at))
             break
     return steps
 

@@ -5,21 +5,20 @@ is concerned, with its sharp edges kept:
 
 * platform mode is the *presence* of ``ProcessRecoverStrategy`` at the first Init;
 * at a fault it polls the strategy until it is retry, recover or dump (after trimming
-  spaces and commas), else 508 after the wait and FaultRetry;
+  whitespace and commas), else 508 after the wait and FaultRetry;
 * it writes ``ProcessConfirmFault`` only if the key is empty or absent, else 509 at
   once ("plat not clear pre confirm fault"); the write is an unconditional patch;
 * it waits for the ``ProcessResultFault`` *key* (an empty value is fine), else 509;
 * it merges its in-memory confirm, the result and the confirm as re-read, with ClusterD's
   own string rules (whole-string trim, two-part elements, first rank text wins unless its
-  type is 0/2, one non-integer rank empties the list), taken from
-  :mod:`bridge.sim.clusterd_rules`, the module of ClusterD rules both simulations share
-  and that stays independent of the product's codec on purpose;
+  type is 0/2, one non-integer rank empties the list);
 * it re-reads the strategy in confirm mode (``exit`` allowed), else 509;
 * it chooses with the platform's value (plus exit) among the job's strategies; a
   recover waits for ``RankTableReady``: "true" goes, any other non-empty value fails at
   once, absent or empty waits and then fails; then the next choice;
-* it writes ``ProcessRecoverStatus`` with a get and an update conditioned on the
-  resourceVersion (retrying a conflict), like ``RetryUpdatePodGroup``;
+* it writes ``ProcessRecoverStatus`` with a merge patch (``updateFixResult``:
+  ``RetryPatchPodGroupAnnotations``, in every release from v7.0.RC1 to master), so a
+  platform's concurrent edit is never a conflict for it;
 * a retry that fails with 405 goes back to the confirm step (which needs the confirm
   cleared again); any other failed retry moves on without retry; a failed recover
   moves on to dump/exit; ``exit`` writes no status;
@@ -27,9 +26,16 @@ is concerned, with its sharp edges kept:
   to ``pause`` and back to ``on``;
 * it never clears ProcessConfirmFault, ProcessResultFault or RankTableReady.
 
-Not simulated: the gRPC side (stopTrain, reports: outcomes are scripted), same-node
-rank expansion, the ConfigMap, pod rescheduling, recover-in-place, downgrade. Times are
-scaled down (:class:`SimTimings`); the real polls are 3 s and the waits 300 s.
+Every rule above that reads or writes an annotation (the strategy reading, the confirm
+refusal, the merge, the rank-table reading, the platform's veto over the job's
+strategies) lives in :mod:`bridge.sim.clusterd_rules`, the module of ClusterD rules both
+simulations share and that stays independent of the product's codec on purpose: the
+gRPC simulated ClusterD plays the same platform mode with them (bridge/sim/clusterd_platform.py).
+
+Not simulated here: the gRPC side (stopTrain, reports: outcomes are scripted; the gRPC
+simulation has it), same-node rank expansion, the ConfigMap, pod rescheduling,
+recover-in-place, downgrade. Times are scaled down (:class:`SimTimings`); the real polls
+and waits are ``clusterd_timings.REAL.platform_poll`` (3 s) and ``platform_wait`` (300 s).
 """
 
 from __future__ import annotations
@@ -40,14 +46,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ...sim.clusterd_rules import CANONICAL_FAULTS, merge_fault_strings
-from ..annotations import CONFIRM, ENABLE_LABEL, PAUSED, RANK_TABLE_READY, RESULT, STATUS, STRATEGY
-from .apiserver import ApiError, PodGroupStore
+from ...sim.clusterd_rules import (CANONICAL_FAULTS, CONFIRM_OR_RESULT_FAILED, PLATFORM_CHOICES, STRATEGY_WAIT_TIMEOUT,
+                                   confirm_not_clear, merge_fault_strings, platform_job_strategies, platform_mode,
+                                   platform_strategy, rank_table_state)
+from ..annotations import CONFIRM, ENABLE_LABEL, PAUSED, RESULT, STATUS
+from .apiserver import PodGroupStore
 
 log = logging.getLogger("tft_bridge.platform.sim.clusterd")
 
-STRATEGY_WAIT_TIMEOUT = 508
-CONFIRM_OR_RESULT_FAILED = 509
+__all__ = ["CONFIRM_OR_RESULT_FAILED", "STRATEGY_WAIT_TIMEOUT", "CycleReport", "Outcomes", "SimPlatformClusterD",
+           "SimTimings"]
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ class SimPlatformClusterD:
     def init(self) -> bool:
         """Init: platform mode is frozen at the first call."""
         if self.platform_mode is None:
-            self.platform_mode = STRATEGY in self._annotations()
+            self.platform_mode = platform_mode(self._annotations())
         return self.platform_mode
 
     def fault(self, faults: Mapping[int, int] | str, outcomes: Outcomes = Outcomes()) -> CycleReport:
@@ -112,7 +120,7 @@ class SimPlatformClusterD:
             raise RuntimeError("not in platform mode: ProcessRecoverStrategy was absent at Init")
         report = CycleReport()
         text = faults if isinstance(faults, str) else self._faults_to_string(faults)
-        if self._wait_strategy(("retry", "recover", "dump")) is None:
+        if self._wait_strategy() is None:
             report.code = STRATEGY_WAIT_TIMEOUT
             self._fault_retry(report)
             return report
@@ -134,14 +142,12 @@ class SimPlatformClusterD:
 
     # ----------------------------------------------------------------- steps
 
-    def _wait_strategy(self, accepted: tuple[str, ...]) -> str | None:
+    def _wait_strategy(self) -> str | None:
         deadline = time.monotonic() + self.timings.wait
         while True:
-            annotations = self._annotations()
-            if STRATEGY in annotations:
-                value = annotations[STRATEGY].strip(" ").strip(",")
-                if value in accepted:
-                    return value
+            value = platform_strategy(self._annotations(), confirm=False)
+            if value is not None:
+                return value
             if time.monotonic() >= deadline:
                 return None
             time.sleep(self.timings.poll)
@@ -149,7 +155,7 @@ class SimPlatformClusterD:
     def _confirm_exchange(self, text: str, report: CycleReport) -> str | None:
         """Write the confirm, wait for the result, merge, re-read the strategy."""
         annotations = self._annotations()
-        if len(annotations.get(CONFIRM, "")) > 0:
+        if confirm_not_clear(annotations):
             report.violations.append(f"plat not clear pre confirm fault: {annotations[CONFIRM]!r}")
             return None
         self.store.patch_annotations(self.namespace, self.name, {CONFIRM: text})
@@ -170,20 +176,20 @@ class SimPlatformClusterD:
         merged, poisoned = merge_fault_strings(text, result, annotations.get(CONFIRM, ""))
         report.merged.append(merged)
         report.poisoned.append(poisoned)
-        plat = annotations.get(STRATEGY, "").strip(" ").strip(",")
-        report.platform_strategies.append(plat)
-        if plat not in ("retry", "recover", "dump", "exit"):
-            report.violations.append(f"confirm-step strategy {plat!r} is not retry/recover/dump/exit")
+        plat = platform_strategy(annotations, confirm=True)
+        report.platform_strategies.append(plat or "")
+        if plat is None:
+            report.violations.append("confirm-step strategy is not retry/recover/dump/exit")
             return None
         return plat
 
     def _choices(self, plat: str, normal: bool, after_failed_retry: bool) -> list[str]:
-        allowed = {plat, "exit"}
+        allowed = platform_job_strategies(self.configured, plat)
         order: list[str] = []
-        if not after_failed_retry and "retry" in allowed and "retry" in self.configured and not normal:
+        if not after_failed_retry and "retry" in allowed and not normal:
             order.append("retry")
-        for strategy in ("recover", "dump"):
-            if strategy in allowed and strategy in self.configured:
+        for strategy in PLATFORM_CHOICES[1:]:
+            if strategy in allowed:
                 order.append(strategy)
         order.append("exit")
         return order
@@ -221,11 +227,11 @@ class SimPlatformClusterD:
     def _rank_table_ready(self, report: CycleReport) -> bool:
         deadline = time.monotonic() + self.timings.wait
         while True:
-            value = self._annotations().get(RANK_TABLE_READY, "")
-            if value == "true":
+            state = rank_table_state(self._annotations())
+            if state == "ready":
                 report.rank_table.append("ready")
                 return True
-            if value:
+            if state == "failed":
                 report.rank_table.append("failed-now")
                 return False
             if time.monotonic() >= deadline:
@@ -234,19 +240,9 @@ class SimPlatformClusterD:
             time.sleep(self.timings.poll)
 
     def _write_status(self, value: str, report: CycleReport) -> None:
-        """Get, set, update with the resourceVersion; a conflict is retried from a new get."""
-        for _ in range(5):
-            obj = self.store.get(self.namespace, self.name)
-            obj["metadata"].setdefault("annotations", {})[STATUS] = value
-            try:
-                self.store.update(obj)
-            except ApiError as error:
-                if error.code == 409:
-                    continue
-                raise
-            report.statuses.append(value)
-            return
-        report.violations.append(f"could not write ProcessRecoverStatus={value} (conflicts)")
+        """A merge patch of the one key, as ``updateFixResult`` does: nothing to conflict."""
+        self.store.patch_annotations(self.namespace, self.name, {STATUS: value})
+        report.statuses.append(value)
 
     def _fault_retry(self, report: CycleReport) -> None:
         report.fault_retry = True
