@@ -35,6 +35,7 @@ import argparse
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 from baseline import pct  # noqa: E402
+
+from bench_footprint import sample  # noqa: E402
 
 from tests.conformance import peers as real_peers  # noqa: E402
 from tests.conformance.peers import Entry, HarnessOptions, LogLine, find_real_peers, unavailable  # noqa: E402
@@ -131,6 +134,47 @@ def one_cycle(peers: Path, way: str, index: int, kind: str, workdir: Path) -> di
     return figures
 
 
+#: ClusterD's own keep-alive interval on the signal stream (seconds), for the idle phase:
+#: the hop phase's 1 s would wake both ways five times as often as a real ClusterD does.
+IDLE_KEEPALIVE = 5
+IDLE_SETTLE = 5.0  # seconds after every rank registered, before a window
+
+
+def idle_window(peers: Path, way: str, index: int, seconds: float, workdir: Path) -> dict[str, float]:
+    """One job training without a fault on ``way``: what the process hosting the
+    controller costs the node in a window of ``seconds`` (its CPU time, the context
+    switches of all its threads, its threads and resident memory at the end)."""
+    folder = workdir / f"idle-{way}-{index}"
+    folder.mkdir()
+    options = HarnessOptions(job_uid=f"idle-{way}-{index}", keepalive=IDLE_KEEPALIVE)
+    with RealJob(peers, folder, ENTRY_OF[way], options, node_agent=False) as job:
+        job.start()
+        process = job.entry.process
+        assert process is not None
+        time.sleep(IDLE_SETTLE)  # the window is the thing measured: a fixed length, not a wait
+        before = sample(process.pid)
+        time.sleep(seconds)
+        after = sample(process.pid)
+    return {"cpu seconds": after.cpu - before.cpu, "context switches": float(after.switches - before.switches),
+            "threads": float(after.threads), "rss MiB": after.rss / 1024}
+
+
+def idle_phase(peers: Path, windows: int, seconds: float, workdir: Path) -> None:
+    """Both ways idle with 4 ranks training, windows alternated; sums over the windows."""
+    totals: dict[str, dict[str, list[float]]] = {way: {} for way in WAYS}
+    for index in range(windows):
+        for way in (WAYS if index % 2 == 0 else WAYS[::-1]):
+            for label, value in idle_window(peers, way, index, seconds, workdir).items():
+                totals[way].setdefault(label, []).append(value)
+    print(f"idle, 4 ranks training, no fault: {windows} window(s) of {seconds:.0f} s per way, alternated "
+          f"(ClusterD keep-alive every {IDLE_KEEPALIVE} s); the process hosting the controller")
+    for label in ("cpu seconds", "context switches"):
+        bridge, sync = sum(totals["bridge"][label]), sum(totals["sync"][label])
+        print(f"  {label:17} bridge {bridge:10.2f}   sync {sync:10.2f}   bridge / sync {bridge / sync if sync else 0:.2f}")
+    for label in ("threads", "rss MiB"):
+        print(f"  {label:17} bridge {max(totals['bridge'][label]):10.1f}   sync {max(totals['sync'][label]):10.1f}")
+
+
 def median_line(values: list[float]) -> str:
     if not values:
         return "no samples"
@@ -142,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="two cycles per way: checks that it runs")
     parser.add_argument("--cycles", type=int, default=10, help="retry cycles per way (default 10)")
     parser.add_argument("--kind", choices=("uce", "hccl"), default="uce", help="the fault rank 2 raises")
+    parser.add_argument("--idle", type=float, default=0.0, metavar="SECONDS",
+                        help="then each way idle for 2 windows of SECONDS (CPU, context switches; 0: not measured)")
+    parser.add_argument("--hops", type=int, choices=(0, 1), default=1, help="0: the idle phase only")
     args = parser.parse_args(argv)
     reason = unavailable()
     if reason is not None:
@@ -150,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     peers = find_real_peers()
     assert peers is not None
     cycles = 2 if args.quick else args.cycles
+    if not args.hops:
+        with tempfile.TemporaryDirectory(prefix="bench-conformance-") as scratch:
+            idle_phase(peers, 2, args.idle or 60.0, Path(scratch))
+        return 0
     figures: dict[str, dict[str, list[float]]] = {way: {} for way in WAYS}
     with tempfile.TemporaryDirectory(prefix="bench-conformance-") as scratch:
         for index in range(cycles):
@@ -172,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
                       "fault report, the bridge's before; compare the critical path)")
         else:
             misses += 1
+    if args.idle:
+        with tempfile.TemporaryDirectory(prefix="bench-conformance-") as scratch:
+            idle_phase(peers, 2, args.idle, Path(scratch))
     if misses:
         print(f"bench_conformance: {misses} figure(s) had no samples on a way (logs changed?)", file=sys.stderr)
         return 1

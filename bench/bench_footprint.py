@@ -19,7 +19,8 @@ each against ``tft-bridge sim-clusterd`` in a process of its own (real delays, k
 every 5 s). Phases, each read from ``/proc/PID`` of the measured process only:
 
 1. ``idle``: after it subscribed and the controller listens, ``--settle`` seconds, then
-   ``--idle`` seconds: CPU seconds used in the window (as % of one core), RSS, threads,
+   ``--idle`` seconds: CPU seconds used in the window (as % of one core), context
+   switches per second (every thread's, voluntary and involuntary), RSS, threads,
    descriptors at its end;
 2. ``ranks``: every rank connected to the stub (``training.connect_ranks``) and one TCP
    connection per rank held open to the controller's port, as each real rank keeps one;
@@ -87,6 +88,23 @@ class Sample:
     hwm: int  # kB, peak RSS so far
     threads: int
     fds: int
+    switches: int = 0  # context switches (voluntary + involuntary) of every thread so far
+
+
+def context_switches(pid: int) -> int:
+    """Voluntary and involuntary context switches summed over the process's threads
+    (``/proc/PID/task/*/status``): each is a wake-up or a preemption the process cost
+    the node, which CPU seconds of an idle process hide."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as lines:
+                for line in lines:
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        total += int(line.split()[1])
+        except OSError:
+            continue  # ended meanwhile
+    return total
 
 
 def sample(pid: int) -> Sample:
@@ -99,7 +117,7 @@ def sample(pid: int) -> Sample:
             key, _, value = line.partition(":")
             status[key] = value.strip()
     return Sample(cpu, int(status["VmRSS"].split()[0]), int(status["VmHWM"].split()[0]), int(status["Threads"]),
-                  len(os.listdir(f"/proc/{pid}/fd")))
+                  len(os.listdir(f"/proc/{pid}/fd")), context_switches(pid))
 
 
 def thread_names(pid: int) -> Counter[str]:
@@ -276,6 +294,7 @@ class Window:
     threads_peak: int = 0
     fds_peak: int = 0
     outcome: str = ""
+    switches: int = 0  # context switches in the window
 
     @property
     def load(self) -> float:
@@ -303,7 +322,8 @@ def window(pid: int, seconds: float) -> Window:
     started = time.monotonic()
     time.sleep(seconds)  # the measured window itself: the process is left alone in it
     last = sample(pid)
-    return Window(last.cpu - first.cpu, time.monotonic() - started, last, last.threads, last.fds)
+    return Window(last.cpu - first.cpu, time.monotonic() - started, last, last.threads, last.fds,
+                  switches=last.switches - first.switches)
 
 
 def cycles(pid: int, child: subprocess.Popen[str], output: Output, sim_output: Output, count: int) -> Window:
@@ -443,7 +463,8 @@ def print_side(side: Side) -> None:
             if phase == "cycle" else ""
         print(f"    {side.name:<6} {phase:<5} cpu {w.cpu:7.3f} s = {w.load:5.1f} % of a core   "
               f"rss {mib(w.end.rss):>6} MiB"
-              f" (peak {mib(w.end.hwm):>6})   threads {w.end.threads:4d}   fds {w.end.fds:6d}{peak}")
+              f" (peak {mib(w.end.hwm):>6})   threads {w.end.threads:4d}   fds {w.end.fds:6d}"
+              f"   switches {w.switches / w.seconds if w.seconds else 0.0:7.1f}/s{peak}")
 
 
 def print_ratios(bridge: Side, sync: Side) -> None:

@@ -16,9 +16,8 @@ Phases:
   handlers only decode, stamp and answer), the bridge and the synchronous client
   alternating round by round, plus a second synchronous client (the A/A control: the
   measurement's own noise floor). Per way: callback block time and callback -> server
-  received; for the bridge where the time goes (callback -> the hand-off thread, -> the
-  lane begins encoding the request when the report lane took it, -> event loop, -> the
-  request on the wire; wire -> server received), for the
+  received; for the bridge where the time goes (callback -> the wire takes it, -> the
+  request on the wire, -> the loop's bookkeeping; wire -> server received), for the
   synchronous client callback -> send and send -> server received: the server's own
   share, which the real ClusterD takes 0.6-1.1 ms for on loopback, its logging included.
   The event loop, which the benchmark shares with the bridge, sleeps ``HOP_WAIT`` after
@@ -65,7 +64,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bridge import fastlane
 from bridge.reporttypes import ControllerReport
 from bridge.lowlevel import AfterSend
 from bridge.reporttypes import REPORT_METHODS
@@ -78,9 +76,6 @@ from baseline import SyncClient, SyncRelay, p50_gap_interval, pct  # noqa: E402
 from bench_relay import JOB, NODE_RANKS, fault_map, signal_pair, until  # noqa: E402
 from fast_clusterd import FastClusterD, Stamp  # noqa: E402
 from taps import registered_callback, stamp_report_calls  # noqa: E402
-
-#: Where the report lane makes a call's request (stamped by ``stamp_bridge``, each job afresh).
-_LANE_REQUEST = fastlane._request_or_none
 
 if TYPE_CHECKING:  # annotations only (postponed): Python 3.10 has no typing.Self
     from typing_extensions import Self
@@ -169,61 +164,51 @@ class StampedSync(SyncRelay):
 
 @dataclass
 class BridgeStamps:
-    """Where a bridge's report was when: reached the hand-off thread, its request being
-    encoded (a report the lane took, bridge/fastlane.py: the hand-off thread makes its
-    call), the loop, the wire."""
+    """Where a bridge's report was when: taken by the wire (bridge/wire.py: the thread the
+    callback puts into), on the wire, then handed to the event loop's bookkeeping."""
 
-    handoff: list[tuple[str, float]] = field(default_factory=list)  # (first callback of the batch, at)
-    taken: list[tuple[str, float]] = field(default_factory=list)  # (callback, at): the lane began encoding it
-    loop: list[tuple[str, float]] = field(default_factory=list)  # (callback, at)
+    taken: list[tuple[str, float]] = field(default_factory=list)  # (callback, at): the wire took it
+    loop: list[tuple[str, float]] = field(default_factory=list)  # (callback, at): the loop's bookkeeping
     wire: list[tuple[str, float]] = field(default_factory=list)  # (method, at)
     started: list[tuple[str, float]] = field(default_factory=list)  # (method, at): gRPC's call start returned
     answered: list[tuple[str, float]] = field(default_factory=list)  # (method, at): the answer is back
 
     #: the places ``split`` names, in the path's order
-    PLACES = ("cb->hand-off", "cb->lane encodes", "cb->loop", "cb->wire")
+    PLACES = ("cb->wire took it", "cb->wire", "cb->loop")
 
     def clear(self) -> None:
-        for stamped in (self.handoff, self.taken, self.loop, self.wire, self.started, self.answered):
+        for stamped in (self.taken, self.loop, self.wire, self.started, self.answered):
             stamped.clear()
 
     def split(self, callback: str, method: str, called: float) -> dict[str, float]:
-        """Callback -> each place the report reached, for those it reached (the report
-        thread only when the lane took it)."""
-        reached = (after(self.handoff, callback, called), after(self.taken, callback, called),
-                   after(self.loop, callback, called), after(self.wire, method, called))
+        """Callback -> each place the report reached, for those it reached."""
+        reached = (after(self.taken, callback, called), after(self.wire, method, called),
+                   after(self.loop, callback, called))
         places = dict(zip(self.PLACES, reached))
         return {label: at - called for label, at in places.items() if at is not None}
 
 
 def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
-    """Stamp a started bridge's report path: each batch as it reaches the event loop, and
-    each report RPC as it goes on the wire (the report channel's callables
-    wrapped: nothing of the product changes)."""
+    """Stamp a started bridge's report path: each report as the wire takes it, each
+    report RPC as it goes on the wire (the report channel's callables wrapped), and each
+    report as the loop's bookkeeping has it; nothing of the product changes."""
     assert job.bridge is not None
     link = job.bridge.link
     stamps = BridgeStamps()
-    handle = link.handoff._handle
+    wire, reports = link.wire, link.reports
+    intake, taken = wire._intake, reports.taken
 
-    def stamped(reports: list[ControllerReport]) -> None:
+    def stamped_intake(item: tuple[Any, ...]) -> Any:  # on the wire's thread
+        stamps.taken.append((item[0], time.monotonic()))
+        return intake(item)
+
+    def stamped_taken(batch: list[Any]) -> None:  # on the loop
         now = time.monotonic()
-        stamps.loop.extend((report.callback, now) for report in reports)
-        handle(reports)
+        stamps.loop.extend((report.callback, now) for report in batch)
+        taken(batch)
 
-    link.handoff._handle = stamped
-    lane = link.lane
-    dispatch, prepare = lane.dispatch, _LANE_REQUEST
-
-    def stamped_dispatch(reports: list[ControllerReport], post: Any) -> None:
-        stamps.handoff.append((reports[0].callback, time.monotonic()))
-        dispatch(reports, post)
-
-    def stamped_prepare(job_id: str, callback: str, args: tuple[Any, ...]) -> bytes | None:
-        stamps.taken.append((callback, time.monotonic()))
-        return prepare(job_id, callback, args)
-
-    lane.dispatch = stamped_dispatch  # type: ignore[method-assign]
-    fastlane._request_or_none = stamped_prepare  # type: ignore[assignment]  # where the lane makes a request
+    wire._intake = stamped_intake  # type: ignore[method-assign]
+    reports.taken = stamped_taken  # type: ignore[method-assign]
     stamp_report_calls(job, stamps.wire, stamps.answered,
                        wrap=lambda callable_, name: stamp_call_start(callable_, name, stamps.started))
     return stamps
@@ -298,18 +283,9 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
         assert job.bridge is not None
         link = job.bridge.link
         stamps = stamp_bridge(job)
-        delivered = asyncio.Event()
-        on_delivered = link.relay._delivered
-
-        def delivered_hook(pending: Any) -> None:
-            on_delivered(pending)
-            delivered.set()
-
-        link.relay._delivered = delivered_hook  # type: ignore[method-assign]
-        rpc = link.client.rpc_thread
-        assert rpc is not None
-        print(f"  bridge: hand-off {link.handoff.mode}, SCHED_BATCH {link.handoff.batch_policy}; SCHED_FIFO loop "
-              f"{link.loop_priority.realtime}, report thread {rpc.realtime}")
+        registry = job.metrics.registry
+        print(f"  bridge: wire SCHED_BATCH {link.wire.batch_policy}, may run SCHED_FIFO {link.wire.realtime}; "
+              f"SCHED_FIFO loop {link.loop_priority.realtime}")
         ways: dict[str, Callable[..., int]] = {"bridge": registered_callback(job, "report_fault_ranks")}
         ways.update({name: sync.report_fault_ranks for name, sync in syncs.items()})
         print("controller callback -> fast server received (report_fault_ranks), loopback, server in its own process")
@@ -325,11 +301,13 @@ async def hops_phase(loads: list[int], sizes: list[int], rounds: dict[int, int],
                         for k, (name, callback) in enumerate(ways.items()):  # alternate: same conditions
                             faults = fault_map(size, len(ways) * i + k)
                             if name == "bridge":
-                                delivered.clear()
                                 stamps.clear()
+                                before = registry.get_sample_value("tft_bridge_reports_sent_total", {"kind": "fault"}) or 0
                                 result = controller.call(callback, faults, {})
                                 await asyncio.sleep(HOP_WAIT)
-                                await asyncio.wait_for(delivered.wait(), 30)
+                                if not await until(lambda: (registry.get_sample_value(
+                                        "tft_bridge_reports_sent_total", {"kind": "fault"}) or 0) > before, 30):
+                                    raise TimeoutError("the bridge did not deliver its report in 30 s")
                             else:
                                 result = sync_controller.call(callback, faults, {})
                                 await asyncio.sleep(HOP_WAIT)
@@ -433,7 +411,6 @@ class CycleFigures:
     split: dict[str, list[float]] = field(default_factory=dict)  # "<callback> #<n> <place>" (bridge, BridgeStamps.PLACES)
     critical: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    lane: tuple[int, int] | None = None  # the bridge's reports sent by its report lane, and of those chained
 
     def extend(self, other: CycleFigures) -> None:
         """Add another block's figures to these."""
@@ -443,9 +420,6 @@ class CycleFigures:
             self.split.setdefault(label, []).extend(values)
         self.critical.extend(other.critical)
         self.failures.extend(other.failures)
-        if other.lane is not None:
-            taken, chained = self.lane or (0, 0)
-            self.lane = (taken + other.lane[0], chained + other.lane[1])
 
 
 #: Rounds per load and size in the hops phase (up to 1 000 ranks). Two of its targets
@@ -584,8 +558,6 @@ async def cycles_bridge(cycles: int) -> CycleFigures:
                 raise RuntimeError("the bridge did not subscribe again")
 
         figures = await run_cycles(server, job.training, cycles, ready, stamps)
-        lane = job.bridge.link.lane
-        figures.lane = (lane.taken, lane.chained)
         return figures
     finally:
         await job.stop()
@@ -659,8 +631,6 @@ async def cycles_phase(loads: list[int], cycles: int, misses: list[str]) -> None
         print(f"    {CRITICAL:<36} bridge {stats(bridge.critical, 1e-3, 'ms')}")
         print(f"    {'':<36} sync   {stats(sync.critical, 1e-3, 'ms')}")
         print(f"    {'':<36} {gap_line(bridge.critical, sync.critical)}")
-        if bridge.lane is not None:
-            print(f"      bridge reports sent by the report lane: {bridge.lane[0]}, of which chained: {bridge.lane[1]}")
         for _, callback, nth, _ in REPORT_HOPS:  # in the cycle's order of reports, then the path's
             for name, figures, places in (("bridge", bridge, BridgeStamps.PLACES), ("sync", sync, SYNC_PLACES)):
                 for place in (*places, *WIRE_PLACES):

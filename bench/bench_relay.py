@@ -247,7 +247,7 @@ def row(label: str, values: list[float], unit: float, suffix: str) -> str:
             f"p99 {pct(values, 0.99) / unit:9.1f} {suffix}   (n={len(values)})")
 
 
-async def callback_phase(quick: bool, misses: list[str], handoff: str = "") -> None:
+async def callback_phase(quick: bool, misses: list[str]) -> None:
     rounds = {16: 200, 1_000: 100, 10_000: 30, 100_000: 8}
     if quick:
         rounds = {size: max(3, n // 5) for size, n in rounds.items()}
@@ -258,24 +258,20 @@ async def callback_phase(quick: bool, misses: list[str], handoff: str = "") -> N
     # declaring the controller gone to EXIT halfway through.
     job = SimulatedJob(SimJob(JOB, world_size=100_000, devices_per_pod=8), keepalive_interval=1.0,
                        start_clusterd=False, connected_ranks=NODE_RANKS, wait_time=3600,
-                       controller_timings=FAST_TIMINGS,  # the bridge's latency is measured, not the controller's
-                       config_overrides={"controller": {"handoff": handoff}} if handoff else None)
+                       controller_timings=FAST_TIMINGS)  # the bridge's latency is measured, not the controller's
     sim = RemoteSim(job._clusterd_address, JOB, 100_000, rank_sets=False)
     await sim.start()
     await job.start()
     try:
         await job.subscribed()
         assert job.bridge is not None and job.bridge.controller is not None
-        print(f"controller hand-off: {job.bridge.link.handoff.mode}")
         bridge_callback = registered_callback(job, "report_fault_ranks")
         wire = wire_log(job)
         print("controller callback -> ClusterD (report_fault_ranks), loopback, ClusterD in its own process")
         for size in SIZES:
-            relay = job.bridge.relay
-            assert relay is not None
-            lane = job.bridge.link.lane
+            outbox = job.bridge.link.wire
             _, latencies, on_wire = await measure_callbacks(sim, bridge_callback, size, rounds[size], 0, wire,
-                                                            idle=lambda: lane.unhandled == 0 and len(relay) == 0)
+                                                            idle=lambda: outbox.handed_all() and len(outbox) == 0)
             sync = SyncRelay(job.config.clusterd.address, JOB)
             try:
                 sync_blocks, sync_lat, _ = await measure_callbacks(sim, sync.report_fault_ranks, size, rounds[size], 7)
@@ -286,7 +282,7 @@ async def callback_phase(quick: bool, misses: list[str], handoff: str = "") -> N
                 count //= 5
             maps = [fault_map(size, 1000 + salt) for salt in range(4)]
             blocks, late = await asyncio.to_thread(callback_burst, bridge_callback, maps, count, spacing)
-            if not await relay.drain(120):
+            if not await outbox.drain(120):
                 misses.append(f"{size} ranks: the bridge did not deliver its burst within 120 s")
             print(f" {size:>7} ranks")
             print(row("bridge: callback blocks the controller", blocks, 1e-6, "us")
@@ -392,10 +388,10 @@ async def signal_pair(rounds: int, on_start: Callable[[SimulatedJob], None] = la
     return bridge, baseline
 
 
-async def main_async(quick: bool, phases: str, handoff: str = "") -> int:
+async def main_async(quick: bool, phases: str) -> int:
     misses: list[str] = []
     if "callbacks" in phases:
-        await callback_phase(quick, misses, handoff)
+        await callback_phase(quick, misses)
     if "signals" in phases:
         await signal_phase(quick, misses)
     print()
@@ -429,9 +425,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--phases", default="callbacks,signals", help="callbacks, signals or both")
-    parser.add_argument("--handoff", default="", help="controller.handoff for the bridge (default: the config's)")
     args = parser.parse_args()
-    return asyncio.run(main_async(args.quick, args.phases, args.handoff))
+    return asyncio.run(main_async(args.quick, args.phases))
 
 
 if __name__ == "__main__":

@@ -236,7 +236,6 @@ async def main_async(rounds_10k: int, rounds_100k: int, storm_count: int) -> int
             for size, rounds in ((10_000, rounds_10k), (100_000, rounds_100k)):
                 if rounds <= 0:  # e.g. --rounds-10k 0: run only the other workload
                     continue
-                assert job.bridge.relay is not None
                 ours = await large_maps(job, sim, bridge_callback, size, rounds, 0, wire)
                 theirs = await large_maps(job, sim, sync.report_fault_ranks, size, rounds, 50_000)
                 table(f"{size:,} ranks per callback, {rounds} callbacks each", ours, theirs)

@@ -52,14 +52,13 @@ def stamp_report_calls(job: SimulatedJob, wire: list[tuple[str, float]],
     ``answered``, as its answer is back). ``wrap(callable, name)`` runs on each of the
     report channel's callables first (e.g. a call-start stamp inside it)."""
     assert job.bridge is not None
-    rpc = job.bridge.link.client.rpc_thread
-    assert rpc is not None, "the report thread starts with the subscription"
+    wire_ = job.bridge.link.wire
     for method in REPORT_METHODS:
         name = method.rsplit("/", 1)[1]
-        callable_ = rpc._callable(method)
+        callable_ = wire_._callable(method)
         if wrap is not None:
             wrap(callable_, name)
-        rpc._callables[method] = StampedCallable(callable_, name, wire, answered)
+        wire_._callables[method] = StampedCallable(callable_, name, wire, answered)
 
 
 def wire_log(job: SimulatedJob) -> list[tuple[str, float]]:

@@ -1,6 +1,7 @@
-"""The controller's callback thread and the hand-off thread pinned to one CPU.
+"""The controller's callback thread and the report wire pinned to one CPU.
 
-The controller's callbacks wake the hand-off thread (``reports.Handoff``, THREAD mode),
+The controller's callbacks wake the report wire's thread (``wire.Wire``; called the
+hand-off thread below),
 which runs under ``SCHED_BATCH`` so that the wake-up never preempts the controller's
 thread inside the callback (``realtime.py`` says why no other policy will do). A batch
 thread woken on the controller's CPU runs the moment the controller's thread goes back

@@ -1,5 +1,5 @@
 """Capped exponential backoff with jitter, for every retry loop of the bridge and the
-platform agent: the session, the relay, the rank table subscriber, the PodGroup watcher."""
+platform agent: the session, the report wire, the rank table subscriber, the PodGroup watcher."""
 
 from __future__ import annotations
 

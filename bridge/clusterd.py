@@ -24,7 +24,6 @@ from .backoff import Backoff
 from .codes import Code
 from .config import ClusterDConfig
 from .metrics import BridgeMetrics, code_label, signal_type_label
-from .rpcthread import THREADED, Call, RpcThread
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +88,19 @@ def channel_options(config: ClusterDConfig, *, pings: float | None = None) -> li
     ]
 
 
+def classify_failure(error: grpc.RpcError, was_ready: bool) -> tuple[str, Delivery]:
+    """A failed call's status label and whether it provably never reached ClusterD:
+    refused by its rate limiter (UNKNOWN ``qps exceeded``, before any handler runs), or
+    UNAVAILABLE on a channel that was not connected when the call started. Anything else
+    may have reached it, and ClusterD's one-slot buffers make a blind resend dangerous."""
+    detail = error.details() or ""
+    code = error.code()
+    if code is grpc.StatusCode.UNKNOWN and "qps exceeded" in detail:
+        return "QPS_EXCEEDED", Delivery.NOT_DELIVERED
+    delivery = Delivery.NOT_DELIVERED if code is grpc.StatusCode.UNAVAILABLE and not was_ready else Delivery.UNKNOWN
+    return code.name, delivery
+
+
 def goaway(detail: str) -> bool:
     """Whether a call's error says ClusterD closed the connection with GOAWAY (gRPC core
     words a too_many_pings GOAWAY under an open stream as "Too many pings")."""
@@ -102,7 +114,7 @@ def connection_lost(metrics: BridgeMetrics, channel: str, detail: str) -> None:
     A GOAWAY (``too_many_pings`` from a release enforcing gRPC's default ping policy, or
     a ClusterD shutting down) and a broken connection look alike to the client: the
     channel leaves READY. gRPC reconnects at the next call; a report in flight at that
-    moment fails with an unknown outcome (``Delivery.UNKNOWN``, counted by the relay).
+    moment fails with an unknown outcome (``Delivery.UNKNOWN``, counted by the wire).
     Logged before it is counted: whoever sees the count (an alert, a test) finds the line."""
     log.warning("ClusterD closed the %s channel's connection (%s): a GOAWAY (e.g. too_many_pings: gRPC's own log "
                 "line says which) or a lost connection; gRPC reconnects at the next call", channel, detail)
@@ -128,6 +140,16 @@ def channel_credentials(config: ClusterDConfig) -> grpc.ChannelCredentials:
     )
 
 
+def report_channel(config: ClusterDConfig) -> grpc.Channel:
+    """The Report* calls' synchronous channel (the wire's, wire.py): ``grpc.aio`` hands
+    each call between the event loop and gRPC's poller thread, one more wake-up per hop.
+    It does not ping (``channel_options``)."""
+    options = channel_options(config, pings=0)
+    if config.tls:
+        return grpc.secure_channel(config.address, channel_credentials(config), options)
+    return grpc.insecure_channel(config.address, options)
+
+
 def client_info(job_id: str, role: str) -> bytes:
     return pb.ClientInfo(jobId=job_id, role=role).SerializeToString()
 
@@ -145,12 +167,9 @@ class ClusterDClient:
         self.config = config
         self._pings = max(config.grpc_keepalive, QUIET_STREAM_PING) if quiet_stream else None
         self.metrics = metrics
-        self.realtime_priority = realtime_priority  # of the report thread (bridge/realtime.py)
+        self.realtime_priority = realtime_priority  # of the report wire (bridge/realtime.py)
         self.channel: grpc.aio.Channel | None = None
         self._callables: dict[str, Any] = {}
-        # The Report* calls' thread and synchronous channel (bridge/rpcthread.py: grpc.aio
-        # hands each call between the loop and gRPC's poller thread, one more wake-up).
-        self.rpc_thread: RpcThread | None = None
         self.on_rpc = on_rpc
 
     async def open(self) -> None:
@@ -161,22 +180,7 @@ class ClusterDClient:
             self.channel = grpc.aio.insecure_channel(self.config.address, options)
         self._callables = {}
 
-    def _start_rpc_thread(self) -> None:
-        """The Report* calls' thread and channel (rpcthread.py), made when the Recover
-        stream is first opened: every report follows a subscription, so the channel is
-        connected before the first report, and a client that never subscribes (the rank
-        table's) holds no second connection or thread."""
-        if self.rpc_thread is None:
-            options = channel_options(self.config, pings=0)
-            sync_channel = (grpc.secure_channel(self.config.address, channel_credentials(self.config), options)
-                            if self.config.tls else grpc.insecure_channel(self.config.address, options))
-            self.rpc_thread = RpcThread(sync_channel, pb.Status.FromString, self.realtime_priority,
-                                        on_lost=lambda: connection_lost(self.metrics, "report", "it left READY"))
-
     async def close(self) -> None:
-        if self.rpc_thread is not None:
-            rpc_thread, self.rpc_thread = self.rpc_thread, None
-            await asyncio.to_thread(rpc_thread.close)
         if self.channel is not None:
             await self.channel.close(grace=None)
             self.channel = None
@@ -197,10 +201,8 @@ class ClusterDClient:
         return (await self.call_status(method, payload, timeout)).code
 
     async def call_status(self, method: str, payload: bytes, timeout: float | None = None) -> pb.Status:
-        """Send one pre-encoded request; ClusterD's whole Status, or RpcFailure."""
-        call = self.submit(method, payload, timeout=timeout)
-        if call is not None:
-            return await self.finish(call)
+        """Send one pre-encoded request; ClusterD's whole Status, or RpcFailure. (The
+        Report* calls are the wire's, on a channel of its own: wire.py.)"""
         name = method.rsplit("/", 1)[-1]
         # whether the channel the call goes over was connected: never-resend depends on it
         was_ready = self.connected()
@@ -211,50 +213,14 @@ class ClusterDClient:
             raise self._failure(name, error, started, was_ready) from None
         return self._answered(name, status, started)
 
-    def submit(self, method: str, payload: bytes, after: Call | None = None,
-               timeout: float | None = None) -> Call | None:
-        """Queue a Report* call on the report thread now; None where such calls are not
-        made there (then use ``call``). With ``after``: chained, sent only once ``after``
-        answered code 0 (rpcthread.py, "Chained calls"). Await it with ``finish``;
-        ``ChainBroken`` means it was never sent."""
-        threaded = self.rpc_thread if method in THREADED else None
-        if threaded is None:
-            return None
-        return threaded.submit(method, payload, timeout or self.config.rpc_timeout, after)
-
-    def unchain(self, call: Call) -> bool:
-        """Withdraw a chained call; True when it is certain never to be sent."""
-        return self.rpc_thread is not None and self.rpc_thread.cancel(call)
-
-    async def finish(self, call: Call) -> pb.Status:
-        """The outcome of a call made on the report thread: its Status, or RpcFailure
-        (``ChainBroken`` passes through: the call never left)."""
-        name = call.method.rsplit("/", 1)[-1]
-        try:
-            status = await call.future
-        except ValueError as error:  # the synchronous channel is closed (stopping): the call was never made
-            self.metrics.rpcs.labels(name, "CLOSED").inc()
-            raise RpcFailure(name, "CLOSED", str(error), Delivery.NOT_DELIVERED) from None
-        except grpc.RpcError as error:
-            # whether the report channel was connected when the call went out: never-resend depends on it
-            raise self._failure(name, error, call.started, call.was_ready) from None
-        return self._answered(name, status, call.started)
-
     def _failure(self, name: str, error: grpc.RpcError, started: float, was_ready: bool) -> RpcFailure:
-        """grpc.aio.AioRpcError, or the synchronous channel's error, counted and classified."""
+        """A grpc.aio.AioRpcError, counted and classified."""
         self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
-        detail = error.details() or ""
-        code = error.code()
-        if code is grpc.StatusCode.UNKNOWN and "qps exceeded" in detail:
-            self.metrics.rpcs.labels(name, "QPS_EXCEEDED").inc()
-            if self.on_rpc is not None:
-                self.on_rpc(name, "QPS_EXCEEDED", started, time.monotonic() - started)
-            return RpcFailure(name, "QPS_EXCEEDED", detail, Delivery.NOT_DELIVERED)
-        self.metrics.rpcs.labels(name, code.name).inc()
+        status, delivery = classify_failure(error, was_ready)
+        self.metrics.rpcs.labels(name, status).inc()
         if self.on_rpc is not None:
-            self.on_rpc(name, code.name, started, time.monotonic() - started)
-        delivery = Delivery.NOT_DELIVERED if code is grpc.StatusCode.UNAVAILABLE and not was_ready else Delivery.UNKNOWN
-        return RpcFailure(name, code.name, detail, delivery)
+            self.on_rpc(name, status, started, time.monotonic() - started)
+        return RpcFailure(name, status, error.details() or "", delivery)
 
     def _answered(self, name: str, status: pb.Status, started: float) -> pb.Status:
         self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
@@ -266,7 +232,6 @@ class ClusterDClient:
     def subscribe(self, job_id: str, role: str) -> Any:
         """The signal stream; each message arrives as (ProcessManageSignal, raw bytes)."""
         assert self.channel is not None
-        self._start_rpc_thread()
         stream = self.channel.unary_stream(
             SUBSCRIBE, request_serializer=None, response_deserializer=lambda raw: (pb.ProcessManageSignal.FromString(raw), raw)
         )
@@ -303,9 +268,13 @@ class Session:
     def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, on_signal: SignalHandler,
                  on_state: Callable[[SessionState], None] = lambda state: None,
                  screen: SignalScreen = lambda signal, raw: None, *,
-                 catch_up: Callable[[], None], before_subscribe: Callable[[], Awaitable[Any]]) -> None:
+                 catch_up: Callable[[], None], before_subscribe: Callable[[], Awaitable[Any]],
+                 on_cycles: Callable[[], None]) -> None:
         """``catch_up`` and ``before_subscribe`` keep the report path's order against
-        ClusterD's (below); required, so that no way of building a session forgets them."""
+        ClusterD's (below); ``on_cycles`` is told, on the loop, whenever ``live``,
+        ``current_uuid`` or the stream changed (the wire's snapshot, wire.Cycles, is out of
+        date). Required, so that no way of building a session forgets them."""
+        self._on_cycles = on_cycles
         self.job_id = job_id
         self.client = client
         self.config = client.config
@@ -320,11 +289,11 @@ class Session:
         # Subscribe resets ClusterD's cycle and empties its one-slot report buffers; a
         # report of the ended stream still on the wire could otherwise arrive after it and
         # be consumed as the new cycle's answer. Report* calls use a connection of their
-        # own (rpcthread.py), so nothing else orders the two.
+        # own (wire.py), so nothing else orders the two.
         self._before_subscribe = before_subscribe
         # Runs on the loop before it reacts to anything from ClusterD (a message, a
-        # stream's end, a Subscribe): the report lane hands over the controller's reports
-        # that left before the loop saw them (bridge/fastlane.py).
+        # stream's end, a Subscribe): the wire hands over the controller's reports that
+        # left before the loop saw them (bridge/wire.py).
         self._catch_up = catch_up
         self.state = SessionState.CONNECTING
         self.live = asyncio.Event()  # set while a subscription is live
@@ -454,6 +423,7 @@ class Session:
                     break
                 if not self.live.is_set():
                     self.live.set()
+                    self._on_cycles()
                     self.metrics.subscription_up.set(1)
                     self._set_state(SessionState.SUBSCRIBED)
                 self.last_message_at = time.monotonic()
@@ -478,6 +448,7 @@ class Session:
             self._catch_up()
             self._end_cycle()
             self.live.clear()
+            self._on_cycles()
             self.metrics.subscription_up.set(0)
         if reason == "cycle_end":
             log.info("ClusterD ended the signal stream (end of a recovery cycle or a server-side reset)")
@@ -508,6 +479,7 @@ class Session:
                 self._end_cycle()
             if uuid and not self.current_uuid:
                 self.current_uuid = uuid
+                self._on_cycles()
             return
         if uuid and uuid != self.current_uuid:
             refusal = self.screen(signal, raw)
@@ -517,10 +489,12 @@ class Session:
                 return
             self._end_cycle()
             self.current_uuid = uuid
+            self._on_cycles()
 
     def _end_cycle(self) -> None:
         ended, self.current_uuid = self.current_uuid, None
         if ended:
+            self._on_cycles()
             self._ended[ended] = None
             while len(self._ended) > 256:
                 del self._ended[next(iter(self._ended))]

@@ -112,7 +112,7 @@ class ClusterDConfig:
     key_file: str = ""
 
 
-#: ``controller.handoff`` values (the modes of ``bridge.reports.Handoff``).
+#: ``controller.handoff`` values: accepted and ignored (the old hand-off modes).
 HANDOFF_MODES = ("thread", "wake")
 
 
@@ -140,16 +140,15 @@ class ControllerConfig:
     # teardown -- ranks killed, then the bridge stopped -- leaves no orphan marker. A stop
     # while the job really trains on takes this much longer. 0: do not wait.
     rank_loss_wait: float = 12.0
-    # How callbacks reach the event loop (bridge/reports.py Handoff): "thread" keeps the
-    # controller's thread shortest; "wake" reaches the loop sooner on a node whose cores
-    # are busy but costs the callback a wake-up (docs/performance.md).
+    # Accepted for configurations written for earlier releases, and ignored: the
+    # controller's callbacks feed the report wire directly (bridge/wire.py); "wake" warns.
     handoff: str = "thread"
-    # SCHED_FIFO priority of the event loop and the report thread (bridge/realtime.py):
+    # SCHED_FIFO priority of the event loop and the report wire's calls (bridge/realtime.py):
     # they then run the moment they wake, also when the node's cores are busy; 0 leaves
     # them under the normal policy. The unit allows 1 (LimitRTPRIO=1).
     realtime_priority: int = 1
-    # Pin the controller's callback thread and the hand-off thread to the CPU the
-    # controller first calls back on (bridge/affinity.py): every wake-up of the hand-off
+    # Pin the controller's callback thread and the report wire to the CPU the
+    # controller first calls back on (bridge/affinity.py): every wake-up of the wire
     # is then local, and a report reaches the loop when the callback's thread goes back
     # to waiting instead of after a busy process's slice on another CPU. Within the
     # unit's CPUAffinity=; false leaves both free to move.
@@ -528,6 +527,9 @@ def config_warnings(config: BridgeConfig) -> list[str]:
             f"for a process (type-1) fault (1 s flush + 10 s, not configurable): the controller's wait for that "
             f"globalFault runs out first, so every process-fault recovery of this job ends in EXIT. Give it more "
             f"than {CLUSTERD_TYPE1_GLOBAL_FAULT_DELAY} s plus the time ClusterD may be away (default 30)")
+    if config.controller.handoff == "wake":
+        lines.append('controller.handoff = "wake" is no longer supported and is ignored: the controller\'s callbacks '
+                     "feed the report wire's thread directly (docs/architecture.md); remove the key")
     return lines
 
 

@@ -11,7 +11,7 @@ touches it again, and the loop validates and copies it.
 Every instruction on the controller's thread counts: the thread has just woken, so
 its caches are cold and each bytecode costs several times its warm price. The callback
 builds one plain tuple and calls a C-level queue put (a fraction of a dataclass and a
-Python-level put: docs/performance.md); the hand-off thread (``reports.Handoff``) turns
+Python-level put: docs/performance.md); the report wire (``wire.Wire``) turns
 the tuple into a ``ControllerReport`` on the other side. Everything after the put is the
 return path, ``bridge/reports.py``.
 """

@@ -1,7 +1,7 @@
 """The bridge's lifecycle: start-up, supervision while running, and a graceful stop.
 
 What crosses the bridge is elsewhere (``link.py`` builds it: ``signals.py`` one way,
-``reports.py`` the other, ``relay.py`` the outbox); this module only decides when things
+``wire.py`` and ``reports.py`` the other); this module only decides when things
 start and stop, and with which exit code.
 
 Start-up: metrics endpoint, rank table subscriber, then the link and ClusterD's Init
@@ -10,8 +10,8 @@ the controller is not started until a slow re-check finds it on; an unreachable 
 must not keep the ranks from training, so the controller starts anyway), then the
 controller, then READY=1.
 
-Running: the session, the dispatcher, the outbox, the rank table subscriber, the tick,
-and three threads (the controller hand-off, the report RPCs and the metrics endpoint) are
+Running: the session, the dispatcher, the rank table subscriber, the tick,
+and two threads (the report wire and the metrics endpoint) are
 supervised: the first of them to end, unless the bridge is stopping, stops the bridge
 cleanly with exit code 1 and a log line naming it and why. Under systemd a dead part would otherwise only
 show as a missed watchdog ping, and the SIGABRT that follows skips the drain and the
@@ -69,7 +69,7 @@ from .metrics import BridgeMetrics, MetricsServer
 from .orphan import ControllerMarker, OrphanWatch, sweep_stale_markers
 from .ranktable import RankTableSubscriber
 from .recorder import NullRecorder, Recording
-from .relay import Relay
+from .wire import Wire
 from .state import state_directory
 from .systemd import Notifier
 
@@ -158,7 +158,7 @@ class Bridge:
 
     @property
     def link(self) -> Link:
-        """The running link (client, session, outbox, dispatcher, return path, hand-off)."""
+        """The running link (client, session, dispatcher, wire, bookkeeping)."""
         if self._link is None:
             raise RuntimeError("the bridge has not started")
         return self._link
@@ -173,8 +173,8 @@ class Bridge:
         return self.link.controller
 
     @property
-    def relay(self) -> Relay:
-        return self.link.relay
+    def wire(self) -> Wire:
+        return self.link.wire
 
     # ------------------------------------------------------------------ start-up
     async def _start(self) -> None:
@@ -209,11 +209,8 @@ class Bridge:
         self.side = SideServices(c, link, self.metrics)
         self.side.start()
         self._tasks.update(self.side.tasks)
-        self._watch_thread("controller hand-off thread", lambda: link.handoff.alive)
-        # Started with the first subscription (None until then): a dead one would leave
-        # every Report* call waiting for an answer that never comes.
-        self._watch_thread("report RPC thread",
-                           lambda: link.client.rpc_thread is None or link.client.rpc_thread.alive)
+        # A dead wire would leave every report of the controller unsent.
+        self._watch_thread("report wire thread", lambda: link.wire.alive)
         try:
             await asyncio.wait_for(link.session.init_answered.wait(), c.clusterd.startup_wait)
         except asyncio.TimeoutError:
@@ -342,7 +339,7 @@ class Bridge:
         link = self.link
         ranks = "yes" if link.controller.started and link.controller.connected() else "no"
         return (f"{self.orphan.status_prefix()}ClusterD: {link.session.state.value}; controller: {self.flow.step.value}, "
-                f"ranks connected: {ranks}; outbox: {len(link.relay)}")
+                f"ranks connected: {ranks}; outbox: {len(link.wire)}")
 
     def _publish_status(self) -> None:
         line = self._status_line()
@@ -419,13 +416,13 @@ class Bridge:
         the stream is down right now, give it one RPC deadline (at most 5 s) to come back;
         the drain itself is bounded the same way (``Link.stop``)."""
         link = self.link
-        if len(link.relay) and not link.session.live.is_set():
+        if len(link.wire) and not link.session.live.is_set():
             wait = min(5.0, self.config.clusterd.rpc_timeout)
             try:
                 await asyncio.wait_for(link.session.live.wait(), wait)
             except asyncio.TimeoutError:
                 log.warning("ClusterD's stream is down; %d report(s) of the ended controller may not be delivered",
-                            len(link.relay))
+                            len(link.wire))
 
     def _stop_ranktable(self) -> None:
         if self.ranktable is not None:

@@ -1,19 +1,24 @@
 """Everything between one controller and ClusterD, built as one object.
 
-A ``Link`` is the ClusterD client, the signal session, the outbox (``relay.py``), the
-signal dispatcher (``signals.py``, ClusterD -> controller), the return path
-(``reports.py``, controller -> ClusterD) and the hand-off thread between the
-controller's callbacks and the event loop. They are built together because none of
-them works without the others: the session hands signals to the dispatcher and tells
-the outbox when a cycle died; the dispatcher moves the flow the return path binds
-reports to; the hand-off feeds the return path. Built whole, no part is ever missing.
+A ``Link`` is the ClusterD client, the signal session, the signal dispatcher
+(``signals.py``, ClusterD -> controller), the report wire (``wire.py``: the thread that
+owns the outbox and the report channel, fed by the controller's callbacks) and the return
+path's bookkeeping (``reports.py``). They are built together because none of them works
+without the others: the session hands signals to the dispatcher; the dispatcher moves
+the flow whose answering cycle the wire binds reports to; the wire hands each report to
+the bookkeeping. Built whole, no part is ever missing.
+
+What the wire needs of the loop's state it gets as one immutable snapshot
+(``wire.Cycles``), published by ``_publish`` whenever the session's stream or cycle, the
+flow's answering cycle or the resume's rebound cycle changed, and before every notify
+(the controller answers only after one).
 
 Two hosts use it: the daemon (``bridge.daemon.Bridge``), which owns and starts the
 controller, and the seed API (``bridge.recover_manager``), whose caller runs the
 controller (``ControllerHost(..., external=True)``). ``start()`` and ``stop()`` are the
 whole lifecycle of the link; supervising its tasks is the host's business.
 
-Create it inside the running event loop (the hand-off wakes that loop).
+Create it inside the running event loop (the wire posts to that loop).
 """
 
 from __future__ import annotations
@@ -25,18 +30,19 @@ from typing import Any
 
 from . import realtime
 from .affinity import ControllerPin
-from .clusterd import ClusterDClient, Session, SessionState, run_logged
+from .backoff import Backoff
+from .clusterd import ClusterDClient, Session, SessionState, report_channel, run_logged
 from .config import BridgeConfig
 from .controller import ControllerHost
-from .fastlane import ReportLane
 from .flow import ControllerFlow
 from .hooks import NodeHooks
 from .metrics import BridgeMetrics
 from .realtime import LoopPriority
 from .recorder import NullRecorder
-from .relay import Relay
-from .reports import Handoff, ReportFields, ReportPath
+from .reports import ReportPath
+from .reporttypes import ReportFields
 from .signals import SignalDispatcher, screen_signal
+from .wire import Cycles, Taken, Wire
 
 log = logging.getLogger(__name__)
 
@@ -57,61 +63,87 @@ class Link:
         self.client = ClusterDClient(config.clusterd, metrics, config.controller.realtime_priority,
                                      on_rpc=self.recorder.rpc if self.recorder.enabled else None)
         hooks = NodeHooks(config.hooks.node_command, config.hooks.timeout, metrics)
-        self.dispatcher = SignalDispatcher(config.job_id, flow, controller, hooks, metrics,
-                                           on_kill_master=on_kill_master,
-                                           pause_timeout=config.controller.pause_timeout)
-        self.dispatcher.observer = self._observer
-        # The session, the outbox, the return path, the report lane and the hand-off need
-        # each other; each is given the others' parts it calls at construction, as late-bound
-        # calls into this link (all of them exist before the loop runs any of them).
+        # The session, the wire, the bookkeeping and the dispatcher need each other; each is
+        # given the others' parts it calls at construction, the ones built after it as
+        # late-bound calls into this link (all of them exist before the loop runs any).
+        self.wire = Wire(config.job_id, report_channel(config.clusterd), asyncio.get_running_loop(), self, metrics,
+                         rpc_timeout=config.clusterd.rpc_timeout,
+                         backoff=Backoff(config.clusterd.reconnect_initial, config.clusterd.reconnect_max),
+                         limit=config.outbox_limit, realtime_priority=config.controller.realtime_priority,
+                         pin=ControllerPin(config.controller.pin_cpu))
+        self.reports = ReportPath(config.job_id, flow, self.wire, metrics, observer, recorder=self.recorder,
+                                  fill=self.wire.fill, resubscribe=lambda reason: self.session.request_resubscribe(reason),
+                                  publish=self._publish)
+        self.dispatcher = SignalDispatcher(
+            config.job_id, PublishingFlow(flow, lambda: self._publish()), controller, hooks, metrics,  # type: ignore[arg-type]
+            on_kill_master=on_kill_master, resume=self.reports.resume, repeats=self.reports.repeats,
+            on_exit_decided=self.reports.exit_decided,
+            on_orphaned_global_fault=lambda: self.session.request_resubscribe("orphaned_global_fault"),
+            pause_timeout=config.controller.pause_timeout, observer=self._observer,
+            recorder=self.recorder if self.recorder.enabled else None)
         self.session = Session(config.job_id, self.client, metrics, self.dispatcher.submit, self._session_state,
-                               screen=screen_signal, catch_up=lambda: self.lane.flush(),
-                               before_subscribe=lambda: self.relay.settle(config.clusterd.rpc_timeout + 1.0))
+                               screen=screen_signal, catch_up=self.wire.catch_up,
+                               before_subscribe=lambda: self.wire.settle(config.clusterd.rpc_timeout + 1.0),
+                               on_cycles=self._publish)
         metrics.bind_keepalive_clock(lambda: self.session.last_message_at)
-        self.relay = Relay(config.job_id, self.client, self.session, metrics, config.outbox_limit,
-                           on_drop=self.recorder.dropped,
-                           on_outcome_unknown=lambda kind: self.reports.resume.outcome_unknown(kind))
-        self.reports = ReportPath(config.job_id, flow, self.relay, metrics, observer, recorder=self.recorder)
-        self.dispatcher.on_exit_decided = self.reports.exit_decided
-        self.dispatcher.resume = self.reports.resume
-        self.dispatcher.repeats = self.reports.repeats
-        self.dispatcher.on_orphaned_global_fault = lambda: self.session.request_resubscribe("orphaned_global_fault")
-        loop = asyncio.get_running_loop()
-        self.lane = ReportLane(config.job_id, self.relay, self.session, self.client, loop, flow,
-                               deliver=lambda reports: self.handoff.handle_posted(reports),
-                               loop_only_strategies=lambda cycle: self.reports.resume.sends_itself(cycle))
-        self.handoff = Handoff(loop, self.reports.handle, config.controller.handoff,
-                               pin_cpu=config.controller.pin_cpu, lane=self.lane)
-        if (pin := self.handoff.pin) is not None:
+        if (pin := self.wire.pin).enabled:
             metrics.bind_controller_cpu(lambda: pin.handoff_cpu)
         self.loop_priority = LoopPriority(config.controller.realtime_priority)  # held from start to stop
         if config.controller.realtime_priority > 0:  # off: not exported (no alert for a choice)
             metrics.bind_realtime_threads({
                 realtime.LOOP: lambda: self.loop_priority.realtime,
-                realtime.REPORT: lambda: self.client.rpc_thread is not None and self.client.rpc_thread.realtime,
+                realtime.REPORT: lambda: self.wire.realtime,
             })
-        if self.recorder.enabled:
-            self.dispatcher.recorder = self.recorder
         self.tasks: dict[str, asyncio.Task[Any]] = {}
 
     @property
     def sink(self) -> Callable[[ReportFields], None]:
-        """Where the controller's callbacks put their arguments (O(1), see Handoff)."""
-        return self.handoff.put
+        """Where the controller's callbacks put their arguments: the wire's inbox (one C
+        call that keeps the GIL)."""
+        return self.wire.put
 
     @property
     def controller_pin(self) -> ControllerPin | None:
-        """What pins an owned controller's callback thread to one CPU with the hand-off
-        thread (bridge/affinity.py), for its callbacks; None when off."""
-        pin = self.handoff.pin
-        return pin if pin is not None and pin.enabled else None
+        """What pins an owned controller's callback thread to one CPU with the wire
+        (bridge/affinity.py), for its callbacks; None when off."""
+        pin = self.wire.pin
+        return pin if pin.enabled else None
+
+    # ------------------------------------------------------------------ the wire's listener (on the loop)
+    def taken(self, reports: list[Taken]) -> None:
+        self.reports.taken(reports)
+
+    def dropped(self, kind: str, cycle: str | None, reason: str) -> None:
+        self.recorder.dropped(kind, cycle, reason)
+
+    def outcome_unknown(self, kind: str) -> None:
+        self.reports.resume.outcome_unknown(kind)
+
+    def resubscribe(self, reason: str) -> None:
+        self.session.request_resubscribe(reason)
+
+    def rpc(self, method: str, code: int | str, started: float, seconds: float) -> None:
+        """A Report* call's outcome goes to the same observer as the client's own calls
+        (``ClusterDClient.on_rpc``: the flight recorder, or a seed-API caller's hook), so
+        whoever watches the link's RPCs sees every one of them."""
+        on_rpc = self.client.on_rpc
+        if on_rpc is not None:
+            on_rpc(method, code, started, seconds)
+
+    def _publish(self) -> None:
+        """The wire's snapshot of the loop's state, anew (on the loop)."""
+        session, live = self.session, self.session.live.is_set()
+        self.wire.publish(Cycles(live=live, running=session.current_uuid,
+                                 stream=session.stream_token() if live else None, answering=self.flow.answering,
+                                 narrowed=self.reports.resume.narrowed()))
 
     async def start(self) -> None:
-        """Open the channel and start the session, the dispatcher and the outbox."""
+        """Open the channel and start the session and the dispatcher (the wire runs from
+        its construction)."""
         self.loop_priority.hold()
         await self.client.open()
-        for name, body in (("session", self.session.run()), ("dispatcher", self.dispatcher.run()),
-                           ("relay", self.relay.run())):
+        self._publish()
+        for name, body in (("session", self.session.run()), ("dispatcher", self.dispatcher.run())):
             self.tasks[name] = spawn(name, body)
 
     async def stop(self, before_destroy: Callable[[], None] = lambda: None) -> None:
@@ -140,15 +172,13 @@ class Link:
         before_destroy()
         if self.controller.started and self.controller.owned:
             await asyncio.to_thread(self.controller.destroy, self.config.controller.destroy_timeout)
-        # Every report the controller put so far reaches the outbox before the drain looks
-        # at it (a callback during the destroy may still be waiting in the hand-off, behind
-        # a report lane call the hand-off thread makes: that call's deadline bounds it).
-        await asyncio.to_thread(self.handoff.close, 2.0 + self.config.clusterd.rpc_timeout)
-        self.lane.flush()  # and those the report lane still holds
-        if self.session.live.is_set() and len(self.relay):
-            await self.relay.drain(timeout=min(5.0, self.config.clusterd.rpc_timeout))
+        # Every report the controller put so far is in the wire's outbox before the drain
+        # looks at it, and the loop has taken them.
+        if self.session.live.is_set():
+            await self.wire.drain(timeout=min(5.0, self.config.clusterd.rpc_timeout))
         self.session.stop()
-        self.relay.stop()
+        await asyncio.to_thread(self.wire.stop, 2.0 + self.config.clusterd.rpc_timeout)
+        self.wire.catch_up()
         await finish(self.tasks.values())
         self.dispatcher.close()
         await self.client.close()
@@ -158,6 +188,31 @@ class Link:
         self.recorder.session(state.value)
         self.reports.on_session_state(state)
         self._on_state(state)
+
+
+class PublishingFlow:
+    """The flow as the dispatcher sees it: ``notified`` and ``restore`` change the cycle
+    the controller answers, so each publishes the wire's snapshot right after, before the
+    notify is made (the controller answers only after a notify) and after a refused one
+    is undone. Everything else is the flow's own."""
+
+    def __init__(self, flow: ControllerFlow, publish: Callable[[], None]) -> None:
+        object.__setattr__(self, "_flow", flow)
+        object.__setattr__(self, "_publish", publish)
+
+    def notified(self, *args: Any, **kwargs: Any) -> None:
+        self._flow.notified(*args, **kwargs)
+        self._publish()
+
+    def restore(self, snapshot: Any) -> None:
+        self._flow.restore(snapshot)
+        self._publish()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._flow, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._flow, name, value)
 
 
 def spawn(name: str, body: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

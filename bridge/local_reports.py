@@ -38,7 +38,7 @@ from typing import Any
 from . import faults as codec
 from .flow import Step
 from .metrics import BridgeMetrics
-from .reports import ReportFields
+from .reporttypes import ReportFields
 
 log = logging.getLogger(__name__)
 

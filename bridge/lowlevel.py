@@ -13,7 +13,7 @@ instead of the bridge silently falling back to its slower way:
   (docs/mindio-controller.md).
 * gRPC's private ``_channel`` of a synchronous unary callable (``after_send``): the one
   place where the request has been written and the caller has not yet started waiting
-  for the answer (rpcthread.py, "Once the request is written").
+  for the answer (wire.py: the wire turns realtime there).
 """
 
 from __future__ import annotations

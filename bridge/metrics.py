@@ -179,11 +179,11 @@ class BridgeMetrics:
         self.realtime_thread = Gauge(
             "tft_bridge_realtime_thread",
             "1 while this thread (loop, report) runs under SCHED_FIFO (controller.realtime_priority); 0: it waits for "
-            "a core when the node is busy (refused, or the report thread before the first subscription); not "
+            "a core when the node is busy (refused; report: whether the report wire may, probed at its start); not "
             "exported with realtime_priority 0", ["thread"], registry=r)
         self.controller_cpu = Gauge(
             "tft_bridge_controller_cpu",
-            "The CPU the controller's callback thread and the hand-off thread are pinned to (controller.pin_cpu); "
+            "The CPU the controller's callback thread and the report wire's thread are pinned to (controller.pin_cpu); "
             "-1: not pinned (off, refused, or no callback yet)", registry=r)
         self.controller_cpu.set(-1)
         self.outbox_depth = Gauge(
@@ -287,7 +287,7 @@ class BridgeMetrics:
             self.realtime_thread.labels(thread).set_function(lambda query=query: 1.0 if query() else 0.0)
 
     def bind_controller_cpu(self, query: Callable[[], int]) -> None:
-        """Where the controller's thread and the hand-off thread are pinned (bridge/affinity.py)."""
+        """Where the controller's thread and the report wire's thread are pinned (bridge/affinity.py)."""
         self.controller_cpu.set_function(lambda: float(query()))
 
     def bind_controller_switch(self, query: Callable[[], bool]) -> None:

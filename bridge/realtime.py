@@ -1,27 +1,23 @@
-"""Realtime scheduling for the event loop and the report thread, never for the hand-off.
+"""Realtime scheduling for the event loop, and for the report wire only while a call is out.
 
-A report crosses the bridge's threads after the controller's callback returns (the
-hand-off thread, the event loop, the report thread: ``reports.Handoff``,
-``rpcthread.RpcThread``); a signal crosses the loop. The synchronous MindCluster client
-crosses none: its callback makes the RPC. Recoveries happen when a node's cores are busy
-(ranks restarting, checkpoints loading), and then a thread woken under the normal
-policy, ``SCHED_BATCH``, a short EEVDF slice or a negative nice level waits for a core
-for milliseconds; under ``SCHED_FIFO`` priority 1 it runs at once, ahead of every
+A report crosses one of the bridge's threads after the controller's callback returns
+(the report wire, ``wire.Wire``); a signal crosses the loop. The synchronous MindCluster
+client crosses none: its callback makes the RPC. Recoveries happen when a node's cores
+are busy (ranks restarting, checkpoints loading), and then a thread woken under the
+normal policy, ``SCHED_BATCH``, a short EEVDF slice or a negative nice level waits for a
+core for milliseconds; under ``SCHED_FIFO`` priority 1 it runs at once, ahead of every
 normal-policy task (docs/performance.md, "Measurements behind the design").
 
-Which threads, and why not the hand-off thread: a woken realtime thread goes to the CPU
-it last ran on whatever runs there. The hand-off thread is woken by the controller's
-own thread, from inside the callback; realtime, it preempted that thread, which then
-waited behind the busy processes for its CPU back while holding the GIL -- and the
-controller blocks on every callback. So it waits for
-callbacks under ``SCHED_BATCH`` (``reports.Handoff``), and is realtime only from the
-moment it has written a report lane call's request until it is back to waiting for a
-callback (``fastlane.py``): no callback wakes it then, and ClusterD's answer must. Not
-while it writes: a realtime writer keeps ClusterD's receiving thread, which Linux puts
-on the writer's CPU, from running there (``rpcthread.py``). The loop and the report thread are woken by the
-hand-off thread, by each other and by the network, not from inside a callback (except
-under the opt-in WAKE hand-off, whose callback wakes the loop itself and pays for it in
-block time).
+Why the wire waits under ``SCHED_BATCH``: a woken realtime thread goes to the CPU it
+last ran on whatever runs there. The wire is woken by the controller's own thread, from
+inside the callback; realtime, it preempted that thread, which then waited behind the
+busy processes for its CPU back while holding the GIL -- and the controller blocks on
+every callback. So it waits for callbacks under ``SCHED_BATCH``, and is realtime only
+from the moment it has written a request until it is back to waiting: no callback wakes
+it then, and ClusterD's answer must. Not while it writes: a realtime writer keeps
+ClusterD's receiving thread, which Linux puts on the writer's CPU, from running there
+(``lowlevel.after_send``). The loop is woken by the wire and by the network, never from
+inside a callback.
 
 Why it is safe to give them that:
 

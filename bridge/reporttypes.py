@@ -2,8 +2,7 @@
 
 A leaf module (it imports nothing of the bridge), so that every module of the report
 path -- the callbacks (``controller.py``), the flow (``flow.py``), the metrics, the
-return path (``reports.py``), the outbox (``relay.py``) and the report thread
-(``rpcthread.py``) -- names the same four callbacks, report kinds and RPC paths without
+bookkeeping (``reports.py``) and the report wire (``wire.py``) -- names the same four callbacks, report kinds and RPC paths without
 importing each other.
 
 The peer facts: the controller has exactly four report callbacks
@@ -17,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 #: The controller's four callbacks, in the order of one fault flow.
 CALLBACKS = ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result")
@@ -52,18 +51,25 @@ class ControllerReport(NamedTuple):
     args: tuple[Any, ...]
     at: float  # time.monotonic() on the controller's thread
     waiter: Future[int] | None = None  # resolved with the delivery outcome (seed API callers)
-    # The report thread's call (``rpcthread.Call``), when the hand-off thread already sent
-    # this report (bridge/fastlane.py); None for every other report.
-    presend: Any = None
 
 
-#: A ControllerReport from its five fields, in one C call: NamedTuple's ``__new__`` is a
+#: A ControllerReport from its four fields, in one C call: NamedTuple's ``__new__`` is a
 #: Python function, one more to run cold between a callback and the wire.
 report_of: Callable[[tuple[Any, ...]], ControllerReport] = partial(tuple.__new__, ControllerReport)
 
 #: What a callback puts on the hand-off queue: a ControllerReport's fields as a plain
 #: tuple (a ControllerReport itself is one too).
 ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
+
+
+class Outbox(Protocol):
+    """Where the event loop's own reports go (``wire.Wire``): a re-report on a new stream,
+    the resume's answers, the seed API's. Both calls return at once."""
+
+    def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None) -> None: ...
+
+    def submit_cycle_report(self, kind: str, cycle: str | None, payload: bytes,
+                            waiter: Future[int] | None = None) -> None: ...
 
 
 def status_code(value: Any) -> int:

@@ -5,7 +5,7 @@ The peer facts that force this module:
 * Every new subscription resets ClusterD's job (docs/clusterd.md section 4): after a
   ClusterD restart, or a freeze long enough for the bridge to declare the stream dead
   and subscribe again, the new stream knows no cycle. A report answering the old cycle
-  is dropped (``relay.py``: its cycle is over), correctly, but then nothing ever moves:
+  is dropped (``wire.py``: its cycle is over), correctly, but then nothing ever moves:
   the controller, stopped, waits ``MINDIO_WAIT_MINDX_TIME`` for on_global_rank (or
   change_strategy) and goes to EXIT, which kills the job (docs/mindio-controller.md).
 * A ReportProcessFault starts a new cycle on the new ClusterD: a type-1 fault at once
@@ -56,11 +56,12 @@ Counted in ``tft_bridge_cycle_resumes_total{result}`` (``metrics.RESUME_RESULTS`
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from . import faults as codec
 from .flow import ControllerFlow, Step
 from .metrics import BridgeMetrics
-from .relay import Relay
+from .reporttypes import Outbox
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +82,19 @@ class CycleResume:
     """Remembers the controller's answers of the running flow and replays them to a new
     ClusterD cycle. Runs on the event loop only (never on the controller's thread)."""
 
-    def __init__(self, job_id: str, flow: ControllerFlow, relay: Relay, metrics: BridgeMetrics) -> None:
+    def __init__(self, job_id: str, flow: ControllerFlow, outbox: Outbox, metrics: BridgeMetrics, *,
+                 resubscribe: Callable[[str], None], publish: Callable[[], None]) -> None:
+        """``resubscribe(reason)``: re-run Init/Register/Subscribe (``Session``).
+        ``publish()``: the wire's snapshot of the loop's state is out of date
+        (``flow.answering`` or ``rebound_global`` changed here: the wire binds the
+        controller's next answer to the one and leaves a strategies report of the other to
+        the loop)."""
         self.job_id = job_id
         self.flow = flow
-        self.relay = relay
+        self.outbox = outbox
         self.metrics = metrics
+        self._resubscribe = resubscribe
+        self._publish = publish
         #: None, "stop" (the new cycle's stopTrain is awaited) or "global" (its globalFault).
         self.pending: str | None = None
         self.stop_faults: dict[int, int] = {}  # ranks of the stop_train notify that started the flow
@@ -96,8 +105,8 @@ class CycleResume:
         self.strategies_report: tuple[dict[int, int], list[str]] | None = None  # its report_strategies
         # A new cycle's globalFault rebound to the controller's coming report_strategies
         # (GLOBAL_SENT): its uuid and the ranks it names, checked when that answer comes
-        # (``offer``). Set before ``flow.answering`` is: the report lane reads both from the
-        # hand-off thread and must never send that answer itself (``sends_itself``).
+        # (``offer``). Published with ``flow.answering``: the wire must leave that answer to
+        # the loop (``wire.Cycles.narrowed``).
         self.rebound_global: tuple[str, dict[int, int]] | None = None
 
     # ------------------------------------------------------------------ from the return path
@@ -106,6 +115,7 @@ class CycleResume:
         previous one may be replayed."""
         self.stop_report = self.strategies_report = self.rebound_global = None
         self.flow_faults_stale = False
+        self._publish()
 
     # The maps are the return path's own cleaned copies, never changed after the report
     # is encoded: kept by reference (copying 100 000 ranks would cost the loop a few ms).
@@ -121,6 +131,8 @@ class CycleResume:
         ranks the controller offers its strategies for): then only what repairs no rank,
         as for a cycle answered from memory (module docstring)."""
         rebound, self.rebound_global = self.rebound_global, None
+        if rebound is not None:
+            self._publish()
         if rebound is None or rebound[0] != cycle:
             return strategies
         offered, narrowed = self._repairable(cycle, rebound[1], faults, strategies)
@@ -128,11 +140,10 @@ class CycleResume:
             self._count("answered_without_repair")
         return offered
 
-    def sends_itself(self, cycle: str | None) -> bool:
-        """Whether the controller's strategies report for ``cycle`` must go through
-        ``offer`` on the event loop, never out from the report lane (hand-off thread)."""
-        rebound = self.rebound_global
-        return rebound is not None and rebound[0] == cycle
+    def narrowed(self) -> str | None:
+        """The cycle whose strategies report must go through ``offer`` on the event loop,
+        never out from the wire directly (``wire.Cycles.narrowed``)."""
+        return self.rebound_global[0] if self.rebound_global is not None else None
 
     def on_subscribed(self, flow_faults: dict[int, int]) -> None:
         """A new stream is live: ClusterD's job was reset. Restart the cycle the
@@ -157,7 +168,7 @@ class CycleResume:
         log.warning("ClusterD's job was reset (new subscription) while the controller is stopped at %s: "
                     "re-reporting %d fault rank(s) to start the cycle again; the new stopTrain will be "
                     "answered without stopping the controller twice", step.value, len(faults))
-        self.relay.submit_faults(faults)
+        self.outbox.submit_faults(faults)
 
     def outcome_unknown(self, kind: str) -> None:
         """The controller's stop-complete or strategies report may or may not have reached
@@ -172,7 +183,7 @@ class CycleResume:
         log.warning("the %s report's outcome is unknown while the controller is stopped at %s: re-subscribing "
                     "to restart the cycle on a clean slate rather than wait for an answer that may never come",
                     kind, self.flow.step.value)
-        self.relay.session.request_resubscribe("report_outcome_unknown")
+        self._resubscribe("report_outcome_unknown")
 
     # ------------------------------------------------------------------ from the signal side
     def intercept(self, action: str, faults: dict[int, int], token: str) -> str | None:
@@ -203,6 +214,7 @@ class CycleResume:
         if step is Step.STOP_SENT:
             # The controller's own stop-complete is still to come: it answers this cycle.
             self.flow.answering = token
+            self._publish()
             self._resumed("rebound", "stopTrain", token, "the controller's coming stop-complete answers it")
             return True
         if step not in STOPPED:
@@ -217,10 +229,11 @@ class CycleResume:
                         "answering with the controller's stop-complete anyway (a second stop would kill the job)",
                         len(extra), sorted(extra)[:5])
         code, message, stopped = self.stop_report
-        self.relay.submit_cycle_report("stop_complete", token,
-                                       codec.encode_stop_complete_request(self.job_id, code, message, stopped))
+        self.outbox.submit_cycle_report("stop_complete", token,
+                                        codec.encode_stop_complete_request(self.job_id, code, message, stopped))
         if step is Step.AWAIT_GLOBAL:
             self.flow.answering = token
+            self._publish()
         else:  # GLOBAL_SENT / AWAIT_STRATEGY: the new globalFault must not reach the controller either
             self.pending = "global"
         self._resumed("answered_stop_complete", "stopTrain", token, f"with code {code}")
@@ -229,8 +242,9 @@ class CycleResume:
     def _resume_global(self, step: Step, named: dict[int, int], token: str) -> bool:
         self.pending = None
         if step is Step.GLOBAL_SENT:
-            self.rebound_global = (token, dict(named))  # before the lane can see the new uuid
+            self.rebound_global = (token, dict(named))  # published with the new answering cycle
             self.flow.answering = token
+            self._publish()
             self._resumed("rebound", "globalFault", token, "the controller's coming report_strategies answers it")
             return True
         if step is not Step.AWAIT_STRATEGY or self.strategies_report is None:
@@ -238,9 +252,10 @@ class CycleResume:
         faults, strategies = self.strategies_report
         strategies, narrowed = self._repairable(token, named, faults, strategies)
         result = "answered_without_repair" if narrowed else "answered_strategies"
-        self.relay.submit_cycle_report("strategy", token,
-                                       codec.encode_recover_strategy_request(self.job_id, faults, strategies))
+        self.outbox.submit_cycle_report("strategy", token,
+                                        codec.encode_recover_strategy_request(self.job_id, faults, strategies))
         self.flow.answering = token
+        self._publish()
         self._resumed(result, "globalFault", token, f"with {strategies}")
         return True
 

@@ -283,7 +283,14 @@ def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy
 
 class SignalDispatcher:
     def __init__(self, job_id: str, flow: ControllerFlow, controller: ControllerHost, hooks: NodeHooks,
-                 metrics: BridgeMetrics, on_kill_master: Callable[[], None], pause_timeout: int = PAUSE_DEFAULT) -> None:
+                 metrics: BridgeMetrics, *, on_kill_master: Callable[[], None],
+                 resume: CycleResume | None, repeats: RepeatedCycles | None,
+                 on_exit_decided: Callable[[], None], on_orphaned_global_fault: Callable[[], None],
+                 pause_timeout: int = PAUSE_DEFAULT, observer: Callable[[str], None] | None = None,
+                 recorder: NullRecorder | None = None) -> None:
+        """The report side's parts the dispatcher calls are required (``resume``,
+        ``repeats``, both ``on_*``): a default would let a forgotten one break a recovery
+        silently. ``None`` for ``resume``/``repeats`` means no report path (a test's)."""
         self.job_id = job_id
         self.flow = flow
         self.controller = controller
@@ -298,14 +305,14 @@ class SignalDispatcher:
         self._seen_round = -1
         self._stopped = False
         self._log_budget = LogBudget(burst=5, window=60.0)  # refusal lines, per reason
-        self.observer: Callable[[str], None] = lambda line: None  # the demo's timeline
-        self.on_exit_decided: Callable[[], None] = lambda: None  # ClusterD chose exit (no result follows)
+        self.observer: Callable[[str], None] = observer or (lambda line: None)  # the demo's timeline
+        self.on_exit_decided = on_exit_decided  # ClusterD chose exit (no result follows)
         # ClusterD sent an orphaned globalFault: it now waits in a cycle nobody answers (Link: re-subscribe)
-        self.on_orphaned_global_fault: Callable[[], None] = lambda: None
-        self.recorder: NullRecorder = NullRecorder()  # the flight recorder (bridge/recorder/): O(1) hooks
-        self.resume: CycleResume | None = None  # answers a restarted ClusterD's new cycle (resume.py)
+        self.on_orphaned_global_fault = on_orphaned_global_fault
+        self.recorder: NullRecorder = recorder or NullRecorder()  # the flight recorder (bridge/recorder/): O(1) hooks
+        self.resume = resume  # answers a restarted ClusterD's new cycle (resume.py)
         self._exit_decided_in = ""  # the cycle token whose exit decision was counted
-        self.repeats: RepeatedCycles | None = None  # tells a repeat of a succeeded retry cycle (repeats.py)
+        self.repeats = repeats  # tells a repeat of a succeeded retry cycle (repeats.py)
 
     # ------------------------------------------------------------------ intake (session's reader)
     def submit(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:

@@ -44,8 +44,8 @@ async def run(idle: float) -> int:
         started = time.monotonic()
         while (left := idle - (time.monotonic() - started)) > 0:
             await asyncio.sleep(min(REPORT_EVERY, left))  # idle on purpose: the pings are what is measured
-            channel = job.bridge.link.client.rpc_thread
-            print(f"+{time.monotonic() - started:5.0f} s  report channel {channel.state.name if channel else '-'}, "
+            ready = job.bridge.link.wire._ready
+            print(f"+{time.monotonic() - started:5.0f} s  report channel {'READY' if ready else 'not ready'}, "
                   f"connections lost: report {lost('report'):g}, signal {lost('signal'):g}", flush=True)
         fault_at = time.monotonic()
         job.training.inject_fault({5: 0})

@@ -50,13 +50,12 @@ async def reports_handled(job: SimulatedJob, timeout: float = 10) -> None:
     """Wait until the bridge's event loop has handled every report the controller gave
     (its metrics and flight recorder then show them). ClusterD may act on a report --
     queue it, end the cycle, write its verdict -- before it answers the call, and the
-    report lane hands a report to the loop only once its call is answered (or when the
-    loop catches up before reacting to ClusterD: bridge/fastlane.py)."""
+    wire hands a report to the loop once it has nothing left to send (or when the loop
+    catches up before reacting to ClusterD: bridge/wire.py)."""
     if job.bridge is None:
         return
-    lane = job.bridge.link.lane
-    await eventually(lambda: lane.held is None and lane.unhandled == 0, timeout,
-                     what="the bridge's loop handled every controller report")
+    wire = job.bridge.link.wire
+    await eventually(lambda: wire.handed_all(), timeout, what="the bridge's loop handled every controller report")
 
 
 class RecordingNotifier(Notifier):

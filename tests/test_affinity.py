@@ -25,13 +25,12 @@ import pytest
 
 from bridge import affinity
 from bridge.controller import make_callback
-from bridge.reports import THREAD, Handoff
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
 
 from .conftest import eventually
 from .simjobs import annotation, start_job
-from .test_controller_handoff import Collected
+from .test_controller_handoff import Collected, Handoff
 
 CPUS = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
 
@@ -92,7 +91,7 @@ async def controller() -> Any:
 async def test_the_first_callback_pins_its_thread_and_the_handoff_thread_follows_it_there(
         controller: CallbackThread) -> None:
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle, THREAD)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle, pin_cpu=True)
     pin = handoff.pin
     assert pin is not None and pin.enabled
     callback = make_callback("report_fault_ranks", handoff.put, lambda: None, pin)
@@ -117,7 +116,7 @@ async def test_the_first_callback_pins_its_thread_and_the_handoff_thread_follows
 
 async def test_off_nothing_is_pinned(controller: CallbackThread) -> None:
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle, THREAD, pin_cpu=False)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle, pin_cpu=False)
     assert handoff.pin is not None and not handoff.pin.enabled
     callback = make_callback("report_fault_ranks", handoff.put, lambda: None, handoff.pin)
     try:
@@ -141,7 +140,7 @@ async def test_a_refused_pin_is_said_once_off_the_controllers_thread_and_loses_n
         controller: CallbackThread, caplog: pytest.LogCaptureFixture) -> None:
     """As under a SystemCallFilter= without sched_setaffinity: the call fails with EPERM."""
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle, THREAD)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle, pin_cpu=True)
     pin = handoff.pin
     assert pin is not None
     calls: list[int] = []
@@ -160,7 +159,7 @@ async def test_a_refused_pin_is_said_once_off_the_controllers_thread_and_loses_n
     warnings = [record for record in caplog.records if record.name == "bridge.affinity"]
     assert len(warnings) == 1 and "Operation not permitted" in warnings[0].getMessage()
     assert "SystemCallFilter" in warnings[0].getMessage()
-    assert warnings[0].threadName == "tft-handoff"  # never logged inside a callback: logging may block
+    assert warnings[0].threadName == "tft-wire"  # never logged inside a callback: logging may block
     assert [report.args[0] for report in collected.reports] == [{1: 0}, {2: 0}, {3: 0}]
 
 
@@ -168,7 +167,7 @@ async def test_a_handoff_that_cannot_follow_puts_the_controllers_thread_back(
         controller: CallbackThread, caplog: pytest.LogCaptureFixture) -> None:
     """A controller thread pinned alone would only lose the freedom to move."""
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle, THREAD)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle, pin_cpu=True)
     pin = handoff.pin
     assert pin is not None and pin.pin_moving is not None
     real, calls = pin.pin_moving, []
@@ -217,15 +216,15 @@ async def test_a_running_bridge_pins_the_controllers_thread_and_the_handoff_to_o
         jobs: list[SimulatedJob]) -> None:
     job = await start_job(jobs, SimJob("job-cpu", world_size=16, devices_per_pod=4))
     link = job.bridge.link  # type: ignore[union-attr]
-    pin = link.handoff.pin
-    assert pin is not None and link.controller_pin is pin
+    pin = link.wire.pin
+    assert link.controller_pin is pin
     metric: Callable[[], float | None] = lambda: job.metrics.registry.get_sample_value("tft_bridge_controller_cpu")
     assert metric() == -1  # no callback yet
     job.training.inject_fault({5: 1})
     await annotation(job, "recover-success")
     await eventually(lambda: pin.handoff_cpu >= 0, what="the hand-off thread pinned")
     cpu = pin.handoff_cpu
-    assert cpu == pin.cpu and handoff_cpus(link.handoff) == {cpu}
-    assert len(pin._pinned) == 2  # the stub controller's state-machine thread and the hand-off thread
+    assert cpu == pin.cpu and handoff_cpus(link.wire) == {cpu}
+    assert len(pin._pinned) == 2  # the stub controller's state-machine thread and the wire
     assert all(os.sched_getaffinity(thread) == {cpu} for thread in pin._pinned)
     assert metric() == cpu

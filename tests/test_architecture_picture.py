@@ -51,7 +51,7 @@ def test_rendering_the_source_again_draws_the_same_picture() -> None:
 def test_every_thread_the_bridge_starts_is_in_the_picture_and_no_other() -> None:
     started = {name for path in (ROOT / "bridge").rglob("*.py") if "sim" not in path.relative_to(ROOT / "bridge").parts
                for name in THREAD_NAME.findall(path.read_text(encoding="utf-8"))}
-    assert {"tft-handoff", "tft-rpc", "tft-notify"} <= started  # the report and signal paths' own
+    assert {"tft-wire", "tft-notify"} <= started  # the report and signal paths' own
     pictured = set(re.findall(r"tft-[a-z]+(?:-[a-z]+)*", SOURCE.read_text(encoding="utf-8")))
     assert pictured == started
 

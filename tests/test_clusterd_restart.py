@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from bridge.flow import Step
-from bridge.reports import ControllerReport, Handoff
+from bridge.sim.mindio_ttp import Training
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
 
@@ -190,36 +190,33 @@ DISRUPTIONS = ("restart", "freeze")
 # --------------------------------------------------------------------------- holding a controller answer
 
 class HeldCallback:
-    """Keep the controller's ``callback`` inside the bridge's hand-off until ``release``:
-    to the bridge that is the controller answering late (the flow stays at the step
-    before it)."""
+    """Keep the controller's ``callback`` from the bridge until ``release``: the stub
+    controller calls a function that keeps its arguments in place of the bridge's (its
+    registry looks the function up at every call), which to the bridge is the controller
+    answering late (the flow stays at the step before it)."""
 
-    def __init__(self, handoff: Handoff, callback: str) -> None:
-        self.handoff = handoff
+    def __init__(self, training: Training, callback: str) -> None:
+        self.training = training
         self.callback = callback
-        self.original: Callable[[list[ControllerReport]], None] = self.handoff._handle
-        self.held: list[ControllerReport] = []
+        original = training.registry.registered(callback)
+        assert original is not None, f"no {callback} registered"
+        self.original: Callable[..., Any] = original
+        self.held: list[tuple[Any, ...]] = []
         self.released = False
-        self.handoff._handle = self._handle
-        # The report lane (bridge/fastlane.py) would send the report before this hold,
-        # which sits where the event loop takes it, could see it: holding it here stands
-        # for the controller answering late only when every report goes through the loop.
-        self.handoff.lane = None
+        assert training.registry.register(callback, self._call) == 0
 
-    def _handle(self, reports: list[ControllerReport]) -> None:
-        passed = []
-        for report in reports:
-            if report.callback == self.callback and not self.released:
-                self.held.append(report)
-            else:
-                passed.append(report)
-        if passed:
-            self.original(passed)
+    def _call(self, *args: Any) -> Any:  # on the controller's thread
+        if self.released:
+            return self.original(*args)
+        self.held.append(args)
+        return 0
 
     def release(self) -> None:
+        """The held answers to the bridge, as the controller's callback gives them."""
         self.released = True
         held, self.held = self.held, []
-        self.original(held)
+        for args in held:
+            self.original(*args)
 
 
 # --------------------------------------------------------------------------- what a rescued cycle looks like
@@ -261,9 +258,9 @@ async def fault_and_hold(job: SimulatedJob, callback: str) -> HeldCallback:
     """A type-1 fault on rank 5, the controller's ``callback`` answer held in the hand-off
     once it came: the bridge's flow stays at the step before it."""
     assert job.bridge is not None
-    hold = HeldCallback(job.bridge.link.handoff, callback)
+    hold = HeldCallback(job.training, callback)
     job.training.inject_fault({5: 1})
-    await eventually(lambda: hold.held, 10, f"the controller's {callback} (held in the hand-off)")
+    await eventually(lambda: hold.held, 10, f"the controller's {callback} (held from the bridge)")
     return hold
 
 
@@ -506,7 +503,8 @@ def resume_at(step: Step) -> tuple[Any, RecordingRelay, Any]:
     flow.step = step
     flow.answering = "old"
     relay = RecordingRelay()
-    resume = CycleResume(JOB, flow, relay, BridgeMetrics())  # type: ignore[arg-type]
+    resume = CycleResume(JOB, flow, relay, BridgeMetrics(), resubscribe=lambda reason: None,  # type: ignore[arg-type]
+                         publish=lambda: None)
     resume.remember_stop(0, "stopped", {5: 1})
     resume.remember_strategies({5: 1}, ["recover", "dump", "exit"])
     return resume, relay, flow
@@ -584,7 +582,7 @@ async def test_a_report_lost_in_a_short_freeze_restarts_the_cycle(
     assert job.bridge is not None
     hold = await fault_and_hold(job, callback)
     # the controller's second fault report (before its strategies) delivered: nothing ahead in the outbox
-    await eventually(lambda: len(job.bridge.relay) == 0, 10, "an empty outbox")
+    await eventually(lambda: len(job.bridge.wire) == 0, 10, "an empty outbox")
     mark = last_seq(job)
     proxies[0].freeze()
     hold.release()  # the report goes out into the freeze

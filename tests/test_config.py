@@ -344,8 +344,12 @@ def test_cli_exits_2_naming_the_key(tmp_path: Path, command: str, name: str, bod
     assert "Traceback" not in done.stderr + done.stdout
 
 
-def test_the_hand_off_mode_is_one_of_the_two_and_named_when_wrong() -> None:
-    assert build_config({**MINIMAL, "controller": {"handoff": "wake"}}, {}).controller.handoff == "wake"
+def test_the_old_hand_off_mode_still_loads_wake_warns_and_a_wrong_one_is_named() -> None:
+    """An upgrade must not stop a bridge whose configuration names the hand-off of an
+    earlier release; "wake" is warned about, since it no longer does anything."""
+    wake = build_config({**MINIMAL, "controller": {"handoff": "wake"}}, {})
+    assert any('controller.handoff = "wake"' in line and "ignored" in line for line in config_warnings(wake))
+    assert not any("handoff" in line for line in config_warnings(build_config(MINIMAL, {})))
     problem = one_problem({**MINIMAL, "controller": {"handoff": "fast"}})
     assert problem.startswith("controller.handoff") and "'thread'" in problem and "'fast'" in problem
 

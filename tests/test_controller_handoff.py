@@ -1,4 +1,4 @@
-"""The controller callbacks and their hand-off to the event loop.
+"""The controller callbacks and their hand-off to the report wire (bridge/wire.py).
 
 The callbacks run on the controller's state-machine thread, which is blocked until they
 return: they must never raise, never block, and do as little as possible there.
@@ -13,35 +13,67 @@ import threading
 import time
 from concurrent.futures import Future
 from types import FrameType
+from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 
+from bridge.affinity import ControllerPin
+from bridge.backoff import Backoff
 from bridge.controller import make_callback
-from bridge.reports import THREAD, WAKE, ControllerReport, Handoff
+from bridge.metrics import BridgeMetrics
+from bridge.reporttypes import ControllerReport
+from bridge.sim.scenario import free_port
+from bridge.wire import Taken, Wire
 
 
 class Collected:
-    """The event-loop side: every batch the hand-off delivered."""
+    """The event-loop side: every batch the wire handed to the loop's bookkeeping."""
 
     def __init__(self) -> None:
-        self.batches: list[list[ControllerReport]] = []
+        self.batches: list[list[Taken]] = []
         self.changed = asyncio.Event()
 
-    def handle(self, reports: list[ControllerReport]) -> None:
+    def handle(self, reports: list[Taken]) -> None:
         self.batches.append(reports)
         self.changed.set()
 
     @property
-    def reports(self) -> list[ControllerReport]:
+    def reports(self) -> list[Taken]:
         return [report for batch in self.batches for report in batch]
 
-    async def wait_for(self, count: int, timeout: float = 5.0) -> list[ControllerReport]:
+    async def wait_for(self, count: int, timeout: float = 5.0) -> list[Taken]:
         async with asyncio.timeout(timeout):
             while len(self.reports) < count:
                 self.changed.clear()
                 await self.changed.wait()
         return self.reports
+
+
+class Handoff:
+    """The wire as the controller's callbacks see it, with no stream live (its fault
+    reports wait) and nobody listening at its address: what the callbacks put reaches
+    the loop's bookkeeping (``Collected``), in callback order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, handle: Any, *, pin_cpu: bool = False) -> None:
+        listener = SimpleNamespace(taken=handle, dropped=lambda *args: None, outcome_unknown=lambda kind: None,
+                                   resubscribe=lambda reason: None, rpc=lambda *args: None)
+        self.wire = Wire("job-handoff", grpc.insecure_channel(f"127.0.0.1:{free_port()}"), loop, listener,  # type: ignore[arg-type]
+                         BridgeMetrics(), rpc_timeout=1.0, backoff=Backoff(0.01, 0.02), pin=ControllerPin(pin_cpu))
+        self.put = self.wire.put
+        self.pin = self.wire.pin
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.wire.stop(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.wire.alive
+
+    @property
+    def _thread(self) -> threading.Thread:
+        return self.wire._thread
 
 
 def call_from_thread(function: Any, *args: Any) -> Any:
@@ -73,7 +105,7 @@ async def test_callbacks_reach_the_loop_in_call_order_with_their_arguments() -> 
         ("report_stop_complete", (0, "ok", {})),
         ("report_fault_ranks", ({5: 2},)),
     ]
-    assert all(isinstance(r, ControllerReport) and r.waiter is None for r in reports)
+    assert all(r.waiter is None for r in reports)
     assert before <= reports[0].at <= reports[1].at <= reports[2].at <= time.monotonic()
 
 
@@ -83,11 +115,11 @@ async def test_a_report_put_with_a_waiter_keeps_it() -> None:
     handoff = Handoff(asyncio.get_running_loop(), collected.handle)
     waiter: Future[int] = Future()
     try:
-        handoff.put(ControllerReport("report_result", (0, "ok", {}, "retry"), 1.5, waiter))
+        handoff.put(ControllerReport("report_result", (0, "ok", {}, "retry"), 1.5, waiter))  # the seed API's
         (report,) = await collected.wait_for(1)
     finally:
         handoff.close()
-    assert report == ControllerReport("report_result", (0, "ok", {}, "retry"), 1.5, waiter)
+    assert (report.callback, report.args, report.at) == ("report_result", (0, "ok", {}, "retry"), 1.5)
     assert report.waiter is waiter
 
 
@@ -109,16 +141,15 @@ def test_a_failing_error_counter_does_not_escape_either() -> None:
     assert call_from_thread(make_callback("report_result", broken, broken), 0, "ok", {}, "retry") == 0
 
 
-@pytest.mark.parametrize("mode, pinned", [(WAKE, False), (THREAD, False), (THREAD, True)])
-async def test_the_callback_runs_no_python_frame_but_its_own_and_the_put(mode: str, pinned: bool) -> None:
-    """On the controller's (cold) thread the callback's Python frames are itself and, in
-    WAKE mode, the hand-off's put (a deque append and a flag; the clock, the append and
-    the wake-up write are C calls). A further wrapper, or a dataclass built per call,
-    would show up here (and cost 3-4x the time). Pinned (the daemon's THREAD mode,
-    bridge/affinity.py), the thread's first callback pins it; the next runs no more
-    frames than unpinned."""
+@pytest.mark.parametrize("pinned", [False, True])
+async def test_the_callback_runs_no_python_frame_but_its_own_and_the_put(pinned: bool) -> None:
+    """On the controller's (cold) thread the callback's only Python frame is itself (the
+    clock, the tuple and the wire's put are C calls). A further wrapper, or a dataclass
+    built per call, would show up here (and cost 3-4x the time). Pinned (the daemon's
+    default, bridge/affinity.py), the thread's first callback pins it; the next runs no
+    more frames than unpinned."""
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle, mode)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle, pin_cpu=pinned)
     callback = make_callback("report_fault_ranks", handoff.put, lambda: None, handoff.pin if pinned else None)
     python_frames: list[str] = []
 
@@ -140,20 +171,19 @@ async def test_the_callback_runs_no_python_frame_but_its_own_and_the_put(mode: s
         await collected.wait_for(2 if pinned else 1)
     finally:
         handoff.close()
-    own = [callback.__code__.co_name] + (["_put_and_wake"] if mode == WAKE else [])
-    assert python_frames == own
+    assert python_frames == [callback.__code__.co_name]
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux-only")
-async def test_the_handoff_thread_never_preempts_the_controller_on_wakeup() -> None:
+async def test_the_wire_thread_never_preempts_the_controller_on_wakeup() -> None:
     collected = Collected()
-    handoff = Handoff(asyncio.get_running_loop(), collected.handle, THREAD)
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
     try:
         handoff.put(("report_fault_ranks", ({1: 0},), 0.0, None))
         await collected.wait_for(1)  # the thread has set its policy before its first get
         thread = handoff._thread
-        assert thread.name == "tft-handoff" and thread.native_id is not None
-        assert handoff.batch_policy
+        assert thread.name == "tft-wire" and thread.native_id is not None
+        assert handoff.wire.batch_policy
         assert os.sched_getscheduler(thread.native_id) == os.SCHED_BATCH
         assert os.sched_getscheduler(threading.get_native_id()) != os.SCHED_BATCH  # only that thread
     finally:

@@ -707,7 +707,14 @@ async def test_callback_storm_while_clusterd_is_down(running: list[SimulatedJob]
     requests = len(job.sim.journal.rpcs("ReportProcessFault", JOB)) - before
     assert requests <= 3, requests
     assert m(job, "fault_reports_merged_total") >= calls - requests
-    await eventually(lambda: m(job, "reports_sent_total", kind="fault") == requests, what="the answer counted")
+    # Each report ClusterD accepted counted once. Not every request is the storm's: the
+    # faults start a recovery on the restarted ClusterD, and the flow's re-report on the
+    # new stream (reports.py) is a request of its own unless it merged into the queued one.
+    def accepted() -> list[int | None]:
+        return [e.code for e in job.sim.journal.rpcs("ReportProcessFault", JOB)[before:]]
+
+    await eventually(lambda: m(job, "reports_sent_total", kind="fault") == accepted().count(0),
+                     what="every accepted report counted once")
     assert sum(m(job, "faults_reported_total", fault_type=t) for t in ("uce", "hccl", "other")) == \
         sum(len(faults) for faults in maps)
     # Never waited for ClusterD: a relay that did would block for its RPC deadline (seconds)

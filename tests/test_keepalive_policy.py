@@ -22,17 +22,20 @@ from dataclasses import replace
 from typing import Any
 
 import grpc
+from types import SimpleNamespace
 import pytest
 
 from bridge import clusterd as clusterd_module
 from bridge._proto import recover_pb2 as pb
-from bridge.clusterd import ClusterDClient, Delivery, RpcFailure, channel_options
+from bridge.backoff import Backoff
+from bridge.clusterd import ClusterDClient, channel_options, report_channel
 from bridge.config import ClusterDConfig
 from bridge.metrics import BridgeMetrics
 from bridge.sim.clusterd import SimClusterD, SimJob
 from bridge.sim.clusterd_release import DEFAULT_PING_POLICY, MASTER, RELEASES
 from bridge.sim.scenario import SimulatedJob
 from bridge.sim import mindio_ttp
+from bridge.wire import Cycles, Wire
 
 from .conftest import eventually
 
@@ -161,11 +164,10 @@ async def test_the_bridge_idle_past_the_policy_keeps_its_connections_and_deliver
     try:
         await job.subscribed()
         assert job.bridge is not None
-        rpc_thread = job.bridge.link.client.rpc_thread
-        assert rpc_thread is not None
-        await eventually(lambda: rpc_thread.ready, what="the report channel connected")
+        wire = job.bridge.link.wire
+        await eventually(lambda: wire._ready, what="the report channel connected")
         await asyncio.sleep(IDLE)  # idle on purpose: the pings are what is tested
-        assert rpc_thread.ready
+        assert wire._ready
         assert lost(job.metrics, "report") == 0 and lost(job.metrics, "signal") == 0
         job.training.inject_fault({5: 0})
         await eventually(lambda: job.sim.podgroup("job-idle").get("ProcessRecoverStatus") == "retry-success",
@@ -229,33 +231,35 @@ class _SlowReports:
             await self.server.stop(0)
 
 
-async def test_a_report_in_flight_across_a_goaway_is_counted_unknown_never_lost_silently() -> None:
+async def test_a_report_in_flight_across_a_goaway_is_counted_never_lost_silently() -> None:
     """ClusterD sends GOAWAY and closes the connection while a report waits in it (here
     a server stopping without grace; ClusterD's Go server does the same after a
-    too_many_pings GOAWAY). The call fails with an unknown outcome -- it reached ClusterD
-    -- which the outbox never resends blindly; the failure and the lost connection are
-    counted."""
+    too_many_pings GOAWAY). The call fails on a connection that was ready, an outcome
+    that is unknown (the report reached ClusterD): the failure and the lost connection are
+    counted, and the fault report stays queued (resending a fault is harmless: ClusterD
+    merges faults; a cycle-bound report would be dropped, tests/test_wire.py)."""
     server = _SlowReports(hold=30.0)
     address = await server.start()
     metrics = BridgeMetrics()
-    client = ClusterDClient(ClusterDConfig(address=address, rpc_timeout=30.0), metrics)
-    await client.open()
-    client._start_rpc_thread()
+    listener = SimpleNamespace(taken=lambda reports: None, dropped=lambda *args: None,
+                               outcome_unknown=lambda kind: None, resubscribe=lambda reason: None,
+                               rpc=lambda *args: None)
+    wire = Wire("job-goaway", report_channel(ClusterDConfig(address=address)), asyncio.get_running_loop(),
+                listener, metrics, rpc_timeout=30.0, backoff=Backoff(5.0, 5.0))  # type: ignore[arg-type]
+    wire.publish(Cycles(live=True, running="uuid-1", stream="stream:1"))
     try:
-        await eventually(lambda: client.rpc_thread is not None and client.rpc_thread.ready,
-                         what="the report channel connected")
-        call = asyncio.ensure_future(client.call("/Recover/ReportProcessFault", b""))
+        await eventually(lambda: wire._ready, what="the report channel connected")
+        wire.put(("report_fault_ranks", ({3: 0},), 0.0, None))
         await eventually(lambda: server.received == 1, what="the report arrived at ClusterD")
         await server.stop()
-        with pytest.raises(RpcFailure) as failure:
-            await asyncio.wait_for(call, 10)
-        assert failure.value.delivery is Delivery.UNKNOWN
-        assert metrics.sample("tft_bridge_clusterd_rpcs_total",
-                              {"method": "ReportProcessFault", "code": failure.value.status}) == 1
+        await eventually(lambda: sum(sample.value for family in metrics.registry.collect() for sample in family.samples
+                                     if sample.name == "tft_bridge_clusterd_rpcs_total"
+                                     and sample.labels.get("method") == "ReportProcessFault") == 1,
+                         what="the failed call counted")
         await eventually(lambda: lost(metrics, "report") == 1, what="the lost connection counted")
-        assert server.received == 1
+        assert server.received == 1 and len(wire) == 1
     finally:
-        await client.close()
+        await asyncio.to_thread(wire.stop, 5.0)
         await server.stop()
 
 

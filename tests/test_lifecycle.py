@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bridge.daemon import EXIT_FAILED
-from bridge.relay import Relay
+from bridge.clusterd import Session
 from bridge.sim.clusterd import SimJob
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
@@ -54,23 +54,23 @@ async def assert_stopped_cleanly(job: SimulatedJob) -> None:
 async def test_a_background_task_that_fails_stops_the_bridge_with_exit_1(
         job: SimulatedJob, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     fail = asyncio.Event()
-    deliver = Relay.run
+    subscribe = Session.run
 
-    async def failing_run(relay: Relay) -> None:
-        delivering = asyncio.ensure_future(deliver(relay))
+    async def failing_run(session: Session) -> None:
+        running = asyncio.ensure_future(subscribe(session))
         try:
             await fail.wait()
         finally:
-            delivering.cancel()
-        raise RuntimeError("outbox broke")
+            running.cancel()
+        raise RuntimeError("session broke")
 
-    monkeypatch.setattr(Relay, "run", failing_run)
+    monkeypatch.setattr(Session, "run", failing_run)
     caplog.set_level(logging.ERROR, logger="bridge.daemon")
     await job.start()
     await job.subscribed()
     fail.set()
     await assert_stopped_cleanly(job)
-    assert "background task relay ended: RuntimeError('outbox broke')" in caplog.text
+    assert "background task session ended: RuntimeError('session broke')" in caplog.text
 
 
 async def test_a_background_task_that_returns_stops_the_bridge_too(
@@ -85,26 +85,15 @@ async def test_a_background_task_that_returns_stops_the_bridge_too(
     assert "background task dispatcher ended: returned although the bridge was not stopping" in caplog.text
 
 
-async def test_a_dead_handoff_thread_stops_the_bridge(job: SimulatedJob, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_dead_report_wire_stops_the_bridge(job: SimulatedJob, caplog: pytest.LogCaptureFixture) -> None:
+    """The wire owns every report of the controller: without it none would leave."""
     caplog.set_level(logging.ERROR, logger="bridge.daemon")
     await job.start()
     await job.subscribed()
-    assert job.bridge is not None
-    await asyncio.to_thread(job.bridge.link.handoff.close)  # the thread ends as if it had died
+    assert job.bridge is not None and job.bridge.link.wire.alive
+    await asyncio.to_thread(job.bridge.link.wire.stop, 5.0)  # the thread ends as if it had died
     await assert_stopped_cleanly(job)
-    assert "the controller hand-off thread ended; stopping the bridge" in caplog.text
-
-
-async def test_a_dead_report_rpc_thread_stops_the_bridge(job: SimulatedJob, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.ERROR, logger="bridge.daemon")
-    await job.start()
-    await job.subscribed()
-    assert job.bridge is not None
-    rpc_thread = job.bridge.link.client.rpc_thread
-    assert rpc_thread is not None and rpc_thread.alive
-    await asyncio.to_thread(rpc_thread.close)  # the thread ends as if it had died
-    await assert_stopped_cleanly(job)
-    assert "the report RPC thread ended; stopping the bridge" in caplog.text
+    assert "the report wire thread ended; stopping the bridge" in caplog.text
 
 
 async def test_a_dead_metrics_endpoint_stops_the_bridge(caplog: pytest.LogCaptureFixture) -> None:

@@ -81,7 +81,8 @@ class _NoController:
 async def test_garbage_signal_type_from_the_stream_is_counted_as_other() -> None:
     metrics = BridgeMetrics()
     dispatcher = SignalDispatcher("job-a", ControllerFlow(), _NoController(), None, metrics,  # type: ignore[arg-type]
-                                  on_kill_master=lambda: None)
+                                  on_kill_master=lambda: None, resume=None, repeats=None,
+                                  on_exit_decided=lambda: None, on_orphaned_global_fault=lambda: None)
     try:
         for signal_type in ("bogus-type-1", "bogus-type-2", "stopTrain"):
             signal = pb.ProcessManageSignal(jobId="another-job", signalType=signal_type, uuid="U")

@@ -65,27 +65,22 @@ async def _started(jobs: list[SimulatedJob], **overrides: Any) -> SimulatedJob:
     job = await start_job(jobs, SimJob("job-rt", world_size=16, devices_per_pod=4),
                           config_overrides={"controller": controller})
     link = job.bridge.link  # type: ignore[union-attr]
-    await eventually(lambda: link.client.rpc_thread is not None and link.client.rpc_thread._thread.native_id,
-                     what="the report thread started")
+    await eventually(lambda: link.wire.batch_policy, what="the report wire started")
     return job
 
 
 @needs_realtime
-async def test_a_running_bridge_runs_its_loop_and_report_thread_realtime_and_never_the_handoff(
+async def test_a_running_bridge_runs_its_loop_realtime_and_the_wire_realtime_only_while_a_report_is_out(
         jobs: list[SimulatedJob]) -> None:
     loop_thread = threading.get_native_id()
     before = os.sched_getscheduler(loop_thread), os.sched_getparam(loop_thread).sched_priority
     assert _policy(loop_thread) != os.SCHED_FIFO
     job = await _started(jobs)  # the shipped default: controller.realtime_priority = 1
     link = job.bridge.link  # type: ignore[union-attr]
-    rpc = link.client.rpc_thread
-    assert rpc is not None
-    await eventually(lambda: rpc.realtime and link.handoff.batch_policy, what="both threads' policies set")
-    for native_id in (loop_thread, rpc._thread.native_id):
-        assert _policy(native_id) == os.SCHED_FIFO
-        assert os.sched_getparam(native_id).sched_priority == 1
-    # Realtime, the hand-off thread would preempt the controller's thread at every put.
-    assert _policy(link.handoff._thread.native_id) == os.SCHED_BATCH  # type: ignore[union-attr, arg-type]
+    assert link.wire.realtime  # it may: the report thread's gauge says 1
+    assert _policy(loop_thread) == os.SCHED_FIFO and os.sched_getparam(loop_thread).sched_priority == 1
+    # Realtime while it waits, the wire would preempt the controller's thread at every put.
+    assert _policy(link.wire._thread.native_id) == os.SCHED_BATCH  # type: ignore[arg-type]
     assert _gauges(job) == {thread: 1.0 for thread in THREADS}
     # Nothing these threads start is realtime: not a worker thread, not a hook's process.
     assert await asyncio.to_thread(lambda: _policy(0)) == os.SCHED_OTHER
@@ -97,13 +92,12 @@ async def test_a_running_bridge_runs_its_loop_and_report_thread_realtime_and_nev
         assert child.stdin is not None
         child.stdin.close()
         await child.wait()
-    # It recovers a job exactly as before; the hand-off thread, realtime only while it
-    # made the report lane's calls, waits for the next callback under SCHED_BATCH again.
+    # It recovers a job exactly as before; the wire, realtime only while its calls were
+    # out, waits for the next callback under SCHED_BATCH again.
     job.training.inject_fault({5: 1})
     await annotation(job, "recover-success")
-    assert link.lane.taken > 0
-    await eventually(lambda: _policy(link.handoff._thread.native_id) == os.SCHED_BATCH,  # type: ignore[union-attr, arg-type]
-                     what="the hand-off thread back under SCHED_BATCH")
+    await eventually(lambda: _policy(link.wire._thread.native_id) == os.SCHED_BATCH,  # type: ignore[arg-type]
+                     what="the wire back under SCHED_BATCH")
     # Stopped, the loop's thread (here the test runner's) has its own policy back.
     jobs.remove(job)
     await job.stop()
@@ -128,14 +122,14 @@ async def test_refused_realtime_is_logged_once_shown_and_the_job_still_recovers(
     with caplog.at_level(logging.WARNING, logger="bridge.realtime"):
         job = await _started(jobs)
         link = job.bridge.link  # type: ignore[union-attr]
-        await eventually(lambda: link.handoff.batch_policy, what="the hand-off thread's fallback policy")
+        await eventually(lambda: link.wire.batch_policy, what="the wire's fallback policy")
         job.training.inject_fault({5: 1})
         await annotation(job, "recover-success")
     refusals = [r.getMessage() for r in caplog.records if r.name == "bridge.realtime"]
     assert len(refusals) == 1, refusals  # two threads refused, one line
     assert "LimitRTPRIO=1" in refusals[0] and "controller.realtime_priority" in refusals[0]
     assert _gauges(job) == {thread: 0.0 for thread in THREADS}
-    assert _policy(link.handoff._thread.native_id) == os.SCHED_BATCH  # type: ignore[union-attr]
+    assert _policy(link.wire._thread.native_id) == os.SCHED_BATCH  # type: ignore[arg-type]
     assert os.sched_getscheduler(loop_thread) == before
 
 
@@ -146,11 +140,9 @@ async def test_priority_zero_leaves_every_thread_as_it_was(jobs: list[SimulatedJ
     with caplog.at_level(logging.WARNING, logger="bridge.realtime"):
         job = await _started(jobs, realtime_priority=0)
     link = job.bridge.link  # type: ignore[union-attr]
-    rpc = link.client.rpc_thread
-    assert rpc is not None
-    await eventually(lambda: link.handoff.batch_policy, what="the hand-off thread's policy")
+    await eventually(lambda: link.wire.batch_policy, what="the wire's policy")
     assert os.sched_getscheduler(loop_thread) == before
-    assert _policy(rpc._thread.native_id) == os.SCHED_OTHER  # type: ignore[arg-type]
+    assert not link.wire.realtime
     assert _gauges(job) == {thread: None for thread in THREADS}  # not exported: nothing to alert on
     assert not [r for r in caplog.records if r.name == "bridge.realtime"]  # off is not a problem to report
 

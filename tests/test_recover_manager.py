@@ -151,9 +151,9 @@ def test_a_cycle_rebound_wider_than_the_controllers_coming_strategies_ends_with_
     manager = hosting_the_controller(server, training)
     try:
         assert manager.link is not None
-        hold = HeldCallback(manager.link.handoff, "report_strategies")
+        hold = HeldCallback(training, "report_strategies")
         training.inject_fault({5: 1})
-        eventually_sync(lambda: hold.held, 10, what="the controller's strategies (held in the hand-off)")
+        eventually_sync(lambda: hold.held, 10, what="the controller's strategies (held from the bridge)")
         assert manager.link.flow.step is Step.GLOBAL_SENT
         sim.journal.add_listener(listener)
         stages.append("broken")
@@ -161,7 +161,7 @@ def test_a_cycle_rebound_wider_than_the_controllers_coming_strategies_ends_with_
         eventually_sync(lambda: manager.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "rebound"}) == 1,
                         15, what="the new cycle's globalFault rebound to the controller")
         assert stages == ["broken", "stopped again", "joined"]
-        manager._loop.call_soon_threadsafe(hold.release)  # the hand-off's handler runs on the manager's loop
+        hold.release()  # as the controller's thread would call it: a report function never blocks
         assert_ended_with_a_dump_without_repair(server, training, manager)
     finally:
         manager.close()
@@ -185,6 +185,26 @@ def test_return_codes(server: ServerThread, training) -> None:  # type: ignore[n
         assert report_process_fault({3: 0}, {3: ""}, wait=5) == Code.OK  # delivered, ClusterD's 0
         server.wait_for(lambda e: e.kind == "rpc" and e.name == "ReportProcessFault")
         assert not server.sim.journal.rpcs("ReportStopComplete")
+    finally:
+        manager.close()
+
+
+def test_a_callers_rpc_hook_sees_the_report_calls_too(server: ServerThread, training) -> None:  # type: ignore[no-untyped-def]
+    """A launcher watching the manager's RPCs (``link.client.on_rpc``, as the flight
+    recorder does) sees the Report* calls the wire makes, with ClusterD's answer, not
+    only Init, Register and Subscribe."""
+    info = pb.ClientInfo(taskId=JOB, role="agent")
+    manager = DLRecoverManager(info, server.address, secure_conn=False, controller_module="stub")
+    seen: list[tuple[str, int | str]] = []
+    try:
+        manager.init_clusterd()
+        assert manager.register(info).code == 0
+        manager.start_subscribe()
+        assert manager.link is not None
+        manager.link.client.on_rpc = lambda method, code, started, seconds: seen.append((method, code))
+        server.wait_for(lambda e: e.kind == "signal" and e.name == "keep-alive")
+        assert report_process_fault({3: 0}, {3: ""}, wait=5) == Code.OK
+        eventually_sync(lambda: ("ReportProcessFault", 0) in seen, 10, "the report's call seen by the hook")
     finally:
         manager.close()
 

@@ -1,16 +1,23 @@
-"""A report of an ended stream never reaches ClusterD after the next Subscribe.
+"""A report of an ended stream never reaches ClusterD after the next Subscribe, and the
+loop knows the controller's reports before it reacts to ClusterD.
 
 ClusterD's Subscribe resets the job's cycle and empties its one-slot report buffers; a
 stop-complete still on the wire when the stream ended (it crossed the server's end of
 stream) would otherwise land in the *new* cycle's buffer and be consumed as
 its answer. The Report* calls travel on a connection of their own, so only the bridge
-can order the two: the session awaits the outbox's ``settle`` before every Subscribe.
+can order the two: the session awaits the wire's ``settle`` before every Subscribe, and
+once the loop has published the stream's end no cycle-bound report of it starts
+(tests/test_wire.py holds ``settle`` itself).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
+from concurrent import futures
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -19,8 +26,9 @@ from bridge._proto import recover_pb2 as pb
 from bridge.clusterd import Session
 from bridge.codes import Code
 from bridge.config import ClusterDConfig
+from bridge.backoff import Backoff
 from bridge.metrics import BridgeMetrics
-from bridge.relay import Relay
+from bridge.wire import Cycles, Wire
 
 from .conftest import eventually
 
@@ -29,26 +37,14 @@ JOB = "job-order"
 
 @dataclass
 class GatedClient:
-    """A ClusterD client whose Report* calls wait for the test's gate, and which writes
-    every call and every Subscribe into one ordered log."""
+    """A ClusterD client for the session (Init and Register answer 0), which writes every
+    Subscribe into the test's log."""
 
     config: ClusterDConfig = field(default_factory=ClusterDConfig)
     log: list[str] = field(default_factory=list)
-    gate: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def call(self, method: str, payload: bytes, timeout: float | None = None) -> int:
-        name = method.rsplit("/", 1)[-1]
-        if name.startswith("Report"):
-            self.log.append(f"{name} sent")
-            await self.gate.wait()
-            self.log.append(f"{name} answered")
         return Code.OK
-
-    def submit(self, method: str, payload: bytes, after: Any = None) -> None:
-        return None  # no report thread: every call goes through ``call``
-
-    def unchain(self, call: Any) -> bool:
-        return False
 
     def subscribe(self, job_id: str, role: str) -> Any:
         self.log.append("Subscribe")
@@ -65,62 +61,37 @@ class EndedStream:
         pass
 
 
-class LiveCycle:
-    """The session as the outbox sees it: one live cycle, ``uuid-1``."""
-
-    def __init__(self) -> None:
-        self.live = asyncio.Event()
-        self.live.set()
-        self.cycle_listeners: list[Any] = []
-
-    def cycle_alive(self, token: str | None) -> bool:
-        return token == "uuid-1"
-
-    def request_resubscribe(self, reason: str) -> None:
-        pass
-
-
-def outbox(client: GatedClient, session: LiveCycle, metrics: BridgeMetrics) -> Relay:
-    """An outbox over the test's client and session, its drops and unknown outcomes unheard."""
-    return Relay(JOB, client, session, metrics, on_drop=lambda kind, cycle, reason: None,  # type: ignore[arg-type]
-                 on_outcome_unknown=lambda kind: None)
-
-
-async def settled() -> bool:
-    """``before_subscribe`` with no report on the wire."""
-    return True
-
-
-async def test_settle_waits_while_a_cycle_report_is_on_the_wire() -> None:
-    client = GatedClient()
-    relay = outbox(client, LiveCycle(), BridgeMetrics())
-    task = asyncio.create_task(relay.run())
-    try:
-        assert await relay.settle(0.1)  # nothing on the wire yet
-        relay.submit_cycle_report("stop_complete", "uuid-1", b"payload")
-        await eventually(lambda: "ReportStopComplete sent" in client.log, what="the report on the wire")
-        assert not await relay.settle(0.05)  # still on the wire: not settled
-        settled = asyncio.create_task(relay.settle(5.0))
-        await asyncio.sleep(0)  # the behaviour under test: settle must still be waiting here
-        assert not settled.done()
-        client.gate.set()
-        assert await settled
-        assert client.log == ["ReportStopComplete sent", "ReportStopComplete answered"]
-    finally:
-        relay.stop()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+def gated_stop_complete(log: list[str], gate: threading.Event) -> Callable[[bytes, Any], bytes]:
+    """ClusterD's ReportStopComplete, answered once the test opens ``gate``; logged."""
+    def answer(request: bytes, context: Any) -> bytes:
+        log.append("ReportStopComplete sent")
+        gate.wait(30)
+        log.append("ReportStopComplete answered")
+        return pb.Status(code=Code.OK).SerializeToString()
+    return answer
 
 
 async def test_the_next_subscribe_waits_for_the_report_of_the_ended_stream() -> None:
     client = GatedClient(config=ClusterDConfig(reconnect_initial=0.01, reconnect_max=0.02))
+    gate = threading.Event()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("Recover", {
+        "ReportStopComplete": grpc.unary_unary_rpc_method_handler(gated_stop_complete(client.log, gate))}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
     metrics = BridgeMetrics()
-    relay = outbox(client, LiveCycle(), metrics)
-    session = Session(JOB, client, metrics, on_signal=lambda *args: None,  # type: ignore[arg-type]
-                      catch_up=lambda: None, before_subscribe=lambda: relay.settle(5.0))
-    relay_task = asyncio.create_task(relay.run())
-    relay.submit_cycle_report("stop_complete", "uuid-1", b"payload")
+    listener = SimpleNamespace(taken=lambda reports: None, dropped=lambda *args: None,
+                               outcome_unknown=lambda kind: None, resubscribe=lambda reason: None,
+                               rpc=lambda *args: None)
+    wire = Wire(JOB, grpc.insecure_channel(f"127.0.0.1:{port}"), asyncio.get_running_loop(), listener,  # type: ignore[arg-type]
+                metrics, rpc_timeout=10.0, backoff=Backoff(0.01, 0.02))
+    wire.publish(Cycles(live=True, running="uuid-1", stream="stream:1", answering="uuid-1"))
+    wire.put(("report_stop_complete", (0, "", {}), 0.0, None))
     await eventually(lambda: "ReportStopComplete sent" in client.log, what="the report on the wire")
+    session = Session(JOB, client, metrics, on_signal=lambda *args: None,  # type: ignore[arg-type]
+                      catch_up=wire.catch_up, before_subscribe=lambda: wire.settle(5.0), on_cycles=lambda: None)
+    # The stream's end as the session tells the wire, before it settles and subscribes.
+    wire.publish(Cycles(live=False, answering="uuid-1"))
     session_task = asyncio.create_task(session.run())
     try:
         # The session would subscribe at once (Init and Register answer 0); it must not
@@ -129,15 +100,16 @@ async def test_the_next_subscribe_waits_for_the_report_of_the_ended_stream() -> 
         for _ in range(20):
             await asyncio.sleep(0)  # the behaviour under test: no Subscribe happens meanwhile
         assert "Subscribe" not in client.log
-        client.gate.set()
+        gate.set()
         await eventually(lambda: "Subscribe" in client.log, what="the Subscribe after the report")
         assert client.log.index("ReportStopComplete answered") < client.log.index("Subscribe")
     finally:
         session.stop()
-        relay.stop()
-        for task in (session_task, relay_task):
-            task.cancel()
-        await asyncio.gather(session_task, relay_task, return_exceptions=True)
+        session_task.cancel()
+        await asyncio.gather(session_task, return_exceptions=True)
+        await asyncio.to_thread(wire.stop, 5.0)
+        gate.set()
+        server.stop(None)
 
 
 class OneSignalStream:
@@ -155,16 +127,21 @@ class OneSignalStream:
         pass
 
 
+async def settled() -> bool:
+    """``before_subscribe`` with no report on the wire."""
+    return True
+
+
 async def test_the_session_catches_up_with_the_reports_before_it_reacts_to_clusterd() -> None:
-    """The report lane sends a report before the loop knows it (bridge/fastlane.py); the
-    loop must know it before it handles whatever ClusterD sent after that report."""
+    """The wire sends a report before the loop knows it (bridge/wire.py); the loop must
+    know it before it handles whatever ClusterD sent after that report."""
     client = GatedClient(config=ClusterDConfig(reconnect_initial=0.01, reconnect_max=0.02))
     log = client.log
     signal = pb.ProcessManageSignal(jobId=JOB, uuid="uuid-1", signalType="stopTrain", actions=["stop_train"])
     client.subscribe = lambda job_id, role: (log.append("Subscribe"), OneSignalStream(log, signal))[1]  # type: ignore[method-assign]
     session = Session(JOB, client, BridgeMetrics(),  # type: ignore[arg-type]
                       on_signal=lambda signal, raw, token: log.append(f"signal {signal.signalType}"),
-                      catch_up=lambda: log.append("catch up"), before_subscribe=settled)
+                      catch_up=lambda: log.append("catch up"), before_subscribe=settled, on_cycles=lambda: None)
     task = asyncio.create_task(session.run())
     try:
         await eventually(lambda: log.count("Subscribe") >= 2, what="the stream ended and the next one opened")

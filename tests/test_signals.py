@@ -202,7 +202,9 @@ class Rig:
         config = ControllerConfig() if external else ControllerConfig(world_size=WORLD)
         host = ControllerHost(self.module, config, external=external)  # type: ignore[arg-type]
         self.dispatcher = SignalDispatcher(JOB, self.flow, host, self.hooks, self.metrics,  # type: ignore[arg-type]
-                                           on_kill_master=lambda: None, pause_timeout=600)
+                                           on_kill_master=lambda: None, resume=None, repeats=None,
+                                           on_exit_decided=lambda: None, on_orphaned_global_fault=lambda: None,
+                                           pause_timeout=600)
         self.handled = 0
         self._task: asyncio.Task[None] | None = None
 

@@ -410,7 +410,7 @@ class Recorder(NullRecorder):
             self._guard("refused", error)
 
     def dropped(self, report: str, cycle: str | None, reason: str) -> None:
-        """A report the relay dropped, and why."""
+        """A report the wire dropped, and why."""
         try:
             data = {"report": report, "cycle": cycle, "reason": reason}
             current = self._cycle
