@@ -1,7 +1,6 @@
 """The controller's callback thread and the report wire pinned to one CPU.
 
-The controller's callbacks wake the report wire's thread (``wire.Wire``; called the
-hand-off thread below),
+The controller's callbacks wake the report wire's thread (``wire.Wire``),
 which runs under ``SCHED_BATCH`` so that the wake-up never preempts the controller's
 thread inside the callback (``realtime.py`` says why no other policy will do). A batch
 thread woken on the controller's CPU runs the moment the controller's thread goes back
@@ -10,14 +9,14 @@ CPU it waits out whatever busy process runs there. The end-to-end runs under loa
 choice of the scheduler was the whole of the remaining gap to the synchronous client
 under load (docs/performance.md, "Measurements behind the design").
 
-Making the hand-off thread *follow* the controller's thread loses either way (measured
+Making the wire's thread *follow* the controller's thread loses either way (measured
 on a loaded node): pinned after each batch, it is on the wrong CPU whenever the
 controller's thread has moved since its last callback; pinned from inside the callback,
 each pin costs the callback itself, on which the controller blocks. So the controller's
 thread is pinned too, once: the first
 callback on a thread pins *that thread* to the CPU it is running on (``sched_getcpu``
 and ``sched_setaffinity`` through ``PyDLL``, which keep the GIL; the thread is already
-there, so nothing migrates), and the hand-off thread, after the batch that callback
+there, so nothing migrates), and the wire's thread, after the batch that callback
 woke it for, pins itself to the same CPU (with the GIL released: pinning a running
 thread migrates it, and it may then wait for its new CPU). From then on every wake-up is
 local and the callback pays a thread-id comparison (``bench/bench_loaded.py`` measures
@@ -30,7 +29,7 @@ CPUs the bridge is allowed. ``controller.pin_cpu = false`` turns it off;
 ``tft_bridge_controller_cpu`` shows where both threads are pinned (-1: not pinned).
 
 Where ``sched_getcpu`` or ``sched_setaffinity`` is missing, filtered or refused, nothing
-is pinned (a pinned controller thread is put back), the hand-off thread logs it once
+is pinned (a pinned controller thread is put back), the wire's thread logs it once
 (never the callback: logging may block) and reports flow exactly as before. ``release``
 puts every thread pinned here back on the CPUs it had.
 """
@@ -55,9 +54,9 @@ def allowed_cpus() -> frozenset[int]:
 
 
 class ControllerPin:
-    """Pins the thread the controller calls back on, and the hand-off thread after it,
+    """Pins the thread the controller calls back on, and the wire's thread after it,
     to the one CPU that thread first called back on. ``pin_caller`` runs on the
-    controller's thread inside its first callback; ``follow`` on the hand-off thread
+    controller's thread inside its first callback; ``follow`` on the wire's thread
     after every batch; ``release`` on any thread."""
 
     def __init__(self, enabled: bool = True) -> None:
@@ -71,10 +70,10 @@ class ControllerPin:
         self.enabled = (enabled and len(self.allowed) > 1 and None not in
                         (self.getcpu, self.pin_here, self.pin_moving))
         self.cpu = -1  # where the controller's thread is pinned; -1: not (yet)
-        self.handoff_cpu = -1  # where the hand-off thread is pinned
+        self.handoff_cpu = -1  # where the wire's thread is pinned
         self.thread: int | None = None  # threading.get_ident() of the pinned controller thread
         self._pinned: set[int] = set()  # native ids of every thread pinned here (release puts them back)
-        self._refusal = ""  # what refused the controller's pin: said by the hand-off thread, not the callback
+        self._refusal = ""  # what refused the controller's pin: said by the wire's thread, not the callback
         self._lock = threading.Lock()  # follow and release, never the callback
 
     # ------------------------------------------------------------------ the controller's thread
@@ -101,11 +100,11 @@ class ControllerPin:
         self.enabled = False
         self._refusal = why
 
-    # ------------------------------------------------------------------ the hand-off thread
+    # ------------------------------------------------------------------ the wire's thread
     def follow(self) -> None:
         """After a batch: onto the controller's CPU when that changed; says once (here,
         off the controller's thread) when pinning was refused, and then unpins. Never
-        raises: the hand-off thread must outlive any trouble with its CPU."""
+        raises: the wire's thread must outlive any trouble with its CPU."""
         try:
             self._follow()
         except Exception as error:  # noqa: BLE001 - pinning is an optimisation; delivery is not
@@ -132,7 +131,7 @@ class ControllerPin:
     def _give_up(self, why: str) -> None:
         self._refusal = ""
         self.enabled = False
-        log.warning("the controller's thread and the hand-off thread stay unpinned (%s; the unit's "
+        log.warning("the controller's thread and the wire's thread stay unpinned (%s; the unit's "
                     "SystemCallFilter= must allow sched_setaffinity): callbacks then reach the event loop "
                     "later when the node's cores are busy", why)
         self.release()
@@ -142,7 +141,7 @@ class ControllerPin:
         """Every thread pinned here back on the bridge's CPUs, and no pin after it
         (idempotent; a thread that has ended is skipped)."""
         with self._lock:
-            self.enabled = False  # no pin after a release: the hand-off is closing or gave up
+            self.enabled = False  # no pin after a release: the wire is closing or gave up
             pinned, self._pinned = self._pinned, set()
             self.cpu = self.handoff_cpu = -1
             self.thread = None

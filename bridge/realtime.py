@@ -100,7 +100,7 @@ def batch_policy() -> bool:
         global _batch_refused_logged
         if not _batch_refused_logged:
             _batch_refused_logged = True
-            log.warning("the hand-off thread keeps the default scheduling policy (%s): controller callbacks "
+            log.warning("the report wire's thread keeps the default scheduling policy (%s): controller callbacks "
                         "may block longer when they wake it", error)
         return False
     return True

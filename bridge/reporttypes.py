@@ -57,7 +57,7 @@ class ControllerReport(NamedTuple):
 #: Python function, one more to run cold between a callback and the wire.
 report_of: Callable[[tuple[Any, ...]], ControllerReport] = partial(tuple.__new__, ControllerReport)
 
-#: What a callback puts on the hand-off queue: a ControllerReport's fields as a plain
+#: What a callback puts into the report wire's inbox: a ControllerReport's fields as a plain
 #: tuple (a ControllerReport itself is one too).
 ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
 

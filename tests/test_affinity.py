@@ -1,11 +1,11 @@
-"""The controller's callback thread and the hand-off thread on one CPU
+"""The controller's callback thread and the wire's thread on one CPU
 (``bridge/affinity.py``).
 
 The first callback on a thread pins that thread to the CPU it runs on; after the batch
-it woke the hand-off thread for, the hand-off thread pins itself there too, so every
+it woke the wire's thread for, the wire's thread pins itself there too, so every
 later wake-up is queued where the controller's thread is about to go back to waiting.
 Where pinning is refused the bridge says so once, off the controller's thread, puts back
-what it pinned and delivers exactly as before; closing the hand-off puts every thread
+what it pinned and delivers exactly as before; closing the wire puts every thread
 back on the CPUs it had."""
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ async def test_the_first_callback_pins_its_thread_and_the_handoff_thread_follows
         result, cpus = await controller.callback(callback, {1: 0}, {})
         assert result == 0 and len(cpus) == 1 and cpus == {pin.cpu}
         await collected.wait_for(1)
-        await eventually(lambda: pin.handoff_cpu == pin.cpu, what="the hand-off thread pinned")
+        await eventually(lambda: pin.handoff_cpu == pin.cpu, what="the wire's thread pinned")
         assert handoff_cpus(handoff) == cpus  # to the callback's CPU
         for count in range(2, 6):  # later callbacks keep both where they are
             assert await controller.callback(callback, {count: 0}, {}) == (0, cpus)
@@ -222,7 +222,7 @@ async def test_a_running_bridge_pins_the_controllers_thread_and_the_handoff_to_o
     assert metric() == -1  # no callback yet
     job.training.inject_fault({5: 1})
     await annotation(job, "recover-success")
-    await eventually(lambda: pin.handoff_cpu >= 0, what="the hand-off thread pinned")
+    await eventually(lambda: pin.handoff_cpu >= 0, what="the wire's thread pinned")
     cpu = pin.handoff_cpu
     assert cpu == pin.cpu and handoff_cpus(link.wire) == {cpu}
     assert len(pin._pinned) == 2  # the stub controller's state-machine thread and the wire

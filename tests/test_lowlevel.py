@@ -69,7 +69,7 @@ def test_grpc_has_the_channel_object_after_send_wraps() -> None:
                                         response_deserializer=None)
         sent: list[int] = []
         assert lowlevel.after_send(callable_, lambda: sent.append(threading.get_ident())), (
-            f"grpcio {grpc.__version__} has no channel object to wrap: rpcthread's on_sent would run before the write")
+            f"grpcio {grpc.__version__} has no channel object to wrap: the wire's on_sent would run before the write")
         for _ in range(2):
             try:
                 callable_(b"", timeout=2.0)

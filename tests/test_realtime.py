@@ -1,5 +1,5 @@
 """The event loop and the report thread run under SCHED_FIFO while a bridge runs
-(``bridge/realtime.py``) and the hand-off thread, which the controller's own thread wakes,
+(``bridge/realtime.py``) and the wire's thread, which the controller's own thread wakes,
 never does; nothing they start inherits it, the loop's thread gets its own policy back
 when the bridge stops, and where the system refuses realtime the bridge says so, shows
 it in a metric and still recovers the job exactly as before."""

@@ -260,7 +260,7 @@ def syscall_group(name: str, seen: set[str] | None = None) -> set[str]:
 @needs_systemd_analyze
 def test_the_report_path_threads_may_set_their_own_policy_and_cpus(unit: dict[str, list[tuple[str, str]]]) -> None:
     """The report path's threads call sched_setscheduler (bridge/realtime.py, the
-    hand-off's SCHED_BATCH), and the controller's callback thread and the hand-off thread
+    wire's SCHED_BATCH), and the controller's callback thread and the wire's thread
     sched_setaffinity (bridge/affinity.py); @resources holds both calls, and the unit
     denies @resources. Applied in systemd's order (the first line sets allow-list mode,
     later lines add or remove), both must end up allowed, and nothing else of @resources

@@ -19,7 +19,7 @@ Two halves, because the peers forbid the obvious one:
   drops the event and counts ``tft_bridge_recorder_errors_total{reason="queue_full"}``
   (a cycle's opening, uuid and close always pass: detail is lost, never the cycle or
   its outcome). ``bench/bench_recorder.py`` measures a hook's cost. The controller's own
-  thread never runs any of this: its callbacks reach the loop through the hand-off.
+  thread never runs any of this: its callbacks reach the loop through the report wire.
 * ``RecorderWriter`` is a thread that wakes on its own every ``poll`` seconds (the loop
   never wakes it: a wake-up is a syscall that can hand the GIL away mid-report), writes
   the batch to the SQLite store in one transaction (``bridge.recorder.store``), keeps
