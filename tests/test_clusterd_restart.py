@@ -581,8 +581,10 @@ async def test_a_report_lost_in_a_short_freeze_restarts_the_cycle(
     job = await launch(running, proxies, config_overrides={"clusterd": {"watchdog_intervals": 100.0}})
     assert job.bridge is not None
     hold = await fault_and_hold(job, callback)
-    # the controller's second fault report (before its strategies) delivered: nothing ahead in the outbox
-    await eventually(lambda: len(job.bridge.wire) == 0, 10, "an empty outbox")
+    # the controller's second fault report (before its strategies) delivered: nothing ahead in
+    # the outbox, nor in the wire's inbox (a report put but not yet taken is in neither count)
+    await eventually(lambda: len(job.bridge.wire) == 0 and job.bridge.wire.handed_all(), 10,
+                     "an empty outbox and inbox")
     mark = last_seq(job)
     proxies[0].freeze()
     hold.release()  # the report goes out into the freeze
