@@ -19,12 +19,13 @@ Delivery rules, each from a way the real ClusterD punishes a careless client:
   thread (the strategies report right behind the cycle's second fault report: the
   recovery's critical path). ClusterD must get a fault report of the cycle before the
   strategy that repairs it, and two HTTP/2 streams give no order between its handlers.
-* **A report answers one cycle.** A stop-complete, strategy or result report is bound,
-  when this thread takes it, to ``Cycles.answering``: the cycle whose notify the
-  controller last accepted, published by the loop before it makes that notify, so it is
-  already the right one when the controller's callback runs. ClusterD keeps reports in
-  one-slot buffers whatever its state, so a report whose cycle is gone is dropped and
-  counted, never sent into the next.
+* **A report answers one cycle.** A stop-complete, strategy or result report is bound
+  to ``Cycles.answering`` as it was when the controller made the callback (its stamp),
+  not when this thread takes it: the cycle whose notify the controller last accepted,
+  published by the loop before it makes that notify, so it is already the right one
+  when the controller's callback runs. ClusterD keeps reports in one-slot buffers
+  whatever its state, so a report whose cycle is gone is dropped and counted, never
+  sent into the next.
 * **Fault reports wait for a live subscription** (ClusterD loses faults reported while
   nobody is subscribed), survive reconnects and merge with ClusterD's rule while queued.
 * **Code 0 is never resent; an unknown outcome is final.** A cycle-bound report is
@@ -69,7 +70,7 @@ from .backoff import Backoff
 from .clusterd import Delivery, RpcFailure, classify_failure, connection_lost
 from .codes import Code
 from .metrics import BridgeMetrics, code_label, drop_reason_for_code
-from .reporttypes import KINDS, METHODS, status_code
+from .reporttypes import KINDS, METHODS, ReportFields, status_code
 
 log = logging.getLogger(__name__)
 
@@ -181,10 +182,13 @@ class Wire:
         self.pin = pin if pin is not None else ControllerPin(False)
         # -- shared, each says how
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()  # any thread -> wire
-        self.put: Callable[[object], None] = self._inbox.put  # the callbacks' sink: one C call
+        self.put: Callable[[ReportFields], None] = self._inbox.put  # the callbacks' sink: one C call
         self._handed: deque[list[Taken]] = deque()  # wire -> loop (append / popleft: atomic)
         self._lock = threading.Lock()  # ``_cycles`` replaced, and read with ``_unsettled`` changed
         self._cycles = Cycles()  # replaced whole by the loop under ``_lock``, read here
+        # When ``answering`` changed (monotonic, the loop's stamp before it published),
+        # newest last: appended by the loop and read here, both under ``_lock``.
+        self._answering_since: deque[tuple[float, str | None]] = deque([(float("-inf"), None)], maxlen=64)
         self._unsettled = 0  # cycle-bound calls on the wire (under ``_lock``)
         self._settled = asyncio.Event()  # the loop's: set (posted by the wire) when ``_unsettled`` fell to 0
         # -- the wire's own
@@ -211,8 +215,11 @@ class Wire:
         """The loop's state changed (a stream's start or end, a new cycle, a notify about
         to be made). Under ``_lock``: from now on no cycle-bound report of a cycle this
         says is gone starts."""
+        stamp = time.monotonic()  # before the store: a callback answering this cycle comes after it
         with self._lock:
             self._cycles = cycles
+            if cycles.answering != self._answering_since[-1][1]:
+                self._answering_since.append((stamp, cycles.answering))
         self._inbox.put(_WAKE)
 
     def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None) -> None:
@@ -356,8 +363,10 @@ class Wire:
         callback, args, at, waiter = item
         kind = KINDS.get(callback)
         cycles = self._cycles
-        cycle = None if kind == "fault" else cycles.answering
+        cycle = None
         try:
+            if kind != "fault":
+                cycle = self._answering_at(at)
             if kind is None:
                 raise ValueError(f"unknown callback {callback!r}")
             raw = args[0] if kind in ("fault", "strategy") and args else (args[2] if len(args) > 2 else {})
@@ -381,6 +390,18 @@ class Wire:
             return Taken(callback, args, at, waiter, cycle, cleaned.faults, cleaned.bad, cleaned.error, False, held)
         except (TypeError, ValueError, IndexError) as error:
             return Taken(callback, args, at, waiter, cycle, {}, 0, str(error)[:200], True, None)
+
+    def _answering_at(self, at: float) -> str | None:
+        """The cycle the controller answered when it made the callback stamped ``at``:
+        the last one published before then. Not the one current now: ClusterD may have
+        replaced the cycle since, and a stop-complete of the old one bound to the new one
+        would sit in its one-slot buffer before the controller stopped for it. Older than
+        every change kept (64): None, a cycle long gone."""
+        with self._lock:
+            for since, answering in reversed(self._answering_since):
+                if since <= at:
+                    return answering
+        return None
 
     def _encode(self, kind: str, args: tuple[Any, ...], faults: dict[int, int], cycle: str | None,
                 cycles: Cycles) -> tuple[bytes, bool]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ async def test_the_next_subscribe_waits_for_the_report_of_the_ended_stream() -> 
     wire = Wire(JOB, grpc.insecure_channel(f"127.0.0.1:{port}"), asyncio.get_running_loop(), listener,  # type: ignore[arg-type]
                 metrics, rpc_timeout=10.0, backoff=Backoff(0.01, 0.02))
     wire.publish(Cycles(live=True, running="uuid-1", stream="stream:1", answering="uuid-1"))
-    wire.put(("report_stop_complete", (0, "", {}), 0.0, None))
+    wire.put(("report_stop_complete", (0, "", {}), time.monotonic(), None))
     await eventually(lambda: "ReportStopComplete sent" in client.log, what="the report on the wire")
     session = Session(JOB, client, metrics, on_signal=lambda *args: None,  # type: ignore[arg-type]
                       catch_up=wire.catch_up, before_subscribe=lambda: wire.settle(5.0), on_cycles=lambda: None)

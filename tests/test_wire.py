@@ -273,6 +273,23 @@ async def test_settle_waits_for_the_cycle_report_on_the_wire(clusterd: tuple[Clu
         assert await wire.settle(5.0)
 
 
+async def test_a_report_answers_the_cycle_of_its_callback_not_the_one_current_when_the_wire_takes_it(
+        clusterd: tuple[ClusterD, str]) -> None:
+    """The controller reports stop-complete for uuid-1 while the wire is busy; ClusterD
+    replaces the cycle (uuid-2) before the wire takes the report: it is dropped, never sent
+    into uuid-2's one-slot buffer before the controller stopped for uuid-2."""
+    fake, address = clusterd
+    async with running_wire(address) as (wire, listener):
+        callback(wire, "report_fault_ranks", {3: 0}, {})  # holds the wire: the server waits for release
+        eventually_sync(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+        stop_complete = callback(wire, "report_stop_complete", 0, "", {})  # answers uuid-1
+        wire.publish(Cycles(live=True, running="uuid-2", stream="stream:1", answering="uuid-2"))
+        fake.release.set()
+        assert await asyncio.wrap_future(stop_complete) == Code.OrderMix
+        assert listener.drops == [("stop_complete", "uuid-1", "no_live_cycle")]
+        assert fake.seen("ReportStopComplete") == 0
+
+
 async def test_a_fault_report_ranks_are_never_lost_past_the_bound(clusterd: tuple[ClusterD, str]) -> None:
     fake, address = clusterd
     async with running_wire(address, Cycles(), limit=2) as (wire, listener):
