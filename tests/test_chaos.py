@@ -197,6 +197,16 @@ def test_reports_in_cycle_fails_on_a_fault_that_never_reached_clusterd() -> None
     # held for a live stream when a requested stop came a moment later: nobody left to send it
     assert invariants.reports_in_cycle(observation(journal=[before], records=[reported], stop_requested_at=5.5)) == []
     assert invariants.reports_in_cycle(observation(journal=[before], records=[reported], stop_requested_at=9.0))
+    # reported while ClusterD was down, which came back just before the stop: held for a stream
+    # not live yet; back long enough before the stop, the bridge had its chance
+    back = entry("state", "clusterd-restarted", 2, at=8.0)
+    assert invariants.reports_in_cycle(observation(journal=[before, back], records=[reported],
+                                                   stop_requested_at=9.0)) == []
+    assert invariants.reports_in_cycle(observation(journal=[before, back], records=[reported],
+                                                   stop_requested_at=8.0 + invariants.RESUBSCRIBE_GRACE + 0.1))
+    early = entry("state", "clusterd-restarted", 0, at=4.5)  # back before the fault was reported
+    assert invariants.reports_in_cycle(observation(journal=[early, before], records=[reported],
+                                                   stop_requested_at=6.0 + invariants.PENDING_AT_STOP))
 
 
 def test_documented_exit_fails_on_an_unknown_code_or_a_stop_past_its_budget() -> None:

@@ -30,6 +30,11 @@ CYCLE_REPORTS = {
 #: stream when the stop comes: the bridge's watchdog (10 keep-alive intervals, 1 s here)
 #: is how long it may wait for the stream to speak before subscribing again.
 PENDING_AT_STOP = 1.0
+#: A fault reported while ClusterD was down waits for the bridge to subscribe again and
+#: hear the new stream's first keep-alive (1 s here) after ClusterD is back: the reconnect
+#: back-off (at most 0.5 s here) and that keep-alive, with a margin for a loaded machine.
+#: A stop that comes sooner after ClusterD's return may find such a fault still held.
+RESUBSCRIBE_GRACE = 2.0
 #: Status.code of a report for a job this ClusterD has no controller for (not registered).
 UN_REGISTRY = 400
 #: Controller states that mean the job was killed (it tells every rank to exit).
@@ -313,19 +318,24 @@ def reports_in_cycle(obs: Observation) -> list[str]:
     in its cycle, or re-reported after a reset. Reports made after the bridge was
     stopped, or ``PENDING_AT_STOP`` before, are exempt: nobody is left to send them, or
     the bridge was still holding them for a live stream (ClusterD loses a fault reported
-    with no live subscriber) when the stop came."""
+    with no live subscriber) when the stop came. So are faults reported before ClusterD
+    came back from a restart less than ``RESUBSCRIBE_GRACE`` before the stop: held for
+    the new stream, which was not live yet."""
     problems = misdelivered(obs.journal, obs.job_id)
     problems += [f"ClusterD recorded a protocol violation: {v}" for v in obs.sim_violations]
     until = obs.stop_at
     delivered = [(e.at, {int(r): int(t) for r, t in dict(e.detail.get("faults") or {}).items()})
                  for e in obs.journal if e.kind == "rpc" and e.name == "ReportProcessFault"
                  and e.job_id == obs.job_id and e.code == 0]
+    restarted = [e.at for e in obs.journal if e.kind == "state" and e.name == "clusterd-restarted"]
     for record in obs.records:
         if record.kind != "callback" or record.name != "report_fault_ranks" or not record.args \
                 or record.t >= until - PENDING_AT_STOP:
             continue
         if any(kill > record.t for kill in obs.kills):
             continue  # lost with the controller that a SIGKILL took: its ranks restart with the next one
+        if any(record.t <= back and until - back < RESUBSCRIBE_GRACE for back in restarted):
+            continue  # held for a live stream across ClusterD's outage, which ended just before the stop
         for rank, kind in dict(record.args[0]).items():
             if not any(at >= record.t - 0.001 and int(rank) in faults and faults[int(rank)] in (int(kind), 1)
                        for at, faults in delivered):
