@@ -494,3 +494,15 @@ async def test_the_wire_looks_at_its_connectivity_itself_and_counts_a_loss_while
         assert wire_module.CONNECTIVITY_LOOK >= 1.0  # an idle wake-up a second at most
     finally:
         server.stop(None)
+
+
+async def test_without_the_private_check_the_wire_falls_back_to_grpcs_subscription(
+        clusterd: tuple[ClusterD, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grpcio whose channel cannot be asked (lowlevel's guard test fails there) still
+    gets the connectivity the delivery rules need, from gRPC's own subscription."""
+    fake, address = clusterd
+    fake.release.set()
+    monkeypatch.setattr(wire_module.lowlevel, "connectivity_check", lambda channel: None)
+    async with running_wire(address) as (wire, listener):
+        await eventually(lambda: wire._ready, what="connected, told by gRPC's connectivity thread")
+        assert callback(wire, "report_stop_complete", 0, "ok", {}).result(10) == Code.OK
