@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 from baseline import pct  # noqa: E402
 
-from bench_footprint import sample  # noqa: E402
+from bench_footprint import sample, switches_by_name  # noqa: E402
 
 from tests.conformance import peers as real_peers  # noqa: E402
 from tests.conformance.peers import Entry, HarnessOptions, LogLine, find_real_peers, unavailable  # noqa: E402
@@ -138,6 +138,8 @@ def one_cycle(peers: Path, way: str, index: int, kind: str, workdir: Path) -> di
 #: the hop phase's 1 s would wake both ways five times as often as a real ClusterD does.
 IDLE_KEEPALIVE = 5
 IDLE_SETTLE = 5.0  # seconds after every rank registered, before a window
+#: The idle window's per-thread-name context switches are keyed by this prefix + name.
+BY_THREAD = "switches of "
 
 
 def idle_window(peers: Path, way: str, index: int, seconds: float, workdir: Path) -> dict[str, float]:
@@ -152,11 +154,16 @@ def idle_window(peers: Path, way: str, index: int, seconds: float, workdir: Path
         process = job.entry.process
         assert process is not None
         time.sleep(IDLE_SETTLE)  # the window is the thing measured: a fixed length, not a wait
-        before = sample(process.pid)
+        before, named = sample(process.pid), switches_by_name(process.pid)
         time.sleep(seconds)
         after = sample(process.pid)
+        named = switches_by_name(process.pid) - named
+    by_thread: dict[str, float] = {}
+    for name, count in named.items():  # the controller's AccWrk:0..N as one
+        key = f"{BY_THREAD}{name.split(':')[0]}"
+        by_thread[key] = by_thread.get(key, 0.0) + count
     return {"cpu seconds": after.cpu - before.cpu, "context switches": float(after.switches - before.switches),
-            "threads": float(after.threads), "rss MiB": after.rss / 1024}
+            "threads": float(after.threads), "rss MiB": after.rss / 1024, **by_thread}
 
 
 def idle_phase(peers: Path, windows: int, seconds: float, workdir: Path) -> None:
@@ -173,6 +180,14 @@ def idle_phase(peers: Path, windows: int, seconds: float, workdir: Path) -> None
         print(f"  {label:17} bridge {bridge:10.2f}   sync {sync:10.2f}   bridge / sync {bridge / sync if sync else 0:.2f}")
     for label in ("threads", "rss MiB"):
         print(f"  {label:17} bridge {max(totals['bridge'][label]):10.1f}   sync {max(totals['sync'][label]):10.1f}")
+    # Which threads wake the node (thread names: gRPC's event_engine, Python's python,
+    # the controller's AccWrk), per second of the windows: where a ratio comes from.
+    names = sorted({label for way in WAYS for label in totals[way] if label.startswith(BY_THREAD)})
+    span = windows * seconds
+    print("  context switches per second, by thread name")
+    for label in sorted(names, key=lambda n: -sum(totals["bridge"].get(n, [])) - sum(totals["sync"].get(n, []))):
+        bridge, sync = (sum(totals[way].get(label, [])) / span for way in WAYS)
+        print(f"    {label[len(BY_THREAD):]:17} bridge {bridge:8.1f}   sync {sync:8.1f}")
 
 
 def median_line(values: list[float]) -> str:

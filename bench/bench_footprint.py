@@ -95,16 +95,23 @@ def context_switches(pid: int) -> int:
     """Voluntary and involuntary context switches summed over the process's threads
     (``/proc/PID/task/*/status``): each is a wake-up or a preemption the process cost
     the node, which CPU seconds of an idle process hide."""
-    total = 0
+    return sum(switches_by_name(pid).values())
+
+
+def switches_by_name(pid: int) -> Counter[str]:
+    """``context_switches`` per thread name (``comm``: gRPC's ``event_engine``, Python's
+    ``python``, the controller's ``AccWrk:N``...): which threads wake the node."""
+    by_name: Counter[str] = Counter()
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
+            name = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
             with open(f"/proc/{pid}/task/{task}/status") as lines:
                 for line in lines:
                     if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        total += int(line.split()[1])
+                        by_name[name] += int(line.split()[1])
         except OSError:
             continue  # ended meanwhile
-    return total
+    return by_name
 
 
 def sample(pid: int) -> Sample:

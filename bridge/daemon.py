@@ -11,7 +11,8 @@ must not keep the ranks from training, so the controller starts anyway), then th
 controller, then READY=1.
 
 Running: the session, the dispatcher, the rank table subscriber, the tick,
-and two threads (the report wire and the metrics endpoint) are
+and two threads (the report wire and the metrics endpoint; a thread cannot be awaited,
+so the tick looks at them on its round: no wake-up of their own) are
 supervised: the first of them to end, unless the bridge is stopping, stops the bridge
 cleanly with exit code 1 and a log line naming it and why. Under systemd a dead part would otherwise only
 show as a missed watchdog ping, and the SIGABRT that follows skips the drain and the
@@ -97,9 +98,6 @@ STOP_SLACK = 10.0
 #: How often the HA switch is asked again while a stop waits for the ranks' loss.
 RANK_LOSS_POLL = 0.1
 
-#: How often a supervised thread is looked at (a thread cannot be awaited).
-THREAD_POLL_INTERVAL = 0.5
-
 
 class Bridge:
     """One job's bridge process, from ``run()`` to its exit code. ``run()`` builds the
@@ -123,7 +121,8 @@ class Bridge:
         self._link: Link | None = None  # built by run(), whole (see link.py)
         self._stop = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # supervised: its end stops the bridge
-        self._thread_watches: dict[str, asyncio.Task[None]] = {}  # supervised threads, polled
+        self._threads: dict[str, Callable[[], bool]] = {}  # supervised threads: alive(), looked at by the tick
+        self._thread_died = asyncio.Event()  # the tick found a supervised thread ended
         self._status = ""
         self.side: SideServices | None = None  # built with the link (extras.py)
         self._on_stopping = on_stopping  # told once when the stop begins (the CLI arms its exit deadline)
@@ -242,18 +241,24 @@ class Bridge:
             self.ready.set()
 
     def _watch_thread(self, name: str, alive: Callable[[], bool]) -> None:
-        self._thread_watches[name] = asyncio.create_task(_until_dead(alive), name=f"tft-bridge-watch-{name}")
+        self._threads[name] = alive
+
+    def _look_at_threads(self) -> None:
+        """On the tick: a supervised thread that ended stops the bridge (``_serve``)."""
+        if not all(alive() for alive in self._threads.values()):
+            self._thread_died.set()
 
     # ------------------------------------------------------------------ running
     async def _serve(self) -> None:
         """Wait for a stop request or for the first supervised part to end."""
         self._tasks["tick"] = spawn("tick", self._tick_until_stopped())
         stop = asyncio.ensure_future(self._stop.wait())
+        died = asyncio.ensure_future(self._thread_died.wait())
         try:
-            await asyncio.wait({stop, *self._tasks.values(), *self._thread_watches.values()},
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({stop, died, *self._tasks.values()}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
+            died.cancel()
         if not self._stop.is_set():
             self._report_dead()
             self.request_stop(EXIT_FAILED)
@@ -266,8 +271,8 @@ class Bridge:
                     else "returned although the bridge was not stopping"
                 log.error("background task %s ended: %s; stopping the bridge (exit code %d)", name, why, EXIT_FAILED)
                 self.notifier.status(f"stopping: background task {name} ended: {why}")
-        for name, watch in self._thread_watches.items():
-            if watch.done():
+        for name, alive in self._threads.items():
+            if not alive():
                 log.error("the %s ended; stopping the bridge (exit code %d)", name, EXIT_FAILED)
                 self.notifier.status(f"stopping: the {name} ended")
 
@@ -281,6 +286,7 @@ class Bridge:
                 return
             except asyncio.TimeoutError:
                 pass
+            self._look_at_threads()
             self._tick()
             if self._controller_waits_for_recovery():
                 try:
@@ -353,8 +359,6 @@ class Bridge:
         if self._on_stopping is not None:
             self._on_stopping()
         self.notifier.stopping("stopping: destroying the controller, then draining reports")
-        for watch in self._thread_watches.values():
-            watch.cancel()
         ranks_connected = False
         if self._link is not None:
             link = self._link
@@ -374,7 +378,7 @@ class Bridge:
         if self._marked:
             self.orphan.controller_stopped(job_ending=self.exit_code in JOB_ENDING_CODES,
                                            ranks_connected=ranks_connected)
-        await finish([*self._tasks.values(), *self._thread_watches.values()])
+        await finish(list(self._tasks.values()))
         self.recording.recorder.close()  # an open cycle ends as it stands
         await asyncio.to_thread(self.recording.close)  # bounded: the writer flushes, the exporter sends
         if self.metrics_server is not None:
@@ -433,12 +437,6 @@ class Bridge:
         self._stop_ranktable()
         if self.side is not None:
             self.side.stop()
-
-
-async def _until_dead(alive: Callable[[], bool]) -> None:
-    """Return once a thread has ended (polled: threads cannot be awaited)."""
-    while alive():
-        await asyncio.sleep(THREAD_POLL_INTERVAL)
 
 
 def stop_budget(config: BridgeConfig) -> float:

@@ -14,6 +14,11 @@ instead of the bridge silently falling back to its slower way:
 * gRPC's private ``_channel`` of a synchronous unary callable (``after_send``): the one
   place where the request has been written and the caller has not yet started waiting
   for the answer (wire.py: the wire turns realtime there).
+* gRPC's private ``_channel`` of a synchronous channel (``connectivity_check``): its
+  connectivity read at once, without ``Channel.subscribe``. The public ``subscribe`` keeps
+  a thread that watches the state with a deadline 0.2 s ahead, over and over, and each
+  watch arms a timer in gRPC's event engine: an idle bridge's busiest wake-ups came from
+  there (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import os
 import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
+
+import grpc
 
 _CPU_SET_WORDS = 16  # glibc's cpu_set_t: 1 024 CPUs in unsigned longs
 _CpuSet = ctypes.c_ulong * _CPU_SET_WORDS
@@ -115,3 +122,24 @@ class AfterSend:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._channel, name)
+
+
+#: gRPC core's connectivity numbers (what the private channel answers) as the public enum.
+_CONNECTIVITY = {state.value[0]: state for state in grpc.ChannelConnectivity}
+
+#: ``check(try_to_connect)``: a channel's connectivity now; ``try_to_connect`` starts a
+#: connection when it is idle. Raises ``ValueError`` once the channel is closed.
+ConnectivityCheck = Callable[[bool], grpc.ChannelConnectivity]
+
+
+def connectivity_check(channel: grpc.Channel) -> ConnectivityCheck | None:
+    """A synchronous channel's connectivity, read on the caller's thread with no thread,
+    watch or timer of gRPC's (the one C call ``subscribe``'s polling thread makes after
+    each watch); None where this grpcio's channel has no ``_channel`` to ask."""
+    check = getattr(getattr(channel, "_channel", None), "check_connectivity_state", None)
+    if not callable(check):
+        return None
+
+    def connectivity(try_to_connect: bool) -> grpc.ChannelConnectivity:
+        return _CONNECTIVITY[check(try_to_connect)]
+    return connectivity

@@ -39,6 +39,13 @@ Delivery rules, each from a way the real ClusterD punishes a careless client:
   has published a stream's end no cycle-bound report of it starts, and ``settle`` waits
   for those already out.
 
+Connectivity: whether the channel is connected decides a failed call's fate (above), and
+ClusterD closing it (a GOAWAY, a lost connection) is logged and counted. The wire reads
+the state itself, at each call's start and every ``CONNECTIVITY_LOOK`` seconds while it
+waits (``lowlevel.connectivity_check``), instead of gRPC's ``Channel.subscribe``, whose
+polling thread re-arms a 0.2 s watch without end: with it the idle bridge woke the node
+more than MindCluster's synchronous client did.
+
 Scheduling (``realtime.py``, ``affinity.py``): the thread waits for callbacks under
 ``SCHED_BATCH`` on the controller's CPU (a realtime wake-up preempted the controller's
 thread inside its callback, and the controller blocks on every callback) and runs
@@ -159,6 +166,12 @@ class _Fill(NamedTuple):  # from the loop: a held report's payload (None: drop i
 _STOP = object()
 _WAKE = object()
 
+#: Seconds between looks at the report channel's connectivity while the wire waits: how
+#: late a connection ClusterD closed under an idle bridge is logged and counted. It stays
+#: not READY until the next call reconnects (gRPC reconnects an idle channel only then),
+#: so no loss is missed between looks.
+CONNECTIVITY_LOOK = 1.0
+
 
 class Wire:
     """The outbox and the report channel, on the thread ``tft-wire``. ``put`` is the
@@ -194,7 +207,7 @@ class Wire:
         # -- the wire's own
         self._outbox: deque[Pending] = deque()
         self._callables: dict[str, Any] = {}
-        self._ready = False  # the channel is connected (gRPC's connectivity thread writes it)
+        self._ready = False  # the channel was connected at the last look (``_on_state``)
         self._boosted = False
         self._refused = False
         self._retry_at = 0.0  # the head's next try after a failure (monotonic)
@@ -206,7 +219,10 @@ class Wire:
         self.batch_policy = False
         self._held_tells: list[tuple[Callable[..., Any], tuple[Any, ...]]] | None = None  # during ``_take``
         metrics.outbox_depth.set_function(lambda: len(self._outbox))
-        channel.subscribe(self._on_state, try_to_connect=True)  # connected before the first report
+        self._connectivity = lowlevel.connectivity_check(channel)
+        if self._connectivity is None:
+            log.warning("this grpcio's channel cannot be asked its connectivity: gRPC's polling thread watches it")
+            channel.subscribe(self._on_state, try_to_connect=True)  # connected before the first report
         self._thread = threading.Thread(target=self._run, name="tft-wire", daemon=True)
         self._thread.start()
 
@@ -274,10 +290,11 @@ class Wire:
         self._inbox.put(_STOP)
         self._thread.join(timeout)
         self._closing = True
-        try:
-            self._channel.unsubscribe(self._on_state)
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            pass
+        if self._connectivity is None:
+            try:
+                self._channel.unsubscribe(self._on_state)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
         self._channel.close()
         self._thread.join(timeout)
         self.pin.release()
@@ -287,11 +304,22 @@ class Wire:
         return self._thread.is_alive()
 
     # ================================================================ the wire's thread
+    def _look(self, try_to_connect: bool = False) -> None:
+        """The channel's connectivity now, on this thread (``_on_state``)."""
+        if self._connectivity is None:
+            return  # gRPC's polling thread tells ``_on_state``
+        try:
+            state = self._connectivity(try_to_connect)
+        except ValueError:  # closed: ``stop`` closes it once this thread has ended
+            return
+        self._on_state(state)
+
     def _on_state(self, state: grpc.ChannelConnectivity) -> None:
-        """On gRPC's connectivity thread; never raises into it. Leaving READY while
-        nobody closed the channel is ClusterD closing the connection (a GOAWAY, e.g.
-        ``too_many_pings``, or a lost connection): logged and counted, since gRPC itself
-        only reconnects silently at the next call."""
+        """The connectivity seen by a look (or, without ``connectivity_check``, told on
+        gRPC's connectivity thread); never raises. Leaving READY while nobody closed the
+        channel is ClusterD closing the connection (a GOAWAY, e.g. ``too_many_pings``, or
+        a lost connection): logged and counted, since gRPC itself only reconnects
+        silently at the next call."""
         was_ready, self._ready = self._ready, state is grpc.ChannelConnectivity.READY
         if was_ready and not self._ready and not self._closing:
             try:
@@ -306,6 +334,7 @@ class Wire:
             self.realtime = realtime.promote(self._priority, realtime.REPORT)
             self._refused = not self.realtime
             self.batch_policy = realtime.batch_policy()
+            self._look(try_to_connect=True)  # connected before the first report
             self._serve()
         except BaseException:  # noqa: BLE001 - the supervisor sees the thread end; this says why
             log.exception("the report wire failed")
@@ -318,21 +347,25 @@ class Wire:
             if head is None:
                 self._idle()
                 wait = max(0.0, self._retry_at - time.monotonic()) if self._outbox and self._retry_at else None
-                self._take(block=True, timeout=wait)
+                if self._connectivity is not None:
+                    wait = CONNECTIVITY_LOOK if wait is None else min(wait, CONNECTIVITY_LOOK)
+                if not self._take(block=True, timeout=wait):
+                    self._look()
                 continue
             self._take(block=False)  # what came meanwhile, before the head leaves (merging, order)
             head = self._sendable()
             if head is not None:
                 self._send(head)
 
-    def _take(self, block: bool, timeout: float | None = None) -> None:
-        """Everything in the inbox now (after waiting for one item when ``block``)."""
+    def _take(self, block: bool, timeout: float | None = None) -> bool:
+        """Everything in the inbox now (after waiting for one item when ``block``); False
+        when there was nothing."""
         items: list[object] = []
         self._waiting = block
         try:
             items.append(self._inbox.get(block, timeout))
         except queue.Empty:
-            return
+            return False
         finally:
             self._waiting = False
         while not self._inbox.empty():
@@ -357,6 +390,7 @@ class Wire:
             for function, args in held:
                 self._post(self._told, function, args)
         self.pin.follow()
+        return True
 
     def _intake(self, item: tuple[Any, ...]) -> Taken:
         """One callback's arguments: bound, cleaned, encoded and queued (never raises)."""
@@ -545,6 +579,7 @@ class Wire:
         method = METHODS[kind]
         name = method.rsplit("/", 1)[-1]
         callable_ = self._callable(method)
+        self._look()  # connected as the call starts: a failure's fate depends on it
         if not self.after_send:
             self._written()
         was_ready, started = self._ready, time.monotonic()

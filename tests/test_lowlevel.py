@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 
 import grpc
+import pytest
 
 from bridge import lowlevel
 
@@ -86,3 +88,26 @@ def test_after_send_leaves_a_callable_without_a_channel_object_alone() -> None:
 
     assert not lowlevel.after_send(plain, lambda: None)
     assert not hasattr(plain, "_channel")
+
+
+def test_grpc_answers_a_synchronous_channels_connectivity_without_subscribing() -> None:
+    """gRPC's private ``_channel.check_connectivity_state``: what the wire reads instead of
+    ``Channel.subscribe``, whose polling thread keeps gRPC's event engine waking. Asked to
+    connect to a port nobody listens on, the channel leaves IDLE; closed, it raises."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    check = lowlevel.connectivity_check(channel)
+    assert check is not None, f"grpcio {grpc.__version__} cannot be asked a channel's connectivity"
+    try:
+        assert check(False) is grpc.ChannelConnectivity.IDLE
+        check(True)
+        deadline = time.monotonic() + 10
+        while check(False) is grpc.ChannelConnectivity.IDLE and time.monotonic() < deadline:
+            time.sleep(0.01)  # polled with a deadline: the attempt runs on gRPC's threads
+        assert check(False) in (grpc.ChannelConnectivity.CONNECTING, grpc.ChannelConnectivity.TRANSIENT_FAILURE)
+    finally:
+        channel.close()
+    with pytest.raises(ValueError):
+        check(False)

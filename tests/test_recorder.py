@@ -37,7 +37,7 @@ class Clock:
 def make(tmp_path: Path, **overrides: object) -> tuple[Recorder, RecorderWriter, ControllerFlow, Clock, BridgeMetrics]:
     metrics = BridgeMetrics()
     config = RecorderConfig(**{"max_cycles": 1000, **overrides})  # type: ignore[arg-type]
-    writer = RecorderWriter(config, tmp_path, metrics, poll=0.01)
+    writer = RecorderWriter(config, tmp_path, metrics, poll=0.01, idle_poll=0.01)
     clock = Clock()
     flow = ControllerFlow(clock=clock)
     recorder = Recorder("job-1", flow, writer, clock=clock)
@@ -209,7 +209,7 @@ def test_an_unwritable_directory_is_counted_and_never_raises(tmp_path: Path) -> 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     metrics = BridgeMetrics()
-    writer = RecorderWriter(RecorderConfig(), blocker / "state", metrics, poll=0.01)
+    writer = RecorderWriter(RecorderConfig(), blocker / "state", metrics, poll=0.01, idle_poll=0.01)
     flow = ControllerFlow()
     recorder = Recorder("job-1", flow, writer)
     writer.start()
@@ -382,3 +382,29 @@ def test_the_history_names_a_repeat() -> None:
 
     line = describe({"kind": "repeat", "t": 0.0, "of": "u-1"})
     assert line.startswith("REPEAT of the retry cycle u-1 that succeeded")
+
+
+def test_the_idle_writer_wakes_no_more_than_once_a_second_and_polls_again_while_events_come(tmp_path: Path) -> None:
+    """An idle bridge must not wake the node more than MindCluster's client does: after a
+    wake-up that found nothing the writer waits ``idle_poll`` (at least a second), and
+    once events come it polls at ``poll`` again, so a cycle is batched as before."""
+    writer = RecorderWriter(RecorderConfig(), tmp_path, BridgeMetrics())  # the daemon's defaults
+    waits: list[float] = []
+
+    class Stop:  # the writer's stop event, counting its waits; an event arrives in the second
+        stopped = False
+
+        def is_set(self) -> bool:
+            return self.stopped
+
+        def wait(self, timeout: float) -> bool:
+            waits.append(timeout)
+            if len(waits) == 2:
+                writer._items.append(("open", "c-1", "controller", 1.0, "job-1"))
+            self.stopped = len(waits) == 4
+            return self.stopped
+
+    writer._stop = Stop()  # type: ignore[assignment]
+    writer._run()
+    assert waits == [writer.poll, writer.idle_poll, writer.poll, writer.idle_poll]
+    assert writer.idle_poll >= 1.0 > writer.poll

@@ -29,6 +29,7 @@ from bridge.backoff import Backoff
 from bridge.codes import Code
 from bridge.metrics import BridgeMetrics
 from bridge.sim.scenario import free_port
+from bridge import wire as wire_module
 from bridge.wire import Cycles, Taken, Wire
 
 from .conftest import eventually, eventually_sync, recover_server
@@ -130,9 +131,11 @@ class _Adapter:
 
 @asynccontextmanager
 async def running_wire(address: str, cycles: Cycles = LIVE, limit: int = 10_000, rpc_timeout: float = 10.0,
-                       metrics: BridgeMetrics | None = None) -> AsyncIterator[tuple[Wire, Listener]]:
+                       metrics: BridgeMetrics | None = None,
+                       channel: grpc.Channel | None = None) -> AsyncIterator[tuple[Wire, Listener]]:
     listener = Listener()
-    wire = Wire(JOB, grpc.insecure_channel(address), asyncio.get_running_loop(), _Adapter(listener),  # type: ignore[arg-type]
+    channel = channel or grpc.insecure_channel(address)
+    wire = Wire(JOB, channel, asyncio.get_running_loop(), _Adapter(listener),  # type: ignore[arg-type]
                 metrics or BridgeMetrics(), rpc_timeout=rpc_timeout, backoff=Backoff(0.01, 0.02), limit=limit)
     wire.publish(cycles)
     try:
@@ -478,3 +481,45 @@ def test_the_loop_answers_a_malformed_report_499_and_counts_it() -> None:
                       "status code must be an int, got 'not a code'", True, None)])
     assert waiter.result(0) == Code.ClientError
     assert metrics.sample("tft_bridge_bad_inputs_total", {"kind": "controller_report_stop_complete"}) == 1
+
+
+async def test_the_wire_looks_at_its_connectivity_itself_and_counts_a_loss_while_idle(
+        clusterd: tuple[ClusterD, str]) -> None:
+    """gRPC's ``Channel.subscribe`` keeps a thread re-arming a 0.2 s watch, each with a
+    timer in gRPC's event engine, for as long as anyone is subscribed: it woke an idle
+    bridge more than MindCluster's whole synchronous client. The wire never subscribes:
+    it connects before the first report, and a connection that ClusterD closes while
+    the wire waits (here its server stops) is still logged and counted."""
+    fake, address = clusterd
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    subscribed: list[object] = []
+    channel.subscribe = lambda *args, **kwargs: subscribed.append(args)  # type: ignore[method-assign]
+    metrics = BridgeMetrics()
+    lost = lambda: metrics.sample("tft_bridge_clusterd_connection_lost_total", {"channel": "report"})  # noqa: E731
+    try:
+        async with running_wire(address, metrics=metrics, channel=channel) as (wire, listener):
+            await eventually(lambda: wire._ready, what="connected before any report")
+            assert lost() == 0
+            server.stop(None)
+            await eventually(lambda: lost() == 1, timeout=10 * wire_module.CONNECTIVITY_LOOK,
+                             what="the idle channel's lost connection counted")
+            assert not wire._ready
+        assert subscribed == []
+        assert wire_module.CONNECTIVITY_LOOK >= 1.0  # an idle wake-up a second at most
+    finally:
+        server.stop(None)
+
+
+async def test_without_the_private_check_the_wire_falls_back_to_grpcs_subscription(
+        clusterd: tuple[ClusterD, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grpcio whose channel cannot be asked (lowlevel's guard test fails there) still
+    gets the connectivity the delivery rules need, from gRPC's own subscription."""
+    fake, address = clusterd
+    fake.release.set()
+    monkeypatch.setattr(wire_module.lowlevel, "connectivity_check", lambda channel: None)
+    async with running_wire(address) as (wire, listener):
+        await eventually(lambda: wire._ready, what="connected, told by gRPC's connectivity thread")
+        assert callback(wire, "report_stop_complete", 0, "ok", {}).result(10) == Code.OK

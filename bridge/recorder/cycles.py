@@ -20,8 +20,11 @@ Two halves, because the peers forbid the obvious one:
   (a cycle's opening, uuid and close always pass: detail is lost, never the cycle or
   its outcome). ``bench/bench_recorder.py`` measures a hook's cost. The controller's own
   thread never runs any of this: its callbacks reach the loop through the report wire.
-* ``RecorderWriter`` is a thread that wakes on its own every ``poll`` seconds (the loop
-  never wakes it: a wake-up is a syscall that can hand the GIL away mid-report), writes
+* ``RecorderWriter`` is a thread that wakes on its own every ``poll`` seconds while
+  events come, every ``idle_poll`` seconds once a wake-up found none (an idle bridge
+  wakes the node no more than MindCluster's client does; the first events after a quiet
+  time wait that much longer for the disk). The loop never wakes it: a wake-up is a
+  syscall that can hand the GIL away mid-report. It writes
   the batch to the SQLite store in one transaction (``bridge.recorder.store``), keeps
   the store inside its bounds and hands each closed cycle to the optional OpenTelemetry
   exporter. A full disk, an unwritable directory or a corrupt file never stops the
@@ -526,16 +529,18 @@ class _Open:
 
 
 class RecorderWriter:
-    """Owns the store; drains the loop's deque every ``poll`` seconds on its own thread."""
+    """Owns the store; drains the loop's deque on its own thread, every ``poll`` seconds
+    while events come and every ``idle_poll`` seconds after a wake-up that found none."""
 
     def __init__(self, config: RecorderConfig, directory: Path, metrics: Any, *,
                  on_closed: Callable[[dict[str, Any]], None] | None = None, poll: float = 0.2,
-                 reopen_every: float = 30.0) -> None:
+                 idle_poll: float = 1.0, reopen_every: float = 30.0) -> None:
         self.config = config
         self.directory = directory
         self.errors = ErrorLog(metrics)
         self.on_closed = on_closed
         self.poll = poll
+        self.idle_poll = max(poll, idle_poll)
         self.reopen_every = reopen_every
         self.store = Store(directory, config.max_cycles, int(config.max_mb * 1024 * 1024))
         self._items: collections.deque[tuple[Any, ...]] = collections.deque()
@@ -584,8 +589,10 @@ class RecorderWriter:
     def _run(self) -> None:
         try:
             self._ensure_store()  # at start: a problem shows at once, and a crashed run's open cycle is closed
+            wait = self.poll
             while not self._stop.is_set():
-                self._stop.wait(self.poll)
+                self._stop.wait(wait)
+                wait = self.poll if self._items else self.idle_poll
                 self._drain_guarded()
             self._drain_guarded()
         finally:
