@@ -288,8 +288,9 @@ async def test_a_report_answers_the_cycle_of_its_callback_not_the_one_current_wh
         stop_complete = callback(wire, "report_stop_complete", 0, "", {})  # answers uuid-1
         wire.publish(Cycles(live=True, running="uuid-2", stream="stream:1", answering="uuid-2"))
         fake.release.set()
-        assert await asyncio.wrap_future(stop_complete) == Code.OrderMix
-        assert listener.drops == [("stop_complete", "uuid-1", "no_live_cycle")]
+        assert await asyncio.wrap_future(stop_complete) == Code.OrderMix  # the caller learns it first ...
+        await eventually(lambda: listener.drops == [("stop_complete", "uuid-1", "no_live_cycle")],
+                         what="the drop told")  # ... the loop once the wire has handed the report over
         assert fake.seen("ReportStopComplete") == 0
 
 
