@@ -127,6 +127,27 @@ def test_watch_ends_at_its_timeout(server: StandInApiServer, api: kube.PodGroupA
     assert 0.9 < time.monotonic() - started < 3
 
 
+def test_a_watch_that_ends_cleanly_leaves_its_connection_open(server: StandInApiServer) -> None:
+    """The real apiserver (Go's server) keeps a connection alive after a watch's chunked body
+    ends; a client pools it and sends its next request on it. A stand-in that closed it would
+    fail that request (urllib3 retries no read), a failure the real server never causes."""
+    import http.client
+    import json
+
+    server.store.create("a", "one")
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=5)
+    try:
+        connection.request("GET", f"/apis/scheduling.volcano.sh/v1beta1/podgroups?watch=1&timeoutSeconds=1"
+                                  f"&resourceVersion={server.store.resource_version}")
+        watch = connection.getresponse()
+        assert watch.status == 200 and watch.read() == b""
+        connection.request("GET", "/apis/scheduling.volcano.sh/v1beta1/namespaces/a/podgroups/one")
+        got = connection.getresponse()
+        assert got.status == 200 and json.loads(got.read())["metadata"]["name"] == "one"
+    finally:
+        connection.close()
+
+
 def test_restart_drops_connections_and_refuses_for_a_while(server: StandInApiServer, api: kube.PodGroupApi) -> None:
     server.store.create("a", "one")
     stream = api.watch(None, None, server.store.resource_version, timeout_seconds=10)

@@ -579,6 +579,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         timeout = float(query.get("timeoutSeconds") or 0) or None
         deadline = None if timeout is None else time.monotonic() + timeout
+        # A watch that ends cleanly (its timeout, an ERROR event) leaves the connection open for
+        # the next request, as the real apiserver's Go server does; a client's pooled connection
+        # closed under it would fail its next GET (urllib3 does not retry a read).
+        ended_cleanly = False
         try:
             self._start_stream()
             while not owner._closing.is_set():
@@ -595,11 +599,12 @@ class _Handler(BaseHTTPRequestHandler):
                     break
             if not owner._closing.is_set():
                 self._end_stream()
+                ended_cleanly = True
         except OSError:
             pass
         finally:
             owner.store.unsubscribe(watcher)
-            self.close_connection = True
+            self.close_connection = not ended_cleanly
 
     def _start_stream(self) -> None:
         self.send_response(200)
