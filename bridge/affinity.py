@@ -16,10 +16,10 @@ each pin costs the callback itself, on which the controller blocks. So the contr
 thread is pinned too, once: the first
 callback on a thread pins *that thread* to the CPU it is running on (``sched_getcpu``
 and ``sched_setaffinity`` through ``PyDLL``, which keep the GIL; the thread is already
-there, so nothing migrates), and the wire's thread, after the batch that callback
-woke it for, pins itself to the same CPU (with the GIL released: pinning a running
-thread migrates it, and it may then wait for its new CPU). From then on every wake-up is
-local and the callback pays a thread-id comparison (``bench/bench_loaded.py`` measures
+there, so nothing migrates), and the wire's thread, once it has sent the reports that
+callback woke it for, pins itself to the same CPU (with the GIL released: pinning a
+running thread migrates it, and it may then wait for its new CPU: never before a
+send). From then on every wake-up is local and the callback pays a thread-id comparison (``bench/bench_loaded.py`` measures
 the path as built).
 
 What it costs: the controller's state-machine thread can no longer move to an idle CPU.
@@ -57,7 +57,7 @@ class ControllerPin:
     """Pins the thread the controller calls back on, and the wire's thread after it,
     to the one CPU that thread first called back on. ``pin_caller`` runs on the
     controller's thread inside its first callback; ``follow`` on the wire's thread
-    after every batch; ``release`` on any thread."""
+    whenever it has nothing left to send; ``release`` on any thread."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.allowed = allowed_cpus()
@@ -102,7 +102,7 @@ class ControllerPin:
 
     # ------------------------------------------------------------------ the wire's thread
     def follow(self) -> None:
-        """After a batch: onto the controller's CPU when that changed; says once (here,
+        """With nothing left to send: onto the controller's CPU when that changed; says once (here,
         off the controller's thread) when pinning was refused, and then unpins. Never
         raises: the wire's thread must outlive any trouble with its CPU."""
         try:

@@ -389,7 +389,6 @@ class Wire:
             held, self._held_tells = self._held_tells, None
             for function, args in held:
                 self._post(self._told, function, args)
-        self.pin.follow()
         return True
 
     def _intake(self, item: tuple[Any, ...]) -> Taken:
@@ -624,12 +623,15 @@ class Wire:
     def _idle(self) -> None:
         """Nothing to send: the loop learns of what was taken, and the thread goes back to
         SCHED_BATCH before it waits for the next callback, whose wake-up must never
-        preempt the controller's thread."""
+        preempt the controller's thread. It follows the controller's thread to its CPU
+        here, not as it takes a callback: moving migrates this thread, and the first
+        fault report, measured on the real peers, waited 0.12-0.17 ms for it."""
         if self._handed:
             self._post(self.catch_up)
         if self._boosted:
             self._boosted = False
             realtime.batch_policy()
+        self.pin.follow()
 
     def _drop(self, pending: Pending, reason: str) -> None:
         pending.resolve(DROP_CODES.get(reason, Code.ServerInnerError))
