@@ -10,6 +10,7 @@ scenarios (tests/conformance/test_real_peers.py says so in one line).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,17 @@ def shard() -> tuple[int, int] | None:
     if not 0 <= index < count:
         raise pytest.UsageError(f"TFT_BRIDGE_CONFORMANCE_SHARD={value!r}: I must be in 0..N-1")
     return index, count
+
+
+@pytest.fixture
+def peer_logs(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """Where a scenario's peers write their logs: ``$TFT_BRIDGE_CONFORMANCE_LOGS/<test>``
+    when that is set (CI keeps them: pytest keeps only its last three temporary folders,
+    and the tier's shards run side by side), else the test's temporary folder."""
+    kept = os.environ.get("TFT_BRIDGE_CONFORMANCE_LOGS")
+    workdir = Path(kept) / request.node.name if kept else tmp_path
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

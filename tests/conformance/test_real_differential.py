@@ -16,7 +16,6 @@ Skipped, in one line, like the rest of the tier (tests/conformance/test_real_pee
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
@@ -31,13 +30,11 @@ pytestmark = [pytest.mark.real_peers, pytest.mark.timeout(400)]
 
 
 @pytest.mark.parametrize(("scenario", "release"), cases(), ids=[f"{s.name}-{r}" for s, r in cases()])
-async def test_sim_matches_real(scenario: Scenario, release: str, tmp_path: Path,
-                                request: pytest.FixtureRequest) -> None:
+async def test_sim_matches_real(scenario: Scenario, release: str, peer_logs: Path) -> None:
     peers = find_real_peers()
     assert peers is not None
     kill_all_on_sigterm()  # CI's budget stops this process with SIGTERM: the peers go with it
-    kept = os.environ.get("TFT_BRIDGE_CONFORMANCE_LOGS")  # CI keeps every run's logs
-    workdir = Path(kept) / request.node.name if kept else tmp_path
+    workdir = peer_logs
     for side in ("real", "sim"):
         (workdir / side).mkdir(parents=True, exist_ok=True)
     # Side by side: the real run in a thread (it waits on child processes and their

@@ -31,12 +31,12 @@ JOB_UID = "e2e-node-job-0001"
 
 
 @pytest.fixture
-def clusterd(tmp_path: Path) -> Iterator[ClusterDHarness]:
+def clusterd(peer_logs: Path) -> Iterator[ClusterDHarness]:
     """The real ClusterD for one job (2 pods x 2 devices), keep-alives every 5 s."""
     peers = find_real_peers()
     assert peers is not None
     kill_all_on_sigterm()
-    harness = ClusterDHarness(peers, HarnessOptions(job_uid=JOB_UID, keepalive=5), tmp_path)
+    harness = ClusterDHarness(peers, HarnessOptions(job_uid=JOB_UID, keepalive=5), peer_logs)
     try:
         yield harness.start(timeout=60)
     finally:
@@ -44,11 +44,11 @@ def clusterd(tmp_path: Path) -> Iterator[ClusterDHarness]:
 
 
 def test_a_fault_is_recovered_through_the_real_clusterd_by_the_bridge_the_node_started(
-        tmp_path: Path, clusterd: ClusterDHarness) -> None:
+        tmp_path: Path, peer_logs: Path, clusterd: ClusterDHarness) -> None:
     peers = find_real_peers()
     assert peers is not None
     job = SimJob("e2e-job", uid=JOB_UID, pods=2, devices_per_pod=2, ttp_port=free_port())
-    ranks = Ranks(peers, clusterd.options.world_size, job.ttp_port, tmp_path, step_sleep=0.3)
+    ranks = Ranks(peers, clusterd.options.world_size, job.ttp_port, peer_logs, step_sleep=0.3)
     with StandInApiServer() as server, rigs(NodeRig(server, tmp_path / "state", clusterd.address,
                                                     module="mindio_ttp.controller_ttp", keepalive=5.0,
                                                     env={"PYTHONPATH": f"{ROOT}:{peers / 'mindio'}"})) as (rig,):
@@ -78,5 +78,16 @@ def test_a_fault_is_recovered_through_the_real_clusterd_by_the_bridge_the_node_s
             SimJobs(server.store, {"node-1": "127.0.0.1"}).delete(job)
             rig.wait_stopped(job, timeout=90)
             assert not (rig.job_dir(job) / "controller.json").exists(), rig.log(job)[-3000:]
+        except BaseException:
+            # The bridge's log lives in the node's state folder (a short path, for its
+            # sockets); the peers' logs are already in ``peer_logs``.
+            try:
+                (peer_logs / "bridge.log").write_text(rig.log(job), encoding="utf-8")
+                print(f"logs in {peer_logs}; ranks' events: "
+                      f"{[(e.get('src'), e.get('kind')) for e in ranks.timeline()]}\n"
+                      f"the bridge's log, its end:\n{rig.log(job)[-4000:]}\nClusterD's state: {clusterd.state()}")
+            except Exception as error:  # noqa: BLE001 - a diagnostic must not hide the failure
+                print(f"(diagnostics incomplete: {error!r})")
+            raise
         finally:
             ranks.close()

@@ -14,7 +14,6 @@ MindIO build was made for, and in the suite's run when CI runs the tier in its o
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,17 +55,13 @@ def entry(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def make_job(tmp_path: Path, entry: str, request: pytest.FixtureRequest) -> Iterator[Callable[..., RealJob]]:
+def make_job(peer_logs: Path, entry: str) -> Iterator[Callable[..., RealJob]]:
     """Jobs on the real peers; each is taken down at teardown, pass or fail, and its
-    transcript and log folder printed (shown when the test failed). The logs go to
-    ``$TFT_BRIDGE_CONFORMANCE_LOGS/<test>`` when that is set (CI keeps them), else to the
-    test's temporary folder."""
+    transcript and log folder printed (shown when the test failed); logs in ``peer_logs``."""
     peers = find_real_peers()
     assert peers is not None
     kill_all_on_sigterm()  # CI's budget stops this process with SIGTERM: the peers go with it
-    kept = os.environ.get("TFT_BRIDGE_CONFORMANCE_LOGS")
-    workdir = Path(kept) / request.node.name if kept else tmp_path
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = peer_logs
     jobs: list[RealJob] = []
 
     def make(options: HarnessOptions, **kwargs: object) -> RealJob:
