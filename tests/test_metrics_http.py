@@ -209,7 +209,13 @@ def test_close_stops_the_thread_and_the_port(metrics: BridgeMetrics) -> None:
     eventually_sync(lambda: srv.stats.open_connections == 1, 30, what="the idle connection open")
     srv.close()
     assert not srv.alive
-    assert idle.recv(1) == b""  # the open connection was cut
+    # The open connection was cut: a FIN, or a reset when the server closed it with the
+    # partial request still unread (whether it had read it yet is a race); an open one
+    # would time out instead.
+    try:
+        assert idle.recv(1) == b""
+    except ConnectionResetError:
+        pass
     idle.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
