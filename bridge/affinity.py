@@ -19,8 +19,8 @@ and ``sched_setaffinity`` through ``PyDLL``, which keep the GIL; the thread is a
 there, so nothing migrates), and the wire's thread, once it has sent the reports that
 callback woke it for, pins itself to the same CPU (with the GIL released: pinning a
 running thread migrates it, and it may then wait for its new CPU: never before a
-send). From then on every wake-up is local and the callback pays a thread-id comparison (``bench/bench_loaded.py`` measures
-the path as built).
+send). From then on every wake-up is local and the callback pays a thread-id
+comparison (``bench/bench_loaded.py`` measures the path as built).
 
 What it costs: the controller's state-machine thread can no longer move to an idle CPU.
 Where training processes are bound to cores the bridge may share, confine the unit to
@@ -102,9 +102,9 @@ class ControllerPin:
 
     # ------------------------------------------------------------------ the wire's thread
     def follow(self) -> None:
-        """With nothing left to send: onto the controller's CPU when that changed; says once (here,
-        off the controller's thread) when pinning was refused, and then unpins. Never
-        raises: the wire's thread must outlive any trouble with its CPU."""
+        """With nothing left to send: onto the controller's CPU when that changed; says
+        once (here, off the controller's thread) when pinning was refused, and then
+        unpins. Never raises: the wire's thread must outlive any trouble with its CPU."""
         try:
             self._follow()
         except Exception as error:  # noqa: BLE001 - pinning is an optimisation; delivery is not

@@ -38,10 +38,10 @@ def history(directory: Path, *args: str) -> str:
     ("master", "cause     ClusterD: node-1 NPU 0: 80C98000 (RestartNPU)"),
     ("7.3.2", "cause     ClusterD: not available (this ClusterD release does not serve its Fault service)"),
 ])
-def test_history_names_the_npu_and_fault_code_of_a_recovered_fault(tmp_path: Path, release: str, cause: str) -> None:
+def test_history_names_the_npu_and_fault_code_of_a_recovered_fault(peer_logs: Path, release: str, cause: str) -> None:
     peers = find_real_peers()
     assert peers is not None
-    with RealJob(peers, tmp_path, "daemon", HarnessOptions(release=release)) as job:
+    with RealJob(peers, peer_logs, "daemon", HarnessOptions(release=release)) as job:
         try:
             job.start()
             assert isinstance(job.entry, BridgeDaemon)
@@ -58,12 +58,12 @@ def test_history_names_the_npu_and_fault_code_of_a_recovered_fault(tmp_path: Pat
             raise
 
 
-def test_a_seed_api_launcher_logs_the_npu_and_fault_code_before_the_recovery(tmp_path: Path) -> None:
+def test_a_seed_api_launcher_logs_the_npu_and_fault_code_before_the_recovery(peer_logs: Path) -> None:
     """The seed API keeps no flight recorder: the cause, as ClusterD's Fault service
     published it, is in the launcher's log, before the recovery the fault causes."""
     peers = find_real_peers()
     assert peers is not None
-    with RealJob(peers, tmp_path, "seed") as job:
+    with RealJob(peers, peer_logs, "seed") as job:
         try:
             job.start()
             mark = job.entry.log.mark()

@@ -48,10 +48,10 @@ def sample(text: str, prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
 
-def test_a_hot_switch_without_a_backup_pod_is_withheld_and_the_next_fault_recovers(tmp_path: Path) -> None:
+def test_a_hot_switch_without_a_backup_pod_is_withheld_and_the_next_fault_recovers(peer_logs: Path) -> None:
     peers = find_real_peers()
     assert peers is not None
-    job = RealJob(peers, tmp_path, "daemon", HarnessOptions(strategies="retry,recover,dump"))
+    job = RealJob(peers, peer_logs, "daemon", HarnessOptions(strategies="retry,recover,dump"))
     assert isinstance(job.entry, BridgeDaemon)
     with job:
         job.clusterd.start()
@@ -79,7 +79,7 @@ def test_a_hot_switch_without_a_backup_pod_is_withheld_and_the_next_fault_recove
 
 @pytest.mark.parametrize("stop_switch", [True, False], ids=["stop-switch-given", "withheld"])
 def test_the_real_controller_keeps_a_stop_switch_given_in_normal_for_the_next_fault(
-        tmp_path: Path, stop_switch: bool) -> None:
+        peer_logs: Path, stop_switch: bool) -> None:
     """Why the bridge withholds ClusterD's stop switch (bridge/signals.py STOP_SWITCH),
     on the real controller alone: after a hot switch whose replacement ranks never
     came, a stop switch sets its wake-up slot in NORMAL, and the next fault it detects
@@ -88,7 +88,7 @@ def test_the_real_controller_keeps_a_stop_switch_given_in_normal_for_the_next_fa
     peers = find_real_peers()
     assert peers is not None
     port = free_port()
-    tail = LogTail(tmp_path / "controller.log")
+    tail = LogTail(peer_logs / "controller.log")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(peers / "mindio")]),
            "MINDIO_WAIT_MINDX_TIME": "30", "TTP_LOG_STDOUT": "1", "PYTHONUNBUFFERED": "1"}
     controller = subprocess.Popen([sys.executable, "-m", "tests.conformance.bare_controller", "--world-size", "4",
@@ -96,7 +96,7 @@ def test_the_real_controller_keeps_a_stop_switch_given_in_normal_for_the_next_fa
                                   stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env, start_new_session=True)
     assert controller.stdin is not None and controller.stdout is not None
     tail.follow(controller.stdout, "controller")
-    ranks = Ranks(peers, 4, port, tmp_path)
+    ranks = Ranks(peers, 4, port, peer_logs)
 
     def notify(name: str, *args: object) -> None:
         mark = tail.mark()

@@ -28,19 +28,20 @@ def report_fault(config: Path, state: Path, *args: str) -> subprocess.CompletedP
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def daemon_job(peers: Path, tmp_path: Path) -> tuple[RealJob, Path]:
-    """A job on ``tft-bridge run`` whose state directory (the socket's home, as systemd
-    passes it) has a short path: a unix socket's has at most 107 bytes."""
-    job = RealJob(peers, tmp_path, "daemon")
+def daemon_job(peers: Path, logs: Path, short: Path) -> tuple[RealJob, Path]:
+    """A job on ``tft-bridge run``, its logs in ``logs``, whose state directory (the
+    socket's home, as systemd passes it) is under ``short``: a unix socket's path has at
+    most 107 bytes."""
+    job = RealJob(peers, logs, "daemon")
     assert isinstance(job.entry, BridgeDaemon)
-    job.entry.state_directory = state = tmp_path / "s"
+    job.entry.state_directory = state = short / "s"
     return job, state
 
 
-def test_a_rank_handed_to_the_bridge_is_recovered(tmp_path: Path) -> None:
+def test_a_rank_handed_to_the_bridge_is_recovered(tmp_path: Path, peer_logs: Path) -> None:
     peers = find_real_peers()
     assert peers is not None
-    job, state = daemon_job(peers, tmp_path)
+    job, state = daemon_job(peers, peer_logs, tmp_path)
     with job:
         try:
             job.start()
@@ -63,13 +64,13 @@ def test_a_rank_handed_to_the_bridge_is_recovered(tmp_path: Path) -> None:
             raise
 
 
-def test_a_rank_that_dies_while_a_recovery_waits_is_recovered_with_it(tmp_path: Path) -> None:
+def test_a_rank_that_dies_while_a_recovery_waits_is_recovered_with_it(tmp_path: Path, peer_logs: Path) -> None:
     """The case the controller never reports (docs/mindio-controller.md): a rank that
     dies after the stop-complete of a recovery. Handed over, it reaches ClusterD before its
     globalFault, which then names its pod too, and the node agent restarts both pods."""
     peers = find_real_peers()
     assert peers is not None
-    job, state = daemon_job(peers, tmp_path)
+    job, state = daemon_job(peers, peer_logs, tmp_path)
     with job:
         try:
             job.start()

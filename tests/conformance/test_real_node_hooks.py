@@ -99,10 +99,10 @@ def in_place_job(workdir: Path, hook: list[str]) -> RealJob:
     return job
 
 
-def test_the_example_hook_restarts_only_the_fault_rank_and_the_real_controller_recovers(tmp_path: Path) -> None:
-    append, requests = appender(tmp_path)
+def test_the_example_hook_restarts_only_the_fault_rank_and_the_real_controller_recovers(peer_logs: Path) -> None:
+    append, requests = appender(peer_logs)
     hook = [sys.executable, str(EXAMPLE), "--restart-rank", " ".join([*append, "rank", "{rank}"])]
-    with in_place_job(tmp_path, hook) as job:
+    with in_place_job(peer_logs, hook) as job:
         node = HookedNode(job.ranks, requests).start()
         try:
             job.start(fault_rank=FAULTY, fault_kind="unknown")
@@ -120,9 +120,9 @@ def test_the_example_hook_restarts_only_the_fault_rank_and_the_real_controller_r
             node.stop()
 
 
-def test_a_hook_that_restarts_the_whole_node_hangs_the_real_repair(tmp_path: Path) -> None:
-    append, requests = appender(tmp_path)
-    with in_place_job(tmp_path, [*append, "node"]) as job:  # run as "... node ACTION NODE..."
+def test_a_hook_that_restarts_the_whole_node_hangs_the_real_repair(peer_logs: Path) -> None:
+    append, requests = appender(peer_logs)
+    with in_place_job(peer_logs, [*append, "node"]) as job:  # run as "... node ACTION NODE..."
         node = HookedNode(job.ranks, requests).start()
         try:
             job.start(fault_rank=FAULTY, fault_kind="unknown")

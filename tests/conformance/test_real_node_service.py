@@ -82,10 +82,11 @@ def test_a_fault_is_recovered_through_the_real_clusterd_by_the_bridge_the_node_s
             # The bridge's log lives in the node's state folder (a short path, for its
             # sockets); the peers' logs are already in ``peer_logs``.
             try:
-                (peer_logs / "bridge.log").write_text(rig.log(job), encoding="utf-8")
+                bridge_log = rig.log(job)
+                (peer_logs / "bridge.log").write_text(bridge_log, encoding="utf-8")
                 print(f"logs in {peer_logs}; ranks' events: "
                       f"{[(e.get('src'), e.get('kind')) for e in ranks.timeline()]}\n"
-                      f"the bridge's log, its end:\n{rig.log(job)[-4000:]}\nClusterD's state: {clusterd.state()}")
+                      f"the bridge's log, its end:\n{bridge_log[-4000:]}\nClusterD's state: {clusterd.state()}")
             except Exception as error:  # noqa: BLE001 - a diagnostic must not hide the failure
                 print(f"(diagnostics incomplete: {error!r})")
             raise

@@ -37,10 +37,10 @@ async def operate(address: str, job_id: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(("entry", "release"), [("daemon", "master"), ("daemon", "7.3.2"), ("seed", "master")])
-def test_stress_test_is_declined_and_training_resumes(tmp_path: Path, entry: str, release: str) -> None:
+def test_stress_test_is_declined_and_training_resumes(peer_logs: Path, entry: str, release: str) -> None:
     peers = find_real_peers()
     assert peers is not None
-    with RealJob(peers, tmp_path, entry, HarnessOptions(release=release)) as job:
+    with RealJob(peers, peer_logs, entry, HarnessOptions(release=release)) as job:
         try:
             job.start()
             eventually_sync(lambda: last_step(job) >= 5, 60, "training under way")
@@ -65,12 +65,12 @@ def test_stress_test_is_declined_and_training_resumes(tmp_path: Path, entry: str
             raise
 
 
-def test_nic_switch_is_refused_without_a_super_pod(tmp_path: Path) -> None:
+def test_nic_switch_is_refused_without_a_super_pod(peer_logs: Path) -> None:
     """The real server's refusal, mirrored by the simulation's ``SimJob.super_pod_id < 0``;
     nothing is paused."""
     peers = find_real_peers()
     assert peers is not None
-    with RealJob(peers, tmp_path, "daemon") as job:
+    with RealJob(peers, peer_logs, "daemon") as job:
         job.start()
 
         async def switch() -> tuple[int, str]:

@@ -42,14 +42,14 @@ def last_step(job: RealJob) -> int:
 
 
 @pytest.mark.parametrize(("strategies", "verdict"), [("recover,dump", None), ("retry,recover,dump", "dump-success")])
-def test_nic_switch_is_declined_and_clusterd_takes_its_failure_path(tmp_path: Path, strategies: str,
+def test_nic_switch_is_declined_and_clusterd_takes_its_failure_path(peer_logs: Path, strategies: str,
                                                                     verdict: str | None) -> None:
     """With retry configured ClusterD dumps the job (it exits, to be restarted); without,
     it chooses recover and the controller's repair of no ranks waits for new workers that
     never come (measured; the simulation does the same)."""
     peers = find_real_peers()
     assert peers is not None
-    with RealJob(peers, tmp_path, "daemon", SuperPodOptions(strategies=strategies)) as job:
+    with RealJob(peers, peer_logs, "daemon", SuperPodOptions(strategies=strategies)) as job:
         job.clusterd.binary = Path(BINARY)
         try:
             job.start()
