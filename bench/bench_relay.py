@@ -140,43 +140,75 @@ def _asleep(thread: threading.Thread, seconds: float) -> bool:
     return False
 
 
-def wake_floor(count: int, spacing: float) -> list[float]:
-    """What the THREAD hand-off cannot go below on this machine: ``count`` times, the
-    calling thread sleeps ``spacing`` seconds, then makes the callback's put of a
-    report tuple into a ``SimpleQueue`` that wakes a ``SCHED_BATCH`` thread blocked on
-    the caller's CPU, and nothing else: the hand-off's one wake-up (``reports.Handoff``,
-    ``affinity.py``) without the bridge. Every controller callback needs that wake-up,
-    so its cost, which after an idle sleep is the VM's and the kernel's, not the
-    bridge's, bounds the block time from below; measured right after the bridge's burst
-    at the same spacing, it says how much of the burst's figure is the bridge's."""
-    before = os.sched_getaffinity(0)
-    cpu = min(before)  # the CPU the bridge pinned this thread to, or one to pin both to
-    os.sched_setaffinity(0, {cpu})
-    waiting: queue.SimpleQueue[object] = queue.SimpleQueue()
+class FloorWaiter:
+    """What the hand-off cannot go below on this machine: the calling thread sleeps, then
+    makes the callback's put of a report tuple into a ``SimpleQueue`` that wakes a
+    ``SCHED_BATCH`` thread blocked on the caller's CPU, and nothing else: the wire's one
+    wake-up (``bridge/wire.py``, ``affinity.py``) without the bridge. Every controller
+    callback needs that wake-up, so its cost, which after an idle sleep is the VM's and
+    the kernel's, not the bridge's, bounds the block time from below. Its chunks are
+    taken between the bridge's (``interleaved_burst``), so both see the same machine:
+    on a VM whose wake-up cost drifts by tens of microseconds within a minute, a floor
+    measured after the whole burst says more about the drift than about the bridge."""
 
-    def woken() -> None:
-        os.sched_setaffinity(0, {cpu})
-        realtime.batch_policy()  # as the hand-off thread puts itself (reports.Handoff)
-        while waiting.get() is not None:
+    def __init__(self, cpu: int) -> None:
+        self.cpu = cpu
+        self.waiting: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._woken, name="floor-waiter", daemon=True)
+
+    def _woken(self) -> None:
+        os.sched_setaffinity(0, {self.cpu})
+        realtime.batch_policy()  # as the wire puts itself
+        while self.waiting.get() is not None:
             pass
 
-    thread = threading.Thread(target=woken, name="floor-waiter", daemon=True)
-    thread.start()
-    put, monotonic, clock = waiting.put, time.monotonic, time.perf_counter
-    blocks: list[float] = []
-    try:
-        if not _asleep(thread, 5.0):  # the first put must wake it, as every later one does
+    def __enter__(self) -> "FloorWaiter":
+        self.thread.start()
+        if not _asleep(self.thread, 5.0):  # the first put must wake it, as every later one does
             raise TimeoutError("the floor's waiting thread never blocked")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.waiting.put(None)
+        self.thread.join(5)
+
+    def burst(self, count: int, spacing: float) -> list[float]:
+        put, monotonic, clock = self.waiting.put, time.monotonic, time.perf_counter
+        blocks: list[float] = []
         for _ in range(count):
             time.sleep(spacing)
             start = clock()
             put(("report_fault_ranks", ({}, {}), monotonic(), None))
             blocks.append(clock() - start)
+        return blocks
+
+
+FLOOR_CHUNK = 50  # callbacks of one kind before the other's turn
+
+
+def interleaved_burst(callback: Callable[..., int], maps: list[dict[int, int]], count: int,
+                      spacing: float) -> tuple[list[float], list[float], list[float]]:
+    """``callback_burst`` and the floor in alternating chunks of ``FLOOR_CHUNK``, from one
+    thread pinned to one CPU (the wire follows the callback's CPU; the floor's waiter is
+    put on it): the bridge's block times, how late the thread ran after each of its
+    sleeps, and the floor's block times."""
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    os.sched_setaffinity(0, {cpu})
+    blocks: list[float] = []
+    late: list[float] = []
+    floor: list[float] = []
+    try:
+        with FloorWaiter(cpu) as waiter:
+            for first in range(0, count, FLOOR_CHUNK):
+                chunk = min(FLOOR_CHUNK, count - first)
+                chunk_blocks, chunk_late = callback_burst(callback, maps, chunk, spacing)
+                blocks += chunk_blocks
+                late += chunk_late
+                floor += waiter.burst(chunk, spacing)
     finally:
-        put(None)
-        thread.join(5)
         os.sched_setaffinity(0, before)
-    return blocks
+    return blocks, late, floor
 
 
 async def measure_signals(job: SimulatedJob, sim: RemoteSim, rounds: int,
@@ -281,15 +313,15 @@ async def callback_phase(quick: bool, misses: list[str]) -> None:
             if quick:
                 count //= 5
             maps = [fault_map(size, 1000 + salt) for salt in range(4)]
-            blocks, late = await asyncio.to_thread(callback_burst, bridge_callback, maps, count, spacing)
+            blocks, late, floor = await asyncio.to_thread(interleaved_burst, bridge_callback, maps, count,
+                                                          spacing)
             if not await outbox.drain(120):
                 misses.append(f"{size} ranks: the bridge did not deliver its burst within 120 s")
             print(f" {size:>7} ranks")
             print(row("bridge: callback blocks the controller", blocks, 1e-6, "us")
                   + f" one every {spacing * 1e3:.0f} ms, max {max(blocks) * 1e6:.0f} us")
             print(row("  controller thread back from sleep, late by", late, 1e-6, "us"))
-            floor = await asyncio.to_thread(wake_floor, count, spacing)
-            print(row("  floor: a put waking a thread, no bridge", floor, 1e-6, "us")
+            print(row("  floor: a bare put waking a thread", floor, 1e-6, "us")
                   + f" bridge p99 {(pct(blocks, 0.99) - pct(floor, 0.99)) * 1e6:+.1f} us")
             print(row("sync client: callback blocks the controller", sync_blocks, 1e-6, "us"))
             print(row("bridge: callback -> request on the wire", on_wire, 1e-3, "ms"))

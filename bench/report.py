@@ -64,8 +64,9 @@ BENCHMARKS = (
     Benchmark("relay", "callback block time up to 100 000 ranks, callback -> simulated ClusterD, signal -> notify",
               ("bench_relay.py",), ("bench_relay.py", "--quick"),
               "Each burst's `floor` row is the same thread making only the hand-off's put, which wakes a thread "
-              "blocked on its CPU, at the burst's spacing, without the bridge: every callback needs that one "
-              "wake-up, so the row after it says how far above this machine's floor the bridge's p99 is."),
+              "blocked on its CPU, at the burst's spacing, in chunks taken between the bridge's, without the "
+              "bridge: every callback needs that one wake-up, so the row after it says how far above this "
+              "machine's floor the bridge's p99 is."),
     Benchmark("scale and storm", "10 000- and 100 000-rank fault maps and a one-second callback storm through the "
               "whole path", ("bench_scale.py",), ("bench_scale.py", "--rounds-10k", "5", "--rounds-100k", "2",
                                                   "--storm", "2000")),
