@@ -10,8 +10,8 @@ exits 1 when one of its targets is missed, and the file says so next to its tabl
 The machine (host, cores, CPU model, Python, load average before and after each run)
 is written at the top and under each table, since figures from a shared machine are
 only read with its load. ``--quick`` runs each benchmark's short form (the whole report
-in a few minutes); without it the full report takes about 13 minutes on a quiet
-2-core machine.
+in a few minutes); without it the full report takes about 22 minutes on a quiet
+2-core machine (the footprint's idle windows are half of it).
 """
 
 from __future__ import annotations
