@@ -1,5 +1,6 @@
 """Fault-codec benchmark: ns per rank for the C and Python implementations and for the
-per-item protobuf baseline the existing MindCluster client uses, all measured in one run.
+per-item protobuf baseline the existing MindCluster client uses, all measured in one run,
+taking turns.
 
     python bench/bench_faults.py [--quick]
 
@@ -44,25 +45,35 @@ def baseline_encode(job_id: str, faults: dict[int, int]) -> bytes:
     return request.SerializeToString()
 
 
-def ns_per_rank(call: Callable[[], object], n: int, budget: float) -> float:
-    """Best of several repeats, each long enough to swamp timer resolution."""
+def _loops_for(call: Callable[[], object]) -> int:
+    """Calls per timed repeat: enough to swamp timer resolution (~20 ms a repeat)."""
     loops = 1
     while True:
         start = time.perf_counter()
         for _ in range(loops):
             call()
-        elapsed = time.perf_counter() - start
-        if elapsed > 0.02 or loops >= 1 << 20:
-            break
+        if time.perf_counter() - start > 0.02 or loops >= 1 << 20:
+            return loops
         loops *= 2
-    best = elapsed
-    deadline = time.perf_counter() + budget
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        for _ in range(loops):
-            call()
-        best = min(best, time.perf_counter() - start)
-    return best / loops / n * 1e9
+
+
+def ns_per_rank(calls: dict[str, Callable[[], object]], n: int, budget: float) -> dict[str, float]:
+    """Best of several repeats of each call, the calls taking turns repeat by repeat for
+    ``budget`` seconds each: a ratio compares figures taken under the same conditions,
+    not one measured in a quiet second and the other in a noisy one (this VM's speed
+    drifts within a run)."""
+    loops = {name: _loops_for(call) for name, call in calls.items()}
+    best = {name: float("inf") for name in calls}
+    deadline = time.perf_counter() + budget * len(calls)
+    while True:
+        for name, call in calls.items():
+            count = loops[name]
+            start = time.perf_counter()
+            for _ in range(count):
+                call()
+            best[name] = min(best[name], (time.perf_counter() - start) / count)
+        if time.perf_counter() >= deadline:
+            return {name: seconds / n * 1e9 for name, seconds in best.items()}
 
 
 def operations(codec, faults: dict[int, int]) -> dict[str, Callable[[], object]]:
@@ -93,10 +104,12 @@ def main() -> int:
         faults = fault_map(n)
         assert c_codec.encode_process_fault_request("job", faults) == baseline_encode("job", faults)
         c_ops, py_ops = operations(c_codec, faults), operations(py_codec, faults)
-        base = ns_per_rank(lambda: baseline_encode("job", faults), n, budget)
         for op in c_ops:
-            c_ns = ns_per_rank(c_ops[op], n, budget)
-            py_ns = ns_per_rank(py_ops[op], n, budget)
+            timed = {"c": c_ops[op], "py": py_ops[op]}
+            if op == "encode":
+                timed["base"] = lambda: baseline_encode("job", faults)
+            figures = ns_per_rank(timed, n, budget)
+            c_ns, py_ns, base = figures["c"], figures["py"], figures.get("base", 0.0)
             base_cell, base_ratio = (f"{base:13.1f}", f"{base / c_ns:6.1f}x") if op == "encode" else ("", "")
             print(f"{n:>7} {op:<7} {c_ns:10.1f} {py_ns:11.1f} {py_ns / c_ns:6.1f}x {base_cell:>13} {base_ratio:>7}")
             if n == TARGET_SIZE:
