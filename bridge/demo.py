@@ -20,9 +20,11 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .interrupts import capture_signals
 from .logs import setup_logging
 from .sim import mindio_ttp
 from .sim.clusterd import SimJob
@@ -134,32 +136,37 @@ async def run_demo(name: str, hold: float, metrics_port: int, release_name: str 
         scenario = replace(scenario, expect="retry-failed")
         print(f"  ClusterD {clusterd_release.version} repeats a retry cycle that succeeded: expect a second "
               f"cycle, answered 499 and marked retry-failed, which the bridge counts as a repeat, not a failure\n")
+    stopping = asyncio.Event()  # set by the first SIGTERM/SIGINT (capture_signals)
+    with capture_signals(stopping.set):
+        return await _play_and_end(job, scenario, timeline, repeats, hold, stopping)
+
+
+async def _play_and_end(job: SimulatedJob, scenario: Scenario, timeline: Timeline, repeats: bool, hold: float,
+                        stopping: asyncio.Event) -> int:
+    """The scenario, the hold, then the job's end. A stop request (Ctrl-C, SIGTERM: the
+    way a hold is ended early) cuts the scenario or the hold short, never the end: the
+    ranks are killed and the bridge stopped as at the end of any job, so nothing is left
+    behind (a controller stopped under connected ranks leaves an orphan marker)."""
     await job.start()
     assert job.bridge is not None
     port = job.bridge.metrics_server.port if job.bridge.metrics_server else None
     ok = False
+    play = asyncio.ensure_future(_play(job, scenario, timeline, repeats))
+    stop = asyncio.ensure_future(stopping.wait())
     try:
-        await job.subscribed(timeout=10)
-        if scenario.fail_repair:
-            job.training.fail_next_repair(scenario.fail_repair)
-        print("  ---- fault injected: times below are since the fault ----", flush=True)
-        timeline.t0 = time.monotonic()
-        timeline.say("training", f"rank(s) {scenario.fault} fail (type 0 = on-chip memory error, 1 = process)")
-        # A UCE needs nothing else: ClusterD's fault centre turns the bridge's relayed
-        # report into a retry cycle by itself, as the real one does.
-        job.training.inject_fault(scenario.fault)
-        ok = await _wait(lambda: _finished(job, scenario), timeout=30)
-        if repeats:
-            ok = ok and job.metrics.sample("tft_bridge_recovery_repeated_cycles_total") == 1
-        await asyncio.sleep(0.3)  # let the last reports and re-subscription show
-        assert job.bridge is not None
-        await _wait(job.bridge.session.live.is_set, timeout=5)  # the teardown's report needs the stream
+        await asyncio.wait({play, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if play.done():
+            ok = play.result()
     finally:
+        interrupted = not play.done()
+        await _cancelled(play, stop)
         violations = job.sim.violations + job.training.violations
-        summary = _summary(job, scenario, ok and not violations, violations, port)
-        if hold > 0 and port:
-            print(f"\nholding for {hold:.0f} s: curl -s http://127.0.0.1:{port}/metrics | grep tft_bridge_", flush=True)
-            await asyncio.sleep(hold)
+        summary = _summary(job, scenario, ok and not violations, violations, port, interrupted)
+        if hold > 0 and port and not interrupted:
+            print(f"\nholding for {hold:.0f} s (Ctrl-C ends it): curl -s http://127.0.0.1:{port}/metrics | "
+                  f"grep tft_bridge_", flush=True)
+            with suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stopping.wait(), hold)
         # The job ends as jobs do: its ranks are killed, then the bridge is stopped. The
         # controller notices the killed ranks only at its heartbeat loss, which the stop
         # waits for, so the bridge leaves no orphan marker behind.
@@ -170,6 +177,39 @@ async def run_demo(name: str, hold: float, metrics_port: int, release_name: str 
         print(summary)
         print(_record(job))
     return 0 if ok and not violations else 1
+
+
+async def _cancelled(*tasks: asyncio.Future[object]) -> None:
+    """Cancel the tasks still running and wait for their end, never raising: the job's
+    end must run after them whatever they raised."""
+    running = [task for task in tasks if not task.done()]
+    for task in running:
+        task.cancel()
+    if running:
+        await asyncio.wait(running)
+    for task in running:
+        if not task.cancelled():
+            task.exception()  # retrieved: a cancelled scenario's own error says nothing new
+
+
+async def _play(job: SimulatedJob, scenario: Scenario, timeline: Timeline, repeats: bool) -> bool:
+    """Inject the scenario's fault and wait for its end; whether it ended as expected."""
+    await job.subscribed(timeout=10)
+    if scenario.fail_repair:
+        job.training.fail_next_repair(scenario.fail_repair)
+    print("  ---- fault injected: times below are since the fault ----", flush=True)
+    timeline.t0 = time.monotonic()
+    timeline.say("training", f"rank(s) {scenario.fault} fail (type 0 = on-chip memory error, 1 = process)")
+    # A UCE needs nothing else: ClusterD's fault centre turns the bridge's relayed
+    # report into a retry cycle by itself, as the real one does.
+    job.training.inject_fault(scenario.fault)
+    ok = await _wait(lambda: _finished(job, scenario), timeout=30)
+    if repeats:
+        ok = ok and job.metrics.sample("tft_bridge_recovery_repeated_cycles_total") == 1
+    await asyncio.sleep(0.3)  # let the last reports and re-subscription show
+    assert job.bridge is not None
+    await _wait(job.bridge.session.live.is_set, timeout=5)  # the teardown's report needs the stream
+    return ok
 
 
 def demo_state_dir() -> Path:
@@ -202,11 +242,15 @@ def _finished(job: SimulatedJob, scenario: Scenario) -> bool:
     return job.sim.podgroup(JOB).get("ProcessRecoverStatus") == scenario.expect
 
 
-def _summary(job: SimulatedJob, scenario: Scenario, ok: bool, violations: list[str], port: int | None) -> str:
+def _summary(job: SimulatedJob, scenario: Scenario, ok: bool, violations: list[str], port: int | None,
+             interrupted: bool = False) -> str:
     m = job.metrics
     lines = ["", "summary", "-------"]
-    lines.append(f"  outcome:   {'as expected' if ok else 'NOT as expected'} "
-                 f"({scenario.expect if scenario.expect != 'exit' else 'clean exit, no result report'})")
+    expected = scenario.expect if scenario.expect != "exit" else "clean exit, no result report"
+    if interrupted:
+        lines.append(f"  outcome:   interrupted before the scenario ended (expected: {expected})")
+    else:
+        lines.append(f"  outcome:   {'as expected' if ok else 'NOT as expected'} ({expected})")
     lines.append(f"  ClusterD:  ProcessRecoverStatus={job.sim.podgroup(JOB).get('ProcessRecoverStatus', '(none)')}, "
                  f"state {job.sim.state(JOB)}")
     lines.append(f"  controller: state {job.training.state}, training steps continue: {job.training.state == 'NORMAL'}")

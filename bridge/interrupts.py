@@ -1,5 +1,5 @@
 """SIGTERM and SIGINT, handled the same way by every long-running command (``run``,
-``ranktable``, ``platform``, ``sim-clusterd``).
+``ranktable``, ``platform``, ``node``, ``sim-clusterd``, ``demo``).
 
 systemd stops a unit with SIGTERM and, ``TimeoutStopSec`` later, SIGKILL; an operator at
 a terminal presses Ctrl-C, and presses it again when the graceful stop takes too long.

@@ -16,6 +16,7 @@ from bridge.cli import main
 from bridge.sim.clusterd_release import RELEASES
 from bridge.sim.scenario import free_port
 
+from .gated_demo import GATE_PROMPT
 from .processes import reap, spawn_bridge
 
 pytestmark = pytest.mark.timeout(90)
@@ -162,6 +163,53 @@ def test_demo(scenario: str, release: str, capsys: pytest.CaptureFixture[str]) -
         if release == "7.3":  # the repeated cycle, shown for what it is
             assert "writes ProcessRecoverStatus=retry-failed" in out
             assert "repeated cycles: 1" in out
+
+
+def rest_of_output(process: subprocess.Popen[str], timeout: float) -> str:
+    """What ``process`` writes until it exits (within ``timeout``), after ``wait_for_line``."""
+    process.wait(timeout=timeout)
+    assert process.stdout is not None
+    os.set_blocking(process.stdout.fileno(), True)
+    return process.stdout.read()
+
+
+ORPHAN_WARNING = "keeping the controller marker"  # bridge.orphan: a controller stopped under connected ranks
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_ends_the_hold_and_then_the_job_as_usual(signum: signal.Signals) -> None:
+    """``--hold`` is ended early the way every long-running command is stopped (the
+    first SIGTERM/SIGINT asks, bridge/interrupts.py); the job still ends as jobs do, its
+    ranks first, so no orphan marker is left and the summary is printed. SIGINT counts
+    even where the demo was started with it ignored (a background job of a script)."""
+    demo = spawn_bridge("demo", "--scenario", "retry", "--hold", "600")
+    try:
+        wait_for_line(demo, "holding for", timeout=40)
+        demo.send_signal(signum)
+        rest = rest_of_output(demo, timeout=30)
+        assert demo.returncode == 0, rest
+        assert "outcome:   as expected" in rest
+        assert "flight record:" in rest
+        assert ORPHAN_WARNING not in rest
+    finally:
+        reap(demo)
+
+
+def test_a_stop_signal_before_the_scenario_ends_cuts_it_short_and_ends_the_job() -> None:
+    """Stopped while the scenario still runs (held at its gate: the fault not injected
+    yet), the demo says so, skips the hold and still ends the job cleanly."""
+    demo = spawn_bridge("demo", "--scenario", "retry", "--hold", "600", stdin=subprocess.PIPE,
+                        code="import sys; from tests.gated_demo import main; sys.exit(main(sys.argv[1:]))")
+    try:
+        wait_for_line(demo, GATE_PROMPT, timeout=40)
+        demo.send_signal(signal.SIGTERM)
+        rest = rest_of_output(demo, timeout=30)
+        assert demo.returncode == 1, rest
+        assert "interrupted before the scenario ended" in rest
+        assert "holding for" not in rest
+        assert ORPHAN_WARNING not in rest
+    finally:
+        reap(demo)
 
 
 def test_demo_hold_serves_non_zero_recovery_metrics() -> None:
