@@ -529,13 +529,32 @@ def steps_of(transcript: tr.Transcript, name: str, kind: str) -> list[tr.Step]:
             and not (name == "bridge" and kind == "rpc" and isinstance(s.code, str))]
 
 
-def differences(real: tr.Transcript, sim: tr.Transcript) -> list[str]:
+#: The call ClusterD is killed on in a scenario with an outage (``clusterd_outage``).
+OUTAGE_CALL = "ReportStopComplete"
+
+
+def _outage_raced(steps: list[tr.Step]) -> list[tr.Step]:
+    """The bridge's calls without the one ClusterD was killed on: ClusterD received it
+    (its side shows it), but whether its answer beat the -9 follows the timing, so the
+    bridge records code 0 or a gRPC status. Only before the bridge's reconnect (its
+    first Init in the record): the same call after the restart is compared."""
+    reconnect = next((i for i, s in enumerate(steps) if s.name == "Init"), 0)
+    return [s for i, s in enumerate(steps) if not (i < reconnect and s.name == OUTAGE_CALL)]
+
+
+def _compared_steps(transcript: tr.Transcript, name: str, kind: str, outage: bool) -> list[tr.Step]:
+    steps = steps_of(transcript, name, kind)
+    return _outage_raced(steps) if outage and (name, kind) == ("bridge", "rpc") else steps
+
+
+def differences(real: tr.Transcript, sim: tr.Transcript, *, outage: bool = False) -> list[str]:
     """Where the simulated run differs from the real one: per side and kind, the first
-    step that differs; the outcome; the exit code. Empty when they agree."""
+    step that differs; the outcome; the exit code. Empty when they agree. ``outage``:
+    the scenario kills ClusterD at a call (``_outage_raced``)."""
     found: list[str] = []
     for name, kinds in COMPARED.items():
         for kind in kinds:
-            ours, theirs = steps_of(real, name, kind), steps_of(sim, name, kind)
+            ours, theirs = _compared_steps(real, name, kind, outage), _compared_steps(sim, name, kind, outage)
             if [_key(s) for s in ours] == [_key(s) for s in theirs]:
                 continue
             at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if _key(a) != _key(b)),
@@ -553,13 +572,14 @@ def differences(real: tr.Transcript, sim: tr.Transcript) -> list[str]:
     return found
 
 
-def report(scenario: Scenario, release: str, real: tr.Transcript, sim: tr.Transcript, found: list[str]) -> str:
+def report(scenario: Scenario, release: str, real: tr.Transcript, sim: tr.Transcript, found: list[str],
+           *, outage: bool = False) -> str:
     """Both transcripts, compared steps only, side by side per side and kind (``!``
     where they differ): the failure's message."""
     lines = [f"scenario {scenario.name} on {release}: the simulations differ from the real peers", *found]
     for name, kinds in COMPARED.items():
         for kind in kinds:
-            ours, theirs = steps_of(real, name, kind), steps_of(sim, name, kind)
+            ours, theirs = _compared_steps(real, name, kind, outage), _compared_steps(sim, name, kind, outage)
             lines.append(f"--- {name} {kind}: real | sim")
             for index in range(max(len(ours), len(theirs))):
                 a = ours[index] if index < len(ours) else None

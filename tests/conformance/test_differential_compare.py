@@ -77,3 +77,18 @@ def test_the_report_prints_both_transcripts() -> None:
     text = report(SCENARIOS[0], "master", _run(), _run(code=499), found)
     assert "--- clusterd rpc: real | sim" in text
     assert "! clusterd rpc ReportStopComplete code=0" in text and "code=499" in text
+
+
+def test_the_call_clusterd_is_killed_on_may_end_either_way_but_only_before_the_reconnect() -> None:
+    """ClusterD -9'd right after it received the stop-complete: the bridge's record of
+    that call is code 0 or a gRPC status by timing (seen on the real peers: the answer
+    lost), so it is left out before the reconnect; after it, it is compared."""
+    def bridge_calls(*names: str, code: int = 0) -> Transcript:
+        return Transcript([Step("bridge", "rpc", name, code=code) for name in names], "recover-success", 0)
+
+    answered = bridge_calls("ReportProcessFault", "ReportStopComplete", "Init", "Register", "ReportStopComplete")
+    lost = bridge_calls("ReportProcessFault", "Init", "Register", "ReportStopComplete")
+    assert differences(lost, answered)[0].startswith("bridge rpc #2")  # not in a scenario without an outage
+    assert differences(lost, answered, outage=True) == []
+    after = bridge_calls("ReportProcessFault", "Init", "Register")
+    assert differences(lost, after, outage=True)[0].startswith("bridge rpc #4")
