@@ -159,7 +159,9 @@ async def _play_and_end(job: SimulatedJob, scenario: Scenario, timeline: Timelin
             ok = play.result()
     finally:
         interrupted = not play.done()
-        await _cancelled(play, stop)
+        for task in (play, stop):
+            task.cancel()
+        await asyncio.gather(play, stop, return_exceptions=True)  # never raises: the job's end must run
         violations = job.sim.violations + job.training.violations
         summary = _summary(job, scenario, ok and not violations, violations, port, interrupted)
         if hold > 0 and port and not interrupted:
@@ -177,19 +179,6 @@ async def _play_and_end(job: SimulatedJob, scenario: Scenario, timeline: Timelin
         print(summary)
         print(_record(job))
     return 0 if ok and not violations else 1
-
-
-async def _cancelled(*tasks: asyncio.Future[object]) -> None:
-    """Cancel the tasks still running and wait for their end, never raising: the job's
-    end must run after them whatever they raised."""
-    running = [task for task in tasks if not task.done()]
-    for task in running:
-        task.cancel()
-    if running:
-        await asyncio.wait(running)
-    for task in running:
-        if not task.cancelled():
-            task.exception()  # retrieved: a cancelled scenario's own error says nothing new
 
 
 async def _play(job: SimulatedJob, scenario: Scenario, timeline: Timeline, repeats: bool) -> bool:
