@@ -550,7 +550,7 @@ def _compared_steps(transcript: tr.Transcript, name: str, kind: str, outage: boo
 def differences(real: tr.Transcript, sim: tr.Transcript, *, outage: bool = False) -> list[str]:
     """Where the simulated run differs from the real one: per side and kind, the first
     step that differs; the outcome; the exit code. Empty when they agree. ``outage``:
-    the scenario kills ClusterD at a call (``_outage_raced``)."""
+    the scenario kills ClusterD at a call (``_outage_raced``; ``Scenario.clusterd_outage``)."""
     found: list[str] = []
     for name, kinds in COMPARED.items():
         for kind in kinds:
@@ -572,10 +572,10 @@ def differences(real: tr.Transcript, sim: tr.Transcript, *, outage: bool = False
     return found
 
 
-def report(scenario: Scenario, release: str, real: tr.Transcript, sim: tr.Transcript, found: list[str],
-           *, outage: bool = False) -> str:
+def report(scenario: Scenario, release: str, real: tr.Transcript, sim: tr.Transcript, found: list[str]) -> str:
     """Both transcripts, compared steps only, side by side per side and kind (``!``
     where they differ): the failure's message."""
+    outage = scenario.clusterd_outage > 0
     lines = [f"scenario {scenario.name} on {release}: the simulations differ from the real peers", *found]
     for name, kinds in COMPARED.items():
         for kind in kinds:

@@ -44,6 +44,5 @@ async def test_sim_matches_real(scenario: Scenario, release: str, peer_logs: Pat
         sim = await run_sim(scenario, release, workdir / "sim")
     finally:
         real = await real_run
-    outage = scenario.clusterd_outage > 0
-    found = differences(real, sim, outage=outage)
-    assert not found, report(scenario, release, real, sim, found, outage=outage) + f"\nlogs in {workdir}"
+    found = differences(real, sim, outage=scenario.clusterd_outage > 0)
+    assert not found, report(scenario, release, real, sim, found) + f"\nlogs in {workdir}"
