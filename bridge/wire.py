@@ -335,6 +335,8 @@ class Wire:
             self._refused = not self.realtime
             self.batch_policy = realtime.batch_policy()
             self._look(try_to_connect=True)  # connected before the first report
+            for method in METHODS.values():  # made before the first report, not inside it
+                self._callable(method)
             self._serve()
         except BaseException:  # noqa: BLE001 - the supervisor sees the thread end; this says why
             log.exception("the report wire failed")
@@ -360,6 +362,8 @@ class Wire:
     def _take(self, block: bool, timeout: float | None = None) -> bool:
         """Everything in the inbox now (after waiting for one item when ``block``); False
         when there was nothing."""
+        if not block and self._inbox.empty():
+            return False  # the common case before a send: no exception raised and caught
         items: list[object] = []
         self._waiting = block
         try:
@@ -601,8 +605,9 @@ class Wire:
         return code, None
 
     def _callable(self, method: str) -> Any:
-        """The channel's callable for ``method``, made once, telling ``_written`` after
-        each write (``lowlevel.after_send``)."""
+        """The channel's callable for ``method``, made once as the thread starts (made
+        inside a job's first report of each kind, it held that report back on the real
+        peers: docs/performance.md), telling ``_written`` after each write (``lowlevel.after_send``)."""
         callable_ = self._callables.get(method)
         if callable_ is None:
             callable_ = self._channel.unary_unary(method, request_serializer=None,

@@ -524,3 +524,37 @@ async def test_without_the_private_check_the_wire_falls_back_to_grpcs_subscripti
     async with running_wire(address) as (wire, listener):
         await eventually(lambda: wire._ready, what="connected, told by gRPC's connectivity thread")
         assert callback(wire, "report_stop_complete", 0, "ok", {}).result(10) == Code.OK
+
+
+class _MadeCallables:
+    """A real channel that records every method a callable is made for."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._inner = channel
+        self.made: list[str] = []
+
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        self.made.append(method)
+        return self._inner.unary_unary(method, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_the_wire_makes_its_four_callables_before_the_first_report(clusterd: tuple[ClusterD, str]) -> None:
+    """Made inside a job's first report of each kind, a callable held that report back
+    on the real peers: the wire makes all four as it starts, and none while it reports."""
+    from bridge.reporttypes import REPORT_METHODS
+
+    fake, address = clusterd
+    fake.release.set()
+    channel = _MadeCallables(grpc.insecure_channel(address))
+    try:
+        async with running_wire(address, channel=channel) as (wire, listener):  # type: ignore[arg-type]
+            await eventually(lambda: wire.handed_all(), what="the wire waiting for its first callback")
+            assert sorted(channel.made) == sorted(REPORT_METHODS) and fake.log == []
+            assert await asyncio.wrap_future(callback(wire, "report_stop_complete", 0, "ok", {})) == Code.OK
+            assert await asyncio.wrap_future(callback(wire, "report_fault_ranks", {1: 0}, {})) == Code.OK
+            assert sorted(channel.made) == sorted(REPORT_METHODS)  # none made on the way
+    finally:
+        channel._inner.close()
