@@ -55,7 +55,7 @@ def stamp_report_calls(job: SimulatedJob, wire: list[tuple[str, float]],
     wire_ = job.bridge.link.wire
     for method in REPORT_METHODS:
         name = method.rsplit("/", 1)[1]
-        callable_ = wire_._callable(method)
+        callable_ = wire_._callables[method]
         if wrap is not None:
             wrap(callable_, name)
         wire_._callables[method] = StampedCallable(callable_, name, wire, answered)

@@ -206,13 +206,15 @@ class Wire:
         self._settled = asyncio.Event()  # the loop's: set (posted by the wire) when ``_unsettled`` fell to 0
         # -- the wire's own
         self._outbox: deque[Pending] = deque()
-        self._callables: dict[str, Any] = {}
+        self.after_send = True  # promoted after each write (False: gRPC has no channel object to wrap)
+        # Made here, not inside a job's first report of each kind, which it held back on
+        # the real peers; read by the wire's thread only.
+        self._callables: dict[str, Any] = {method: self._make_callable(method) for method in METHODS.values()}
         self._ready = False  # the channel was connected at the last look (``_on_state``)
         self._boosted = False
         self._refused = False
         self._retry_at = 0.0  # the head's next try after a failure (monotonic)
         self._waiting = False  # blocked on the inbox (the loop reads it: ``handed_all``)
-        self.after_send = True  # promoted after each write (False: gRPC has no channel object to wrap)
         self._stopping = False
         self._closing = False  # ``stop`` closes the channel: its leaving READY is ours
         self.realtime = False  # this thread may run SCHED_FIFO (tft_bridge_realtime_thread{thread="report"})
@@ -335,8 +337,6 @@ class Wire:
             self._refused = not self.realtime
             self.batch_policy = realtime.batch_policy()
             self._look(try_to_connect=True)  # connected before the first report
-            for method in METHODS.values():  # made before the first report, not inside it
-                self._callable(method)
             self._serve()
         except BaseException:  # noqa: BLE001 - the supervisor sees the thread end; this says why
             log.exception("the report wire failed")
@@ -581,7 +581,7 @@ class Wire:
         """One Report* call on this thread: ClusterD's code, or how it failed."""
         method = METHODS[kind]
         name = method.rsplit("/", 1)[-1]
-        callable_ = self._callable(method)
+        callable_ = self._callables[method]
         self._look()  # connected as the call starts: a failure's fate depends on it
         if not self.after_send:
             self._written()
@@ -604,18 +604,13 @@ class Wire:
         self._tell(self._listener.rpc, name, code, started, seconds)
         return code, None
 
-    def _callable(self, method: str) -> Any:
-        """The channel's callable for ``method``, made once as the thread starts (made
-        inside a job's first report of each kind, it held that report back on the real
-        peers: docs/performance.md), telling ``_written`` after each write (``lowlevel.after_send``)."""
-        callable_ = self._callables.get(method)
-        if callable_ is None:
-            callable_ = self._channel.unary_unary(method, request_serializer=None,
-                                                  response_deserializer=_status_code)
-            if not lowlevel.after_send(callable_, self._written):
-                self.after_send = False
-                log.warning("this grpcio has no channel object to wrap: the wire is promoted before each write")
-            self._callables[method] = callable_
+    def _make_callable(self, method: str) -> Any:
+        """The channel's callable for ``method``, telling ``_written`` after each write
+        (``lowlevel.after_send``)."""
+        callable_ = self._channel.unary_unary(method, request_serializer=None, response_deserializer=_status_code)
+        if not lowlevel.after_send(callable_, self._written):
+            self.after_send = False
+            log.warning("this grpcio has no channel object to wrap: the wire is promoted before each write")
         return callable_
 
     def _written(self) -> None:

@@ -107,4 +107,5 @@ def _all_training_again(ranks: Ranks) -> bool:
 def _training_again(kinds: list[str]) -> bool:
     if "resumed" in kinds:
         return True
-    return "cb_rollback" in kinds and "step" in kinds[len(kinds) - kinds[::-1].index("cb_rollback"):]
+    rollbacks = [index for index, kind in enumerate(kinds) if kind == "cb_rollback"]
+    return bool(rollbacks) and "step" in kinds[rollbacks[-1] + 1:]
