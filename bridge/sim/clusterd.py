@@ -277,6 +277,10 @@ class SimClusterD:
         self.controllers[job_id] = JobController(self, self.inited[job_id])
         self.set_label(job_id, "process-recover-enable", "on")
 
+    def retry_records_changed(self, job_id: str, faults: list[tuple[str, str]]) -> None:
+        """The fault centre's retry records of a job changed: the Fault service publishes them."""
+        self.device_faults.set_records(job_id, faults)
+
     def state(self, job_id: str) -> str:
         ctl = self.controllers.get(job_id)
         return ctl.state if ctl is not None else "INIT"
