@@ -297,6 +297,11 @@ class Session:
         self._catch_up = catch_up
         self.state = SessionState.CONNECTING
         self.live = asyncio.Event()  # set while a subscription is live
+        # The Subscribe request is written and its stream has not ended: ClusterD's
+        # handler resets the job before anything else (docs/architecture.md), so fault
+        # reports may leave from here on, without waiting for the stream's first message.
+        self.subscribe_sent = False
+        self._heard = False  # the stream that ended delivered a message
         self.init_answered = asyncio.Event()
         self.process_recover: bool | None = None  # None until Init answered
         self.current_uuid: str | None = None  # the running cycle as the stream shows it
@@ -396,6 +401,10 @@ class Session:
                 break
             if reason == "cycle_end":
                 backoff.reset()  # routine: ClusterD closes the stream after every cycle
+                if self._heard:
+                    # At once, as MindCluster's client does: a fault in the moment after a
+                    # recovery must find the next subscription without a back-off's delay.
+                    continue
             self._set_state(SessionState.BACKOFF)
             if await self._sleep(backoff.next()):
                 break
@@ -407,10 +416,18 @@ class Session:
         self.stream_count += 1
         call = self.client.subscribe(self.job_id, self.config.role)
         self._call = call
+        self._heard = False
         silence = self.config.keepalive_interval * self.config.watchdog_intervals
         reason = "cycle_end"
         try:
-            while True:
+            try:  # bounded like the reads: every network wait has a deadline
+                await asyncio.wait_for(call.wait_for_connection(), silence)  # the request is written
+                self.subscribe_sent = True
+                self._on_cycles()
+            except asyncio.TimeoutError:
+                log.warning("ClusterD Subscribe request not written within %.0f s: treating the stream as dead", silence)
+                reason = "keepalive_timeout"
+            while self.subscribe_sent:
                 try:
                     item = await asyncio.wait_for(call.read(), silence)
                 except asyncio.TimeoutError:
@@ -421,6 +438,7 @@ class Session:
                 if item is grpc.aio.EOF:
                     reason = "cycle_end"
                     break
+                self._heard = True
                 if not self.live.is_set():
                     self.live.set()
                     self._on_cycles()
@@ -447,6 +465,7 @@ class Session:
             self._call = None
             self._catch_up()
             self._end_cycle()
+            self.subscribe_sent = False
             self.live.clear()
             self._on_cycles()
             self.metrics.subscription_up.set(0)
