@@ -13,11 +13,11 @@ controller, waiting for a stop_train, gives the job up after ``MINDIO_WAIT_MINDX
 What the bridge does, on the event loop: while the controller's flow waits for
 stop_train after its fault report (``Step.AWAIT_STOP``) and ClusterD shows no cycle, it
 reports the flow's faults once more at the first moment ClusterD counts them new: the
-last delivery of any of those ranks + the hold + one period + ``MARGIN``. Every delivery
+last delivery of any of those ranks + the hold + one and a half periods (``MARGIN``). Every delivery
 of such a rank (the controller's, a re-report on a new stream) moves that moment, since
 each refreshes ClusterD's record. If that moment leaves the controller too little of
-its wait for ClusterD to start the cycle (``START_ALLOWANCE``), the bridge reports the
-faults as process faults ("1") instead, ``PROCESS_FAULT_GRACE`` after the delivery: a
+its wait for ClusterD to start the cycle (two periods, ``START_ALLOWANCE``), the bridge
+reports the faults as process faults ("1") instead, two periods after the delivery: a
 type-1 ReportProcessFault starts a cycle at once whatever the fault centre holds
 (ClusterD's ``ReportProcessFault`` adds the fault event itself), a recovery by
 restarting the ranks instead of a step retry.
@@ -46,13 +46,14 @@ log = logging.getLogger(__name__)
 
 #: fault types ClusterD's fault centre turns into records (UCE, HCCL)
 RECORD_TYPES = frozenset({0, 2})
-#: seconds past the first publication without the record before the re-report leaves
+#: In fault-centre periods (ClusterD's 1 s): past the first publication without the
+#: record before the re-report leaves ...
 MARGIN = 0.5
-#: seconds the controller's wait must still have once the re-report leaves: ClusterD's
-#: next tick (up to one period, observed 0.7-1.0 s) and its stopTrain
+#: ... what the controller's wait must still have once it leaves: ClusterD's next tick
+#: (observed 0.7-1.0 s after a report) and its stopTrain ...
 START_ALLOWANCE = 2.0
-#: seconds after a delivery before a flow whose re-report cannot wait out the hold is
-#: reported as process faults: a new record's cycle would have started by then (0.7-1.0 s)
+#: ... and after a delivery, before a flow whose re-report cannot wait out the hold is
+#: reported as process faults: a new record's cycle would have started by then.
 PROCESS_FAULT_GRACE = 2.0
 
 
@@ -98,7 +99,7 @@ class FaultFollowUp:
         for rank, kind in faults.items():
             if kind in RECORD_TYPES:
                 self._delivered[rank] = at
-        horizon = at - (self.times.hold + self.times.period + MARGIN)
+        horizon = at - (self.times.hold + self.times.period * (1 + MARGIN))
         if len(self._delivered) > len(faults):  # forget records ClusterD no longer holds
             self._delivered = {rank: when for rank, when in self._delivered.items() if when >= horizon}
         self._plan()
@@ -113,13 +114,14 @@ class FaultFollowUp:
         last = max((self._delivered.get(rank, float("-inf")) for rank in self._faults), default=float("-inf"))
         if last == float("-inf"):
             return  # not delivered yet: planned once it is
-        free_at = last + self.times.hold + self.times.period + MARGIN
+        period = self.times.period
+        free_at = last + self.times.hold + period * (1 + MARGIN)
         wait = self.flow.wait_limit()  # the controller's wait for stop_train (MINDIO_WAIT_MINDX_TIME, a pause's)
         gives_up_at = self._reported_at + (wait if wait is not None else 0.0)
-        if free_at + START_ALLOWANCE <= gives_up_at:
+        if free_at + period * START_ALLOWANCE <= gives_up_at:
             self.due = (free_at, "record_held")
         else:
-            self.due = (last + PROCESS_FAULT_GRACE, "as_process_fault")
+            self.due = (last + period * PROCESS_FAULT_GRACE, "as_process_fault")
         delay = max(0.0, self.due[0] - self._clock())
         self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
 
