@@ -297,7 +297,7 @@ class Session:
         self._catch_up = catch_up
         self.state = SessionState.CONNECTING
         self.live = asyncio.Event()  # set while a subscription is live
-        # The Subscribe request is written and its stream has not ended: ClusterD's
+        # The Subscribe request is on its way and its stream has not ended: ClusterD's
         # handler resets the job before anything else (docs/architecture.md), so fault
         # reports may leave from here on, without waiting for the stream's first message.
         self.subscribe_sent = False
@@ -420,14 +420,14 @@ class Session:
         silence = self.config.keepalive_interval * self.config.watchdog_intervals
         reason = "cycle_end"
         try:
-            try:  # bounded like the reads: every network wait has a deadline
-                await asyncio.wait_for(call.wait_for_connection(), silence)  # the request is written
-                self.subscribe_sent = True
-                self._on_cycles()
-            except asyncio.TimeoutError:
-                log.warning("ClusterD Subscribe request not written within %.0f s: treating the stream as dead", silence)
-                reason = "keepalive_timeout"
-            while self.subscribe_sent:
+            # One turn of the loop: gRPC's task that writes the request starts (the signal
+            # channel is connected: Init and Register just answered on it). Nothing later
+            # tells more: ClusterD's handler writes no header and no message before the
+            # first keep-alive, and gRPC's wait_for_connection waits for that header.
+            await asyncio.sleep(0)
+            self.subscribe_sent = True
+            self._on_cycles()
+            while True:
                 try:
                     item = await asyncio.wait_for(call.read(), silence)
                 except asyncio.TimeoutError:

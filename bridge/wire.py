@@ -27,7 +27,7 @@ Delivery rules, each from a way the real ClusterD punishes a careless client:
   whatever its state, so a report whose cycle is gone is dropped and counted, never
   sent into the next.
 * **Fault reports wait for a subscription**: they leave once the Subscribe request is
-  written (``Cycles.subscribed``; ClusterD loses faults reported while nobody is
+  on its way (``Cycles.subscribed``; ClusterD loses faults reported while nobody is
   subscribed, and resets the job inside the Subscribe handler before anything else),
   survive reconnects and merge with ClusterD's rule while queued. The loop hears of each
   one ClusterD answered 0 (``faults_delivered``: refault.py).
@@ -100,7 +100,7 @@ class Cycles:
     thread."""
 
     live: bool = False  # a subscription is live (Session.live)
-    # A Subscribe request is written and its stream has not ended (Session.subscribe_sent):
+    # A Subscribe request is on its way and its stream has not ended (Session.subscribe_sent):
     # ClusterD resets the job inside the Subscribe handler before anything else, so a
     # fault report from then on reaches the new subscription's job (docs/architecture.md).
     subscribed: bool = False

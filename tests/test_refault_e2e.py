@@ -124,3 +124,57 @@ async def test_the_synchronous_clients_shape_loses_the_job_to_the_same_repeated_
             os.environ.pop("MINDIO_WAIT_MINDX_TIME", None)
         else:
             os.environ["MINDIO_WAIT_MINDX_TIME"] = saved
+
+
+# --------------------------------------------------------------------------- a fault racing a Subscribe
+
+async def resubscribing(job: SimulatedJob) -> float:
+    """The bridge drops its stream and subscribes again (as after a ClusterD freeze); the
+    loop time it was asked to."""
+    assert job.bridge is not None
+    at = asyncio.get_running_loop().time()
+    job.bridge.session.request_resubscribe("test")
+    return at
+
+
+async def test_a_uce_that_reaches_clusterd_before_the_subscribes_reset_still_recovers() -> None:
+    """Report first: ClusterD's Subscribe handler runs late, the report (sent once the
+    Subscribe request was written) lands before its reset, the fault centre's record is
+    published with nobody subscribed and then held: the bridge reports it again once
+    ClusterD counts it new."""
+    job = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4), wait_time=WAIT,
+                       controller_timings=FAST_TIMINGS, clusterd_timings=CLUSTERD)
+    async with job:
+        await job.subscribed()
+        job.sim.delay_next_subscribe(0.4)
+        start = await resubscribing(job)
+        job.training.inject_fault({3: 0})
+        opened = await job.sim.wait_for(lambda e: e.kind == "stream-open" and e.at > start, timeout=10)
+        report = next(e for e in job.sim.journal.rpcs("ReportProcessFault") if e.at > start)
+        assert report.at < opened.at  # it raced the Subscribe and won: ClusterD had no subscriber
+        lost = job.sim.journal.select("fault-lost", "fault-centre", JOB)
+        assert lost and lost[-1].at < opened.at
+        await eventually(lambda: retry_successes(job.sim) == 1, 3 * WAIT, what="the retry's success")
+        assert job.metrics.sample("tft_bridge_fault_rereports_total", {"reason": "record_held"}) == 1
+        assert not job.sim.violations and not job.training.violations
+
+
+async def test_a_uce_reported_after_the_subscribes_reset_leaves_before_the_first_keep_alive() -> None:
+    """Subscribe first: the report leaves once the Subscribe request is written, without
+    waiting for the new stream's first message, and ClusterD starts its cycle at once."""
+    slow_keepalive = 2.0  # the new stream's first keep-alive comes this long after the reset
+    job = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4), wait_time=WAIT, keepalive_interval=slow_keepalive,
+                       controller_timings=FAST_TIMINGS, clusterd_timings=CLUSTERD)
+    async with job:
+        await job.subscribed()
+        start = await resubscribing(job)
+        opened = await job.sim.wait_for(lambda e: e.kind == "stream-open" and e.at > start, timeout=10)
+        job.training.inject_fault({3: 0})
+        await eventually(lambda: retry_successes(job.sim) == 1, 3 * WAIT, what="the retry's success")
+        report = next(e for e in job.sim.journal.rpcs("ReportProcessFault") if e.at > opened.at)
+        stop = next(e for e in job.sim.journal.signals("stopTrain") if e.at > opened.at)
+        keepalives = [e for e in job.sim.journal.signals("keep-alive") if e.at > opened.at]
+        assert not keepalives or report.at < keepalives[0].at  # not held for the first message
+        assert stop.at - report.at < 1.0  # a new record: ClusterD's next tick starts the cycle
+        assert job.metrics.sample("tft_bridge_fault_rereports_total", {"reason": "record_held"}) == 0
+        assert not job.sim.violations and not job.training.violations

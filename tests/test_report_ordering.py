@@ -55,9 +55,6 @@ class GatedClient:
 class EndedStream:
     """A stream ClusterD ends at once (the routine end of a cycle)."""
 
-    async def wait_for_connection(self) -> None:
-        """The request is written at once."""
-
     async def read(self) -> Any:
         return grpc.aio.EOF
 
@@ -122,9 +119,6 @@ class OneSignalStream:
     def __init__(self, log: list[str], signal: pb.ProcessManageSignal) -> None:
         self.log = log
         self.items: list[Any] = [(signal, signal.SerializeToString()), grpc.aio.EOF]
-
-    async def wait_for_connection(self) -> None:
-        """The request is written at once."""
 
     async def read(self) -> Any:
         self.log.append("read")

@@ -182,6 +182,7 @@ class SimClusterD:
         # Test instructions.
         self._fail_next = 0
         self._delay_next = 0.0
+        self._delay_subscribe = 0.0  # see delay_next_subscribe
         self._duplicate_next = False
         self.keepalives_silent_until = 0.0  # loop time; see silence_keepalives
         self._server: grpc.aio.Server | None = None
@@ -351,6 +352,16 @@ class SimClusterD:
     def delay_next_signal(self, seconds: float) -> None:
         """Hold the next non-keep-alive signal ``seconds`` before writing it."""
         self._delay_next = seconds
+
+    def delay_next_subscribe(self, seconds: float) -> None:
+        """The next SubscribeProcessManageSignal handler starts ``seconds`` late, before
+        its reset: a report sent on another connection after the Subscribe request can
+        then reach ClusterD before that reset (two connections, two handlers, no order)."""
+        self._delay_subscribe = seconds
+
+    def take_subscribe_delay(self) -> float:
+        delay, self._delay_subscribe = self._delay_subscribe, 0.0
+        return delay
 
     def silence_keepalives(self, seconds: float) -> None:
         """Write no keep-alive on any stream for ``seconds`` (signals still go out), then
