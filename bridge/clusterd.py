@@ -256,6 +256,12 @@ SignalScreen = Callable[[pb.ProcessManageSignal, bytes], "tuple[str, str] | None
 UNTRACKED_TYPES = frozenset({"preExitProcess"})
 
 
+#: Seconds a Subscribe request gets before fault reports may follow it on the report
+#: channel (docs/architecture.md, "A fault right after a recovery"): far above a LAN's
+#: delivery and ClusterD's handler start, far below what a fault may wait (50 ms).
+SUBSCRIBE_HEAD_START = 0.02
+
+
 class Session:
     """Init -> Register -> Subscribe, forever: the job's only ClusterD subscriber.
 
@@ -297,7 +303,7 @@ class Session:
         self._catch_up = catch_up
         self.state = SessionState.CONNECTING
         self.live = asyncio.Event()  # set while a subscription is live
-        # The Subscribe request is on its way and its stream has not ended: ClusterD's
+        # The Subscribe request had its head start and its stream has not ended: ClusterD's
         # handler resets the job before anything else (docs/architecture.md), so fault
         # reports may leave from here on, without waiting for the stream's first message.
         self.subscribe_sent = False
@@ -420,11 +426,14 @@ class Session:
         silence = self.config.keepalive_interval * self.config.watchdog_intervals
         reason = "cycle_end"
         try:
-            # One turn of the loop: gRPC's task that writes the request starts (the signal
-            # channel is connected: Init and Register just answered on it). Nothing later
-            # tells more: ClusterD's handler writes no header and no message before the
-            # first keep-alive, and gRPC's wait_for_connection waits for that header.
-            await asyncio.sleep(0)
+            # A head start for the Subscribe: its request leaves on the signal channel
+            # (connected: Init and Register just answered on it), and ClusterD's handler
+            # resets the job as its first act; nothing ClusterD sends says when (no header,
+            # no message before the first keep-alive). A report sent on the report
+            # channel after this lands after that reset unless the handler is later than
+            # the head start; then the fault is reported again (refault.py, reports.py).
+            if await self._sleep(SUBSCRIBE_HEAD_START):
+                return "stopped"
             self.subscribe_sent = True
             self._on_cycles()
             while True:

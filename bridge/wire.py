@@ -26,8 +26,8 @@ Delivery rules, each from a way the real ClusterD punishes a careless client:
   when the controller's callback runs. ClusterD keeps reports in one-slot buffers
   whatever its state, so a report whose cycle is gone is dropped and counted, never
   sent into the next.
-* **Fault reports wait for a subscription**: they leave once the Subscribe request is
-  on its way (``Cycles.subscribed``; ClusterD loses faults reported while nobody is
+* **Fault reports wait for a subscription**: they leave once the Subscribe request has
+  had its head start (``Cycles.subscribed``; ClusterD loses faults reported while nobody is
   subscribed, and resets the job inside the Subscribe handler before anything else),
   survive reconnects and merge with ClusterD's rule while queued. The loop hears of each
   one ClusterD answered 0 (``faults_delivered``: refault.py).
