@@ -34,7 +34,10 @@ Where it knowingly differs from the real server:
   those delays are not modelled (e.g. a retry report without ``retry`` configured just
   stays cached; the real one expires after ~10 s). :meth:`SimClusterD.start_clusterd_fault`
   is a shortcut the real server has no direct equivalent of (FaultOccur from the centre
-  at once); :meth:`SimClusterD.pre_exit` is the realistic device fault.
+  at once); :meth:`SimClusterD.pre_exit` is the realistic device fault. Master's retry
+  records of UCE/HCCL reports (clusterd_retry.py) are keyed by rank, published 0.7-1.0 s
+  after an idle centre's report and by the Fault service at once (docs/clusterd.md
+  section 9); :meth:`SimClusterD.delay_next_subscribe` starts a Subscribe handler late.
 * The hot switch (:meth:`SimClusterD.sub_health_fault`, bridge/sim/clusterd_hot_switch.py)
   has no pods: a test says when the backup pod runs (:meth:`SimClusterD.new_pod_running`)
   and the old pod is gone ``timings.old_pod_delete_delay`` after ClusterD asked (not
