@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 #: fault types ClusterD's fault centre turns into records (UCE, HCCL)
 RECORD_TYPES = frozenset({0, 2})
+#: Fault maps larger than this are remembered whole, not rank by rank (the loop's time).
+PER_RANK = 1024
 #: In fault-centre periods (ClusterD's 1 s): past the first publication without the
 #: record before the re-report leaves ...
 MARGIN = 0.5
@@ -80,6 +82,7 @@ class FaultFollowUp:
         self.recorder: NullRecorder = recorder or NullRecorder()
         self._clock = clock
         self._delivered: dict[int, float] = {}  # rank -> when ClusterD last answered 0 to a UCE/HCCL report of it
+        self._bulk_at = float("-inf")  # the last such answer to a map too large to remember by rank
         self._faults: dict[int, int] = {}  # the running controller flow's faults
         self._reported_at: float | None = None  # the flow's first report_fault_ranks (the controller's clock)
         self._done = True  # this flow had its re-report (or has none to have)
@@ -95,13 +98,19 @@ class FaultFollowUp:
         self._plan()
 
     def delivered(self, faults: dict[int, int], at: float) -> None:
-        """ClusterD answered 0 to a fault report (``at``: when the answer came)."""
-        for rank, kind in faults.items():
-            if kind in RECORD_TYPES:
-                self._delivered[rank] = at
-        horizon = at - (self.times.hold + self.times.period * (1 + MARGIN))
-        if len(self._delivered) > len(faults):  # forget records ClusterD no longer holds
-            self._delivered = {rank: when for rank, when in self._delivered.items() if when >= horizon}
+        """ClusterD answered 0 to a fault report (``at``: when the answer came). A map of
+        more than ``PER_RANK`` entries is remembered as a whole (no Python loop over a
+        100 000-rank map on the event loop): it moves the re-report of any flow."""
+        if len(faults) > PER_RANK:
+            if not RECORD_TYPES.isdisjoint(faults.values()):
+                self._bulk_at = at
+        else:
+            for rank, kind in faults.items():
+                if kind in RECORD_TYPES:
+                    self._delivered[rank] = at
+            if len(self._delivered) > 2 * PER_RANK:  # forget records ClusterD no longer holds
+                horizon = at - (self.times.hold + self.times.period * (1 + MARGIN))
+                self._delivered = {rank: when for rank, when in self._delivered.items() if when >= horizon}
         self._plan()
 
     def _plan(self) -> None:
@@ -109,9 +118,13 @@ class FaultFollowUp:
         self._cancel()
         if self._done or self.flow.step is not Step.AWAIT_STOP or not self._faults or self._reported_at is None:
             return
-        if any(kind not in RECORD_TYPES for kind in self._faults.values()):
+        if not set(self._faults.values()) <= RECORD_TYPES:
             return  # a process fault starts a cycle at once
-        last = max((self._delivered.get(rank, float("-inf")) for rank in self._faults), default=float("-inf"))
+        if len(self._faults) > PER_RANK:
+            last = max(self._bulk_at, max(self._delivered.values(), default=float("-inf")))
+        else:
+            last = max(self._bulk_at, max((self._delivered.get(rank, float("-inf")) for rank in self._faults),
+                                          default=float("-inf")))
         if last == float("-inf"):
             return  # not delivered yet: planned once it is
         period = self.times.period

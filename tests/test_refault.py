@@ -102,3 +102,14 @@ async def test_a_wait_too_short_for_the_hold_reports_the_ranks_as_process_faults
     assert faults == {2: 1, 3: 1}
     assert sent_at - delivered < TIMES.hold  # at once after a new record's cycle would have started
     assert metrics.sample("tft_bridge_fault_rereports_total", {"reason": "as_process_fault"}) == 1
+
+
+async def test_a_large_fault_map_is_remembered_whole_and_still_re_reported() -> None:
+    up, flow, outbox, _ = follow_up()
+    faults = {rank: 0 for rank in range(5000)}
+    controller_reports(up, flow, faults)
+    delivered = time.monotonic()
+    up.delivered(faults, delivered)
+    assert up.due is not None and up.due[1] == "record_held" and up.due[0] - delivered >= TIMES.hold
+    await eventually(lambda: outbox.faults, 5, what="the re-report")
+    assert outbox.faults[0][1] == faults
