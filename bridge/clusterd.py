@@ -326,6 +326,12 @@ class Session:
         self.state = state
         self.on_state(state)
 
+    @property
+    def end_reason(self) -> str:
+        """Why the previous stream ended (``cycle_end``: ClusterD closed it after a cycle
+        or a reset; ``start`` before the first; otherwise a loss, a freeze or a request)."""
+        return self._end_reason
+
     def stream_token(self) -> str:
         return f"stream:{self.stream_count}"
 

@@ -77,7 +77,8 @@ class Link:
                                   publish=self._publish,
                                   fault_centre=FaultCentreTimes(config.clusterd.retry_record_hold,
                                                                 config.clusterd.fault_centre_period),
-                                  cycle_running=lambda: self.session.current_uuid is not None)
+                                  cycle_running=lambda: self.session.current_uuid is not None,
+                                  stream_end_reason=lambda: self.session.end_reason)
         self.dispatcher = SignalDispatcher(
             config.job_id, PublishingFlow(flow, lambda: self._publish()), controller, hooks, metrics,  # type: ignore[arg-type]
             on_kill_master=on_kill_master, resume=self.reports.resume, repeats=self.reports.repeats,

@@ -56,12 +56,15 @@ class ReportPath:
                  observer: Callable[[str], None] | None = None, *, recorder: NullRecorder | None = None,
                  fill: Fill, resubscribe: Callable[[str], None], publish: Callable[[], None],
                  fault_centre: FaultCentreTimes = FaultCentreTimes(),
-                 cycle_running: Callable[[], bool] = lambda: False) -> None:
+                 cycle_running: Callable[[], bool] = lambda: False,
+                 stream_end_reason: Callable[[], str] = lambda: "start") -> None:
         """``recorder``: the flight recorder, told of every callback and of a repeated retry
         cycle (O(1) hooks). ``fill``: the wire's, for a held strategies report.
         ``resubscribe`` and ``publish``: the resume's (resume.py). ``fault_centre`` and
         ``cycle_running`` (whether ClusterD's stream shows a running cycle): the
-        re-report of a fault ClusterD skipped (refault.py)."""
+        re-report of a fault ClusterD skipped (refault.py). ``stream_end_reason``: why the
+        session's previous stream ended (``Session.end_reason``)."""
+        self._stream_end_reason = stream_end_reason
         self.job_id = job_id
         self.flow = flow
         self.outbox = outbox
@@ -181,9 +184,12 @@ class ReportPath:
         if state is not SessionState.SUBSCRIBED:
             return
         if self.flow.step is Step.AWAIT_STOP and self.flow_faults:
-            if all(kind in RECORD_TYPES for kind in self.flow_faults.values()):
-                # UCE/HCCL: ClusterD's fault centre, not the reset, decides; a report now
-                # would only refresh a record it still holds (refault.py re-reports them).
+            if self._stream_end_reason() == "cycle_end" and set(self.flow_faults.values()) <= RECORD_TYPES:
+                # UCE/HCCL after ClusterD closed the stream: its fault centre, not the
+                # reset, decides, and a report now would only refresh a record it still
+                # holds (refault.py re-reports them once it does not). After a lost or
+                # frozen stream ClusterD may have restarted and forgotten its records:
+                # reported at once, as any fault.
                 return
             log.warning("re-reporting %d fault rank(s) on the new stream: ClusterD forgot them",
                         len(self.flow_faults))
