@@ -11,9 +11,14 @@ another rank is new to ClusterD and recovers at once, with no re-report.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
+
+import pytest
+
+from bridge.cli import main
 
 from bridge.sim import mindio_ttp
 from bridge.sim.clusterd import SimClusterD, SimJob
@@ -43,9 +48,11 @@ async def first_retry(sim: SimClusterD, training: object) -> None:
                      what="the controller training again")
 
 
-async def test_the_same_uce_right_after_its_retry_is_reported_again_once_clusterd_counts_it_new() -> None:
+async def test_the_same_uce_right_after_its_retry_is_reported_again_once_clusterd_counts_it_new(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4), wait_time=WAIT,
-                       controller_timings=FAST_TIMINGS, clusterd_timings=CLUSTERD)
+                       controller_timings=FAST_TIMINGS, clusterd_timings=CLUSTERD,
+                       config_overrides={"recorder": {"enabled": True, "directory": str(tmp_path)}})
     async with job:
         await job.subscribed()
         await first_retry(job.sim, job.training)
@@ -67,6 +74,15 @@ async def test_the_same_uce_right_after_its_retry_is_reported_again_once_cluster
         await eventually(lambda: job.training.state.value == "NORMAL", 10, what="training again")
         assert "EXIT" not in job.training.states()
         assert not job.sim.violations and not job.training.violations
+    # The cycle's record says so (the job stopped: every cycle written).
+    capsys.readouterr()
+    assert main(["history", "--state-dir", str(tmp_path), "--json"]) == 0
+    cycles = json.loads(capsys.readouterr().out)["cycles"]
+    (again,) = [c for c in cycles if c["summary"].get("rereports")]
+    assert again["summary"]["rereports"] == ["record_held"] and again["outcome"] == "success"
+    assert main(["history", "--state-dir", str(tmp_path), "--cycle", again["key"]]) == 0
+    text = capsys.readouterr().out
+    assert "re-report record_held" in text and "RE-REPORTED 1 rank: uce 1 (2:0) again" in text
 
 
 async def test_a_uce_on_another_rank_after_a_retry_recovers_without_a_re_report() -> None:
