@@ -194,3 +194,24 @@ async def test_a_uce_reported_after_the_subscribes_reset_leaves_before_the_first
         assert stop.at - report.at < 1.0  # a new record: ClusterD's next tick starts the cycle
         assert job.metrics.sample("tft_bridge_fault_rereports_total", {"reason": "record_held"}) == 0
         assert not job.sim.violations and not job.training.violations
+
+
+async def test_a_wait_too_short_for_the_hold_gets_the_repeated_uce_recovered_as_a_process_fault() -> None:
+    """The controller's wait ends before ClusterD would count the repeated UCE new: the
+    bridge reports the rank as a process fault, which ClusterD starts a cycle for at once
+    whatever its fault centre holds, and the job recovers by a restart instead of a retry."""
+    short_wait = 2  # seconds: the same as the record's hold here
+    job = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4), wait_time=short_wait,
+                       controller_timings=FAST_TIMINGS, clusterd_timings=CLUSTERD)
+    async with job:
+        await job.subscribed()
+        await first_retry(job.sim, job.training)
+        second = asyncio.get_running_loop().time()
+        job.training.inject_fault({2: 0})
+        await job.sim.wait_for(lambda e: e.kind == "annotation" and e.at > second
+                               and e.detail.get("value") == "recover-success", timeout=20)
+        assert job.metrics.sample("tft_bridge_fault_rereports_total", {"reason": "as_process_fault"}) == 1
+        reports = [e.detail["faults"] for e in job.sim.journal.rpcs("ReportProcessFault") if e.at > second]
+        assert reports[:2] == [{2: 0}, {2: 1}]
+        await eventually(lambda: job.training.state.value == "NORMAL", 10, what="training again")
+        assert not job.sim.violations and not job.training.violations
