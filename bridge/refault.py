@@ -35,6 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from itertools import islice
 from dataclasses import dataclass
 
 from .flow import ControllerFlow, Step
@@ -155,7 +156,7 @@ class FaultFollowUp:
         waited = self._clock() - (self._reported_at or self._clock())
         log.warning("ClusterD answered the fault report of rank(s) %s with OK but started no recovery in %.1f s "
                     "(its fault centre still held the rank's earlier fault: 'no new faults added'); reporting %s "
-                    "before the controller gives the job up (%s)", sorted(self._faults)[:16], waited,
+                    "before the controller gives the job up (%s)", sorted(islice(self._faults, 16)), waited,
                     "them again" if reason == "record_held" else "them as process faults", reason)
         self.metrics.fault_rereports.labels(reason).inc()
         self.recorder.rereported(reason, faults)
