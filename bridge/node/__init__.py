@@ -92,7 +92,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     Path(config.node.state_root).mkdir(parents=True, exist_ok=True)
     service = NodeService(config, api, choose_launcher(config.node.launcher, env), metrics,
                           bridge_argv=bridge_argv_for(config.node.bridge_command), env=env)
-    series = BridgeSeries(lambda: service.targets, timeout=config.metrics.scrape_timeout)
+    series = BridgeSeries(lambda: service.targets, timeout=config.metrics.scrape_timeout,
+                          served=lambda: service.served)
     metrics.registry.register(series)  # type: ignore[arg-type]
     server = None
     if config.metrics.enabled:

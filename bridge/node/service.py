@@ -185,6 +185,9 @@ class NodeService:
         self._given_up: dict[str, str] = {}  # pod uid -> why no bridge is started for it again
         self._kept_warned: set[str] = set()
         self.targets: list[Target] = []  # read by the metrics thread: replaced whole, never mutated
+        #: job id -> whether it has a running bridge, for every job whose controller pod is
+        #: served here (refused ones too); read by the metrics thread: replaced whole
+        self.served: dict[str, bool] = {}
         self._stop = threading.Event()
         self.events = EventPoster(api, metrics)
         self.watcher = PodGroupWatcher(api, None, config.node.selector, self._deliveries.put, metrics,
@@ -292,6 +295,9 @@ class NodeService:
         self._report_refusals(refused)
         self._given_up = {uid: why for uid, why in self._given_up.items() if uid in self._pods}
         self._publish_targets()
+        served = {refusal.job_id: False for refusal in refused.values() if refusal.job_id}
+        served.update({job_id: job_id in self.jobs and self.jobs[job_id].exit_code is None for job_id in desired})
+        self.served = served
 
     def _look_after(self, job_id: str, served: Served, spec: JobSpec | None, now: float) -> None:
         if served.exit_code is None:
