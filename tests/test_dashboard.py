@@ -71,7 +71,26 @@ def bridge_metrics() -> BridgeMetrics:
 
 def exported_samples() -> dict[str, set[str]]:
     """Every sample name a bridge exposes, mapped to its label names."""
-    metrics = bridge_metrics()
+    return touched_samples(bridge_metrics())
+
+
+def node_samples() -> dict[str, set[str]]:
+    """Every sample name the node endpoint of ``tft-bridge node`` exposes beside the bridges'
+    (which it relays with a ``tft_job`` label): the service's own, and the per-job series
+    it makes at each scrape (one job whose bridge does not answer: port 1 refuses)."""
+    from bridge.node.metrics import BridgeSeries, NodeMetrics
+
+    metrics = NodeMetrics()
+    series = BridgeSeries(lambda: [("uid-x", 1)], timeout=1.0, served=lambda: {"uid-x": True})
+    metrics.registry.register(series)  # type: ignore[arg-type]
+    try:
+        return touched_samples(metrics)
+    finally:
+        series.close()
+
+
+def touched_samples(metrics: Any) -> dict[str, set[str]]:
+    """``metrics``' registry's sample names and labels, every labelled metric touched once."""
     for metric in vars(metrics).values():
         if not isinstance(metric, MetricWrapperBase):
             continue
