@@ -299,12 +299,12 @@ def test_a_fault_is_recovered_through_the_simulated_clusterd(server: StandInApiS
             series = rig.scrape().get(name, {})
             return sum(v for key, v in series.items() if labels.items() <= dict(key).items())
 
-        eventually_sync(lambda: sample("tft_bridge_controller_ranks_connected", job=job.uid) == 1, 30,
+        eventually_sync(lambda: sample("tft_bridge_controller_ranks_connected", tft_job=job.uid) == 1, 30,
                         "the simulated ranks connected")
         (rig.job_dir(job) / "inject-fault").write_text("3")
-        eventually_sync(lambda: sample("tft_bridge_recovery_cycles_total", job=job.uid, outcome="success"), 60,
+        eventually_sync(lambda: sample("tft_bridge_recovery_cycles_total", tft_job=job.uid, outcome="success"), 60,
                         "the recovery through the simulated ClusterD")
-        assert sample("tft_bridge_faults_reported_total", job=job.uid) >= 1
+        assert sample("tft_bridge_faults_reported_total", tft_job=job.uid) >= 1
         cluster.delete(job)
         eventually_sync(lambda: rig.service.jobs[job.uid].stop_evidence == "deleted", 15, "the job seen gone")
         assert job.uid in rig.running()  # ranks still attached: not stopped yet
