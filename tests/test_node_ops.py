@@ -461,3 +461,33 @@ client_cafile = "{tmp_path / 'ca.pem'}"
         finally:
             process.terminate()
             process.wait(timeout=30)
+
+
+def test_an_api_server_away_costs_one_log_line_per_retry(tmp_path: Path) -> None:
+    """``tft-bridge node`` against an API server that is not there: each retry is the
+    watch's one WARNING line, without urllib3's own retry warnings beside it."""
+    pytest.importorskip("kubernetes")
+    path = write_node_file(tmp_path, f"""
+[node]
+name = "node-1"
+state_root = "{tmp_path / 'state'}"
+launcher = "session"
+[kubernetes]
+server = "http://127.0.0.1:{closed_port()}"
+connect_timeout = 1.0
+[metrics]
+enabled = false
+""")
+    log = tmp_path / "node.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "bridge.cli", "node", "--config", str(path)], cwd=ROOT,
+                                   stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        eventually_sync(lambda: log.read_text().count("list/watch failed") >= 3, 60, "three failed retries")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    text = log.read_text()
+    warnings = [line for line in text.splitlines() if "WARNING" in line]
+    assert warnings and all("list/watch failed" in line for line in warnings), "\n".join(warnings)
+    assert "Retrying" not in text
