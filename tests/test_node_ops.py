@@ -78,6 +78,7 @@ restart_delay = -1
 refusal_retry = -5
 [kubernetes]
 request_timeout = 0
+server = "127.0.0.1:8001"
 [metrics]
 certfile = "/nonexistent/cert.pem"
 """)
@@ -85,7 +86,7 @@ certfile = "/nonexistent/cert.pem"
     lines = [line.strip() for line in capsys.readouterr().err.splitlines()[1:]]
     by_key = {line.split(":")[0].split(" ")[0]: line for line in lines}
     assert set(by_key) == {"log_level", "node.selector", "node.tick", "node.restart_delay", "node.refusal_retry",
-                           "kubernetes.request_timeout", "metrics.certfile"}, lines
+                           "kubernetes.request_timeout", "kubernetes.server", "metrics.certfile"}, lines
     assert "expected one of DEBUG, INFO" in by_key["log_level"]
     assert "must be 0 or more" in by_key["node.restart_delay"] and "got -1" in by_key["node.restart_delay"]
     assert "must be more than 0" in by_key["node.tick"] and "busy loop" in by_key["node.tick"]

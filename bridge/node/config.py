@@ -196,6 +196,12 @@ def build_node_config(raw: Mapping[str, Any]) -> NodeConfig:
     if why is not None:
         problems.append(f"node.selector: {why} (the API server would refuse {n.selector!r}; e.g. "
                         f"{DEFAULT_SELECTOR!r}, 'a in (x,y)', '!key')")
+    k = config.kubernetes
+    if k.server and not k.server.startswith(("http://", "https://")):
+        problems.append(f"kubernetes.server: expected an http:// or https:// URL (e.g. kubectl proxy's "
+                        f"http://127.0.0.1:8001), got {k.server!r}")
+    if k.kubeconfig and not Path(k.kubeconfig).is_absolute():
+        problems.append(f"kubernetes.kubeconfig: expected an absolute path, got {k.kubeconfig!r}")
     m = config.metrics
     why = host_problem(m.address, allow_unspecified=False)
     if m.enabled and why:
