@@ -141,3 +141,19 @@ def test_rbac_lets_the_service_read_its_node() -> None:
     assert any("" in r["apiGroups"] and "nodes" in r["resources"] and "get" in r["verbs"] for r in rules)
     assert not any("nodes" in r["resources"] and {"list", "watch", "patch", "update"} & set(r["verbs"])
                    for r in rules)
+
+
+def test_the_fragment_keeps_the_host_port_equal_to_ttp_port() -> None:
+    """With hostNetwork the containerPort is a host port: it must follow TTP_PORT, and the
+    fragment must say so where a user changes one of them."""
+    yaml = pytest.importorskip("yaml")
+    path = Path(__file__).resolve().parent.parent / "contrib" / "kubernetes" / "ascendjob-fragment.yaml"
+    job = yaml.safe_load(path.read_text())
+    master = job["spec"]["replicaSpecs"]["Master"]["template"]["spec"]
+    container = master["containers"][0]
+    ttp_port = int(next(e["value"] for e in container["env"] if e["name"] == "TTP_PORT"))
+    assert master["hostNetwork"] is True
+    assert [p["containerPort"] for p in container["ports"]] == [ttp_port]
+    text = path.read_text()
+    ports_comment = text[text.index("fieldPath: status.podIP"):text.index("- containerPort")]
+    assert "TTP_PORT" in ports_comment and "host port" in ports_comment and "Pending" in ports_comment
