@@ -625,7 +625,8 @@ class PodGroupStore:
 
     def _remove(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
         current = self._objects.pop((resource, namespace, name))
-        self._deadlines.pop((namespace, name), None) if resource == PODS else None
+        if resource == PODS:
+            self._deadlines.pop((namespace, name), None)
         self._rv += 1
         gone_obj = copy.deepcopy(current)
         gone_obj["metadata"]["resourceVersion"] = str(self._rv)
