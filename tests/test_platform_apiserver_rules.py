@@ -273,6 +273,17 @@ def test_list_items_carry_no_kind_but_custom_resources_do(core: Any, server: Sta
         api.close()
 
 
+def test_every_write_records_its_manager(core: Any) -> None:
+    code, created = call(core.create_namespaced_pod, "default", a_pod())
+    managers = [(e["manager"], e["operation"], e.get("subresource", "")) for e in created["metadata"]["managedFields"]]
+    assert managers == [("OpenAPI-Generator", "Update", "")]  # the client's User-Agent up to its first "/"
+    code, patched = call(core.patch_namespaced_pod_status, "p", "default", {"status": {"hostIP": "10.0.0.1"}})
+    entries = patched["metadata"]["managedFields"]
+    assert [e.get("subresource", "") for e in entries] == ["", "status"] and "f:status" in entries[1]["fieldsV1"]
+    code, listed = call(core.list_namespaced_pod, "default")
+    assert listed["items"][0]["metadata"]["managedFields"] == entries
+
+
 def test_limit_and_continue(core: Any, server: StandInApiServer) -> None:
     for i in range(5):
         server.store.create_object(PODS, a_pod(f"p{i}"))

@@ -55,7 +55,10 @@ client talks to it unmodified, and it refuses what the real server refuses:
 * A slow server: :attr:`StandInApiServer.delay` holds every request that long before
   it is answered (a watch's events are not delayed once it is open).
 
-Not simulated: other resources, server-side apply, ``managedFields``, a ``continue``
+Every write records its manager in ``metadata.managedFields`` (the request's User-Agent up
+to its first ``/``; ``sim`` for direct store writes), with coarse field sets.
+
+Not simulated: other resources, server-side apply, exact ``managedFields`` field sets, a ``continue``
 served from the snapshot of its first page (later pages read the current objects), a
 graceful stop that keeps open watches until it is killed.
 """
@@ -105,6 +108,9 @@ DEFAULT_GRACE_SECONDS = 30
 CLUSTER_KINDS = frozenset({"Node", "Namespace", "PersistentVolume", "ClusterRole", "StorageClass"})
 
 Selector = LabelSelector  # the name the tests and the agent's helpers know
+
+#: The field manager of the write this thread is making (set by the HTTP handler per request).
+_WRITER = threading.local()
 
 
 def _kind_name(resource: str) -> str:
@@ -422,7 +428,7 @@ class PodGroupStore:
             if (resource, namespace, name) in self._objects:
                 raise ApiError(409, "AlreadyExists", f'{_kind_name(resource)} "{name}" already exists',
                                _details(resource, name))
-            for server_owned in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
+            for server_owned in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields"):
                 meta.pop(server_owned, None)
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now_text()
@@ -475,7 +481,7 @@ class PodGroupStore:
             conditions = [c for c in new["status"].get("conditions") or [] if c.get("type") != "PodScheduled"]
             new["status"]["conditions"] = [*conditions, {"type": "PodScheduled", "status": "True",
                                                          "lastTransitionTime": _now_text()}]
-            return self._commit(PODS, "MODIFIED", current, new)
+            return self._commit(PODS, "MODIFIED", current, new, "binding")
 
     def delete(self, namespace: str, name: str, resource: str = PODGROUPS,
                grace_seconds: int | None = None) -> dict[str, Any]:
@@ -601,7 +607,8 @@ class PodGroupStore:
         if meta.get("deletionTimestamp") and not old_meta.get("deletionTimestamp"):
             raise invalid(resource, name, [("metadata.deletionTimestamp", "FieldValueInvalid",
                                             "field is immutable; may only be changed via deletion")])
-        for owned in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace"):
+        for owned in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace",
+                      "managedFields"):
             if owned in old_meta:
                 meta[owned] = old_meta[owned]
             else:
@@ -621,7 +628,7 @@ class PodGroupStore:
                                                     "`spec.containers[*].image`, `spec.initContainers[*].image`, "
                                                     "`spec.activeDeadlineSeconds`, `spec.tolerations` (only "
                                                     "additions to existing tolerations)")])
-        return self._commit(resource, "MODIFIED", current, new)
+        return self._commit(resource, "MODIFIED", current, new, subresource)
 
     def _remove(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
         current = self._objects.pop((resource, namespace, name))
@@ -633,9 +640,11 @@ class PodGroupStore:
         self._publish(resource, "DELETED", current, gone_obj)
         return copy.deepcopy(gone_obj)
 
-    def _commit(self, resource: str, kind: str, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    def _commit(self, resource: str, kind: str, old: dict[str, Any] | None, new: dict[str, Any],
+                subresource: str = "") -> dict[str, Any]:
         if old is not None and _same(old, new):
             return copy.deepcopy(old)  # a no-op write: no new resourceVersion, no event
+        _record_manager(new, old, subresource)
         self._rv += 1
         new["metadata"]["resourceVersion"] = str(self._rv)
         meta = new["metadata"]
@@ -650,10 +659,26 @@ class PodGroupStore:
             watcher.offer(resource, kind, old, snapshot)
 
 
+def _record_manager(new: dict[str, Any], old: Mapping[str, Any] | None, subresource: str) -> None:
+    """Add (or renew) the writing manager's entry in ``metadata.managedFields``."""
+    manager = getattr(_WRITER, "manager", "") or "sim"
+    touched = sorted(key for key in new if key not in ("apiVersion", "kind")
+                     and (old is None or new.get(key) != old.get(key)))
+    entry: dict[str, Any] = {"manager": manager, "operation": "Update", "apiVersion": new.get("apiVersion", "v1"),
+                             "time": _now_text(), "fieldsType": "FieldsV1",
+                             "fieldsV1": {f"f:{key}": {} for key in touched}}
+    if subresource:
+        entry["subresource"] = subresource
+    entries = [e for e in new["metadata"].get("managedFields") or []
+               if (e.get("manager"), e.get("subresource", "")) != (manager, subresource)]
+    new["metadata"]["managedFields"] = [*entries, entry]
+
+
 def _same(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     def strip(obj: Mapping[str, Any]) -> dict[str, Any]:
         out = copy.deepcopy(dict(obj))
         out.get("metadata", {}).pop("resourceVersion", None)
+        out.get("metadata", {}).pop("managedFields", None)
         for key in ("annotations", "labels"):
             if not out.get("metadata", {}).get(key):
                 out.get("metadata", {}).pop(key, None)
@@ -732,7 +757,11 @@ class _Handler(BaseHTTPRequestHandler):
             watching = query.get("watch") in ("1", "true", "True")
             self._authorize(user, method, route, watching)
             body = _json_body(raw) if method in ("PATCH", "PUT", "POST") else None
-            self._serve(method, route, query, body, raw, watching)
+            _WRITER.manager = (self.headers.get("User-Agent") or "unknown").split("/")[0]
+            try:
+                self._serve(method, route, query, body, raw, watching)
+            finally:
+                _WRITER.manager = ""
         except ApiError as error:
             self._send(error.code, error.status())
         except SelectorError as error:
