@@ -157,3 +157,33 @@ def test_the_fragment_keeps_the_host_port_equal_to_ttp_port() -> None:
     text = path.read_text()
     ports_comment = text[text.index("fieldPath: status.podIP"):text.index("- containerPort")]
     assert "TTP_PORT" in ports_comment and "host port" in ports_comment and "Pending" in ports_comment
+
+
+def test_a_node_name_that_cannot_be_checked_is_a_warning_not_a_stop(tmp_path: Path) -> None:
+    """An RBAC from before the check (no `get` on nodes): the API answers 403; the service
+    says what is missing and starts (its bridges must not wait on the check)."""
+    yaml = pytest.importorskip("yaml")
+    root = Path(__file__).resolve().parent.parent
+    documents = list(yaml.safe_load_all((root / "contrib" / "kubernetes" / "rbac.yaml").read_text()))
+    rules = [r for r in next(d for d in documents if d["kind"] == "ClusterRole")["rules"] if "nodes" not in r["resources"]]
+    user = "system:serviceaccount:tft-bridge:tft-bridge-node"
+    with StandInApiServer(tokens={"node-token": user}, rbac={user: rules}) as server:
+        SimJobs(server.store, {"node-1": "127.0.0.1"})
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                              f"clusters:\n- name: s\n  cluster:\n    server: {server.url}\n"
+                              "users:\n- name: u\n  user:\n    token: node-token\n"
+                              "contexts:\n- name: c\n  context:\n    cluster: s\n    user: u\n")
+        rig = NodeRig(server, tmp_path / "state", "127.0.0.1:1", node="node-1")
+        rig.config_path.write_text(rig.config_path.read_text().replace(f'server = "{server.url}"',
+                                                                         f'kubeconfig = "{kubeconfig}"'))
+        with rigs(rig):
+            process = rig.spawn()
+            log_path = rig.state_root.parent / "node-1.log"
+            eventually_sync(lambda: log_path.exists() and "node service for node node-1" in log_path.read_text(),
+                            60, "the service started")
+            text = log_path.read_text()
+            assert "cannot check that node 'node-1'" in text and "get` on nodes" in text and "403" in text
+            assert process.poll() is None
+            eventually_sync(lambda: server.requests_matching("GET", "/api/v1/pods"), 30, "the pod list")
+            assert "401" not in log_path.read_text()
