@@ -237,12 +237,13 @@ def test_validation_of_pods_and_events(core: Any, server: StandInApiServer) -> N
     assert error["details"]["kind"] == "Pod" and error["details"]["name"] == "empty"
     event = {"metadata": {"generateName": "p."}, "involvedObject": {"kind": "Pod", "name": "p", "uid": "u"},
              "reason": "R", "message": "m", "type": "Normal"}
-    code, error = call(core.create_namespaced_event, "default", event)  # no involvedObject.namespace
+    code, error = call(core.create_namespaced_event, "training", event)  # no involvedObject.namespace
     assert code == 422 and error["details"]["causes"][0]["field"] == "involvedObject.namespace"
+    assert call(core.create_namespaced_event, "default", event)[0] == 201  # old clients' leniency, in default only
     event["involvedObject"]["namespace"] = "other"
-    assert call(core.create_namespaced_event, "default", event)[0] == 422
-    event["involvedObject"]["namespace"] = "default"
-    assert call(core.create_namespaced_event, "default", event)[0] == 201
+    assert call(core.create_namespaced_event, "training", event)[0] == 422
+    event["involvedObject"]["namespace"] = "training"
+    assert call(core.create_namespaced_event, "training", event)[0] == 201
 
 
 def test_error_bodies_are_status_objects_with_details(core: Any) -> None:

@@ -35,7 +35,8 @@ client talks to it unmodified, and it refuses what the real server refuses:
   containers ended) or its grace period has passed (:meth:`PodGroupStore.sweep`, run by
   the server standing in for the kubelet and the pod garbage collector).
 * Events: ``POST /api/v1/namespaces/{ns}/events`` (``metadata.generateName`` honoured); an
-  ``involvedObject.namespace`` missing or other than the Event's namespace is a 422.
+  ``involvedObject.namespace`` other than the Event's namespace, or missing outside
+  ``default``, is a 422.
   :meth:`PodGroupStore.events_for` shows what was recorded on an object.
 * Errors are ``Status`` objects with ``reason``, ``code`` and ``details`` (name, group,
   kind; ``causes`` for a 422). A request body is read before any answer, so an error
@@ -104,8 +105,6 @@ CLUSTER_SCOPED = frozenset({NODES})
 #: Built-in resources: typed lists whose items carry no kind/apiVersion.
 BUILT_IN = frozenset({PODS, EVENTS, NODES})
 DEFAULT_GRACE_SECONDS = 30
-#: Kinds an Event may name without a namespace (cluster-scoped objects).
-CLUSTER_KINDS = frozenset({"Node", "Namespace", "PersistentVolume", "ClusterRole", "StorageClass"})
 
 Selector = LabelSelector  # the name the tests and the agent's helpers know
 
@@ -296,12 +295,14 @@ def _validate_pod(pod: Mapping[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def _validate_event(event: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """core/v1 Event validation: ``involvedObject.namespace`` must be the Event's, or
+    missing only for an Event in ``default`` (and ``kube-system`` for one with an eventTime)."""
     namespace = (event.get("metadata") or {}).get("namespace") or ""
-    involved = event.get("involvedObject") or {}
-    theirs = involved.get("namespace") or ""
+    theirs = (event.get("involvedObject") or {}).get("namespace") or ""
     if theirs == namespace:
         return []
-    if not theirs and involved.get("kind") in CLUSTER_KINDS and namespace in ("", "default"):
+    lenient = ("", "default", "kube-system") if event.get("eventTime") else ("", "default")
+    if not theirs and namespace in lenient:
         return []
     return [("involvedObject.namespace", "FieldValueInvalid",
              f'Invalid value: "{theirs}": does not match event.namespace')]
