@@ -187,3 +187,12 @@ def test_a_node_name_that_cannot_be_checked_is_a_warning_not_a_stop(tmp_path: Pa
             assert process.poll() is None
             eventually_sync(lambda: server.requests_matching("GET", "/api/v1/pods"), 30, "the pod list")
             assert "401" not in log_path.read_text()
+
+
+def test_no_variable_the_bridge_reads_reaches_it_from_the_service() -> None:
+    """The generated file is a bridge's whole configuration: every variable the bridge
+    reads (bridge/config.py) is dropped from the environment the service passes on."""
+    from bridge.config import ENVIRONMENT
+    from bridge.node import CHILD_ENV_DROPPED
+
+    assert set(ENVIRONMENT) <= set(CHILD_ENV_DROPPED), set(ENVIRONMENT) - set(CHILD_ENV_DROPPED)

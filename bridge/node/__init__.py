@@ -35,6 +35,7 @@ DEFAULT_CONFIG = "/etc/tft-bridge/node.toml"
 #: configuration) and the service's own systemd notification and watchdog variables.
 CHILD_ENV_DROPPED = ("MINDX_TASK_ID", "MINDX_SERVER_IP", "POD_IP", "TTP_PORT", "WORLD_SIZE", "MS_WORKER_NUM",
                      "PROCESS_RECOVER", "HIGH_AVAILABILITY", "MINDIO_WAIT_MINDX_TIME", "HCCL_CONNECT_TIMEOUT",
+                     "LOCAL_PROXY_ENABLE",
                      "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "STATE_DIRECTORY", "RUNTIME_DIRECTORY",
                      "INVOCATION_ID", "LISTEN_FDS", "LISTEN_PID")
 
