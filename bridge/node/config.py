@@ -41,6 +41,7 @@ class NodeConfigError(ConfigError):
 class NodeSection:
     name: str = ""  # the Node's name; "" = $NODE_NAME, else the host name
     host_ip: str = ""  # the IP bridges bind; "" = each pod's status.hostIP
+    host_ip_wait: float = 60.0  # a pod whose status.hostIP is not written yet: how long before it is refused
     selector: str = DEFAULT_SELECTOR  # the opt-in label selector
     state_root: str = "/var/lib/tft-bridge/node"  # one directory per job under it
     launcher: str = "auto"  # auto (systemd when it runs), systemd, session
@@ -82,6 +83,13 @@ class NodeConfig:
     @property
     def node_name(self) -> str:
         return self.node.name or os.environ.get("NODE_NAME", "") or socket.gethostname()
+
+    @property
+    def node_name_source(self) -> str:
+        """Where ``node_name`` came from, for a message that names it."""
+        if self.node.name:
+            return "node.name"
+        return "$NODE_NAME" if os.environ.get("NODE_NAME") else "the host name (node.name and $NODE_NAME unset)"
 
 
 _SECTIONS: dict[str, type] = {"node": NodeSection, "kubernetes": KubernetesSection, "metrics": NodeMetricsSection}
