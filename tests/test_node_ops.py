@@ -229,7 +229,7 @@ def code_api_calls() -> set[tuple[str, str]]:
         for watched, method in re.findall(r"(open_watch\(\s*)?self\._core\.([a-z_]+)", text):
             action, _, rest = method.partition("_")
             kind = re.sub(r"^(namespaced_)?|(_for_all_namespaces)$", "", rest)
-            resource = {"pod": "pods", "event": "events", "pod_status": "pods/status"}.get(kind, kind)
+            resource = {"pod": "pods", "node": "nodes", "event": "events", "pod_status": "pods/status"}.get(kind, kind)
             calls.add(("watch" if watched else VERBS[action], resource))
     return calls
 
@@ -241,7 +241,7 @@ def granted() -> set[tuple[str, str]]:
 
 def test_the_rbac_grants_exactly_the_calls_the_code_makes() -> None:
     calls = code_api_calls()
-    assert ("watch", "pods") in calls and ("create", "events") in calls  # the scan finds them
+    assert {("watch", "pods"), ("get", "nodes"), ("create", "events")} <= calls  # the scan finds them
     assert granted() == calls, f"granted but unused: {granted() - calls}; used but not granted: {calls - granted()}"
 
 
@@ -431,7 +431,10 @@ def test_the_node_endpoint_serves_https_with_client_certificates(tmp_path: Path)
     (tmp_path / "server.pem").write_bytes(b"".join(p.bytes() for p in cert.cert_chain_pems))
     (tmp_path / "server.key").write_bytes(cert.private_key_pem.bytes())
     (tmp_path / "ca.pem").write_bytes(ca.cert_pem.bytes())
+    from bridge.platform.sim.ascendjob import SimJobs
+
     with StandInApiServer() as server:
+        SimJobs(server.store, {"node-1": "127.0.0.1"})  # node-1's kubelet registers its Node
         path = write_node_file(tmp_path, f"""
 [node]
 name = "node-1"
@@ -466,7 +469,8 @@ client_cafile = "{tmp_path / 'ca.pem'}"
 
 def test_an_api_server_away_costs_one_log_line_per_retry(tmp_path: Path) -> None:
     """``tft-bridge node`` against an API server that is not there: each retry is the
-    watch's one WARNING line, without urllib3's own retry warnings beside it."""
+    watch's one WARNING line, without urllib3's own retry warnings beside it (beside the
+    one line at start that says the node name could not be checked)."""
     pytest.importorskip("kubernetes")
     path = write_node_file(tmp_path, f"""
 [node]
@@ -489,6 +493,7 @@ enabled = false
         process.terminate()
         process.wait(timeout=30)
     text = log.read_text()
-    warnings = [line for line in text.splitlines() if "WARNING" in line]
+    warnings = [line for line in text.splitlines() if "WARNING" in line and "cannot check that node" not in line]
     assert warnings and all("list/watch failed" in line for line in warnings), "\n".join(warnings)
+    assert text.count("cannot check that node") == 1
     assert "Retrying" not in text

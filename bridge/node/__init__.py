@@ -3,8 +3,9 @@ every opted-in training job whose controller pod is bound to this node
 (docs/node-service.md).
 
 Exit codes: 0 stopped by SIGTERM/SIGINT (the bridges keep running); 1 start-up failed
-(no Kubernetes client, metrics port taken); 2 bad configuration (the node file, or
-Kubernetes credentials missing, empty or without a token: systemd does not restart it).
+(no Kubernetes client, metrics port taken); 2 bad configuration (the node file; Kubernetes
+credentials missing, empty or without a token; or a node name the API server has no Node
+of): systemd does not restart it.
 
 Needs the ``node`` extra (the Kubernetes client). Modules: ``config`` (the node TOML),
 ``podspec`` (a pod -> its bridge or a refusal), ``jobconfig`` (the bridge's generated
@@ -35,6 +36,7 @@ DEFAULT_CONFIG = "/etc/tft-bridge/node.toml"
 #: configuration) and the service's own systemd notification and watchdog variables.
 CHILD_ENV_DROPPED = ("MINDX_TASK_ID", "MINDX_SERVER_IP", "POD_IP", "TTP_PORT", "WORLD_SIZE", "MS_WORKER_NUM",
                      "PROCESS_RECOVER", "HIGH_AVAILABILITY", "MINDIO_WAIT_MINDX_TIME", "HCCL_CONNECT_TIMEOUT",
+                     "LOCAL_PROXY_ENABLE",
                      "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "STATE_DIRECTORY", "RUNTIME_DIRECTORY",
                      "INVOCATION_ID", "LISTEN_FDS", "LISTEN_PID")
 
@@ -56,6 +58,25 @@ def child_env() -> dict[str, str]:
 def bridge_argv_for(command: tuple[str, ...]) -> Any:
     base = list(command) or [sys.executable, "-m", "bridge.cli"]
     return lambda path: [*base, "run", "--config", str(path)]
+
+
+def check_node_name(api: Any, name: str, source: str) -> str | None:
+    """The problem with ``name`` as this node's name (None: the API server has that Node,
+    or could not be asked now: then a warning, and the service starts; its watch retries).
+    ``api`` is a ``PodApi``; ``source`` says where the name came from."""
+    from ..platform.kube import KubeError, NotFound
+
+    try:
+        api.node(name)
+    except NotFound:
+        return (f"the node name {name!r} (from {source}) is not the name of a Node of the cluster: the service "
+                f"would watch the pods bound to a node that does not exist and serve none. Set node.name to the "
+                f"Node's name (`kubectl get nodes -o wide` lists names and addresses) or export NODE_NAME")
+    except KubeError as error:
+        hint = " (contrib/kubernetes/rbac.yaml grants `get` on nodes)" if error.status == 403 else ""
+        log.warning("cannot check that node %r (from %s) is a Node of the cluster: %s%s; starting anyway", name,
+                    source, error, hint)
+    return None
 
 
 def cmd_node(args: argparse.Namespace) -> int:
@@ -102,6 +123,12 @@ def cmd_node(args: argparse.Namespace) -> int:
         log.error("no Kubernetes credentials from %s: %s", k.kubeconfig or "the in-cluster service account", error)
         return 2
     api = PodApi(client, config.node_name, request_timeout=k.request_timeout, connect_timeout=k.connect_timeout)
+    source = config.node_name_source
+    problem = check_node_name(api, config.node_name, f"{source} in {args.config}" if source == "node.name" else source)
+    if problem is not None:
+        log.error("%s", problem)
+        api.close()
+        return 2
     metrics = NodeMetrics()
     env = child_env()
     Path(config.node.state_root).mkdir(parents=True, exist_ok=True)

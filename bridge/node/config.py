@@ -43,6 +43,7 @@ class NodeConfigError(ConfigError):
 class NodeSection:
     name: str = ""  # the Node's name; "" = $NODE_NAME, else the host name
     host_ip: str = ""  # the IP bridges bind; "" = each pod's status.hostIP
+    host_ip_wait: float = 60.0  # a pod whose status.hostIP is not written yet: how long before it is refused
     selector: str = DEFAULT_SELECTOR  # the opt-in label selector
     state_root: str = "/var/lib/tft-bridge/node"  # one directory per job under it
     launcher: str = "auto"  # auto (systemd when it runs), systemd, session
@@ -89,6 +90,13 @@ class NodeConfig:
     def node_name(self) -> str:
         return self.node.name or os.environ.get("NODE_NAME", "") or socket.gethostname()
 
+    @property
+    def node_name_source(self) -> str:
+        """Where ``node_name`` came from, for a message that names it."""
+        if self.node.name:
+            return "node.name"
+        return "$NODE_NAME" if os.environ.get("NODE_NAME") else "the host name (node.name and $NODE_NAME unset)"
+
 
 _SECTIONS: dict[str, type] = {"node": NodeSection, "kubernetes": KubernetesSection, "metrics": NodeMetricsSection}
 
@@ -127,6 +135,7 @@ def _section(name: str, cls: type, raw: Any, problems: list[str]) -> Any:
 
 #: Numeric keys and what they must be, with the reason an operator needs.
 _BOUNDS: dict[str, tuple[Any, str]] = {
+    "node.host_ip_wait": (lambda v: v >= 0, "must be 0 or more (seconds a pod may wait for its host IP)"),
     "node.tick": (lambda v: v > 0, "must be more than 0 (seconds between looks at the bridges; 0 is a busy loop)"),
     "node.restart_delay": (lambda v: v >= 0, "must be 0 or more (seconds before a failed bridge is restarted)"),
     "node.start_limit_burst": (lambda v: v >= 1, "must be at least 1 (starts allowed within start_limit_interval)"),

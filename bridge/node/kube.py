@@ -66,6 +66,14 @@ class PodApi(BoundedApi):
         except Exception as error:
             raise classify(error) from error
 
+    def node(self, name: str) -> dict[str, Any]:
+        """The Node ``name`` (NotFound when the cluster has none of that name)."""
+        try:
+            response = self._core.read_node(name, _preload_content=False, _request_timeout=self._timeouts())
+            return dict(json.loads(response.data))
+        except Exception as error:
+            raise classify(error) from error
+
     def event(self, pod: dict[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
         """A core/v1 Event on ``pod`` (what ``kubectl describe pod`` shows)."""
         meta = pod.get("metadata") or {}

@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from .._version import __version__
-from .podspec import REASONS
+from .podspec import IGNORED_REASONS, REASONS
 
 log = logging.getLogger("tft_bridge.node.metrics")
 
@@ -63,6 +63,12 @@ class NodeMetrics:
         for reason in REASONS:
             self.refusals.labels(reason)
             self.refused_now.labels(reason).set(0)
+        self.ignored_now = Gauge(
+            "tft_bridge_node_ignored_pods", "Opted-in pods on this node that get neither a bridge nor a refusal now, "
+            "by reason (a worker pod, no RANK, host IP not written yet, terminal, being deleted)", ["reason"],
+            registry=r)
+        for reason in IGNORED_REASONS:
+            self.ignored_now.labels(reason).set(0)
         self.bridges = Gauge("tft_bridge_node_bridges", "Bridges running on this node", registry=r)
         self.starts = Counter("tft_bridge_node_bridge_starts", "Bridges started, by cause", ["cause"], registry=r)
         self.exits = Counter("tft_bridge_node_bridge_exits", "Bridges that ended, by exit code", ["code"],
@@ -82,6 +88,10 @@ class NodeMetrics:
     def set_refused(self, counts: dict[str, int]) -> None:
         for reason in REASONS:
             self.refused_now.labels(reason).set(counts.get(reason, 0))
+
+    def set_ignored(self, counts: dict[str, int]) -> None:
+        for reason in IGNORED_REASONS:
+            self.ignored_now.labels(reason).set(counts.get(reason, 0))
 
 
 Target = tuple[str, int]  # (job id, the bridge's loopback metrics port)
