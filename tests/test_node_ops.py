@@ -62,6 +62,25 @@ def test_selectors_the_api_server_refuses_are_refused(selector: str, says: str) 
     assert why is not None and says in why, why
 
 
+DIFFERENTIAL = ["a in (x,)", "a,b", "a = b", "a in(x)", "x=y,z notin (q, r)", "a!b", "a=(b)", "a/b/c=1", "/a=1",
+                "a/=1", "k" * 64, "p" * 254 + "/a", "a=b,,c", "a notin (x y)"]
+
+
+@pytest.mark.parametrize("selector", DIFFERENTIAL + [DEFAULT_SELECTOR, "tft-bridge/enabled=true=x", "a in ()",
+                                                     "Example.com/a=1", "gpu>3", "gpu>x", "!a=b"])
+def test_the_check_and_the_stand_in_api_server_agree(selector: str) -> None:
+    """Two parsers written apart from the same grammar -- the node file's check and the
+    stand-in API server's (bridge/platform/sim/selectors.py) -- accept the same selectors."""
+    from bridge.platform.sim.selectors import LabelSelector, SelectorError
+
+    try:
+        LabelSelector.parse(selector)
+        served = True
+    except SelectorError:
+        served = False
+    assert (selector_problem(selector) is None) == served, selector_problem(selector)
+
+
 def write_node_file(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "node.toml"
     path.write_text(text)
