@@ -188,8 +188,12 @@ class NodeService:
         self._reported: set[tuple[str, str]] = set()  # (pod uid, reason) already posted
         self._host_ip_waits: dict[str, float] = {}  # pod uid -> when it was first seen without a host IP
         self._given_up: dict[str, str] = {}  # pod uid -> why no bridge is started for it again
+        self._given_up_at: dict[str, float] = {}  # pod uid -> when (monotonic), for node.refusal_retry
         self._kept_warned: set[str] = set()
         self.targets: list[Target] = []  # read by the metrics thread: replaced whole, never mutated
+        #: job id -> whether it has a running bridge, for every job whose controller pod is
+        #: served here (refused ones too); read by the metrics thread: replaced whole
+        self.served: dict[str, bool] = {}
         self._stop = threading.Event()
         self.events = EventPoster(api, metrics)
         self.watcher = PodGroupWatcher(api, None, config.node.selector, self._deliveries.put, metrics,
@@ -305,6 +309,7 @@ class NodeService:
         self.metrics.set_ignored(ignored)
         for job_id, served in list(self.jobs.items()):
             self._look_after(job_id, served, desired.get(job_id), now)
+        self._retry_given_up(now)
         for job_id, spec in desired.items():
             if job_id not in self.jobs and spec.pod_uid not in self._given_up:
                 refusal = self._start(spec, "job", now)
@@ -315,7 +320,11 @@ class NodeService:
                 refused[uid] = why_refusal(self._pods[uid], why)
         self._report_refusals(refused)
         self._given_up = {uid: why for uid, why in self._given_up.items() if uid in self._pods}
+        self._given_up_at = {uid: at for uid, at in self._given_up_at.items() if uid in self._given_up}
         self._publish_targets()
+        served = {refusal.job_id: False for refusal in refused.values() if refusal.job_id}
+        served.update({job_id: job_id in self.jobs and self.jobs[job_id].exit_code is None for job_id in desired})
+        self.served = served
 
     def _look_after(self, job_id: str, served: Served, spec: JobSpec | None, now: float) -> None:
         if served.exit_code is None:
@@ -375,12 +384,33 @@ class NodeService:
                         served.record.pod_name, self.config.node.selector)
         return ""
 
+    def _give_up(self, pod_uid: str, why: str, now: float) -> None:
+        """No bridge for this pod until ``node.refusal_retry`` has passed or it is replaced."""
+        self._given_up[pod_uid] = why
+        self._given_up_at[pod_uid] = now
+
+    def _retry_given_up(self, now: float) -> None:
+        """Forget give-ups older than ``node.refusal_retry`` (0: never), so the next pass
+        starts the job's bridge again; an operator's stop (exit 0) is never retried."""
+        retry = self.config.node.refusal_retry
+        if retry <= 0:
+            return
+        for uid, why in list(self._given_up.items()):
+            if why and now - self._given_up_at.get(uid, now) >= retry:
+                pod = meta(self._pods.get(uid, {}))
+                log.info("pod %s/%s: its bridge is tried again (%s %.0f s ago; node.refusal_retry)",
+                         pod.get("namespace"), pod.get("name"), why, now - self._given_up_at[uid])
+                del self._given_up[uid], self._given_up_at[uid]
+                self._reported.discard((uid, why))  # a new failure is reported again
+
     def _maybe_terminate(self, job_id: str, served: Served, now: float) -> None:
         waited = now - served.stop_since
         if waited < self.config.node.ranks_leave_wait:
             connected = read_sample(served.record.metrics_port, RANKS_GAUGE, timeout=1.0)
-            if connected:
-                return  # ranks still attached: a stop now would orphan them
+            if connected is None or connected > 0:
+                # ranks still attached, or the bridge did not say (busy, stuck): a stop now could
+                # orphan them; ranks_leave_wait bounds the wait either way
+                return
         served.terminated = True
         served.process.terminate()
         self.metrics.stops.labels(served.stop_evidence).inc()
@@ -408,7 +438,7 @@ class NodeService:
                 del self.jobs[job_id]
                 refusal = self._start(spec, served.restart_cause, now, served.starts)
                 if refusal is not None:
-                    self._given_up[spec.pod_uid] = refusal.reason
+                    self._give_up(spec.pod_uid, refusal.reason, now)
             return
         pod = self._pods.get(spec.pod_uid, {})
         if code == 0:
@@ -420,7 +450,7 @@ class NodeService:
             del self.jobs[job_id]
             return
         if code == EXIT_CONFIG:
-            self._given_up[spec.pod_uid] = "bridge_config"
+            self._give_up(spec.pod_uid, "bridge_config", now)
             del self.jobs[job_id]
             return
         cause = {EXIT_RESCHEDULED: "rescheduled", EXIT_CONTROLLER_ENDED: "controller_ended"}.get(code, "failure")
@@ -430,7 +460,7 @@ class NodeService:
         if len(served.starts) >= self.config.node.start_limit_burst:
             log.error("job %s: its bridge started %d times in %.0f s; giving up (start limit)", job_id,
                       len(served.starts), window)
-            self._given_up[spec.pod_uid] = "bridge_failing"
+            self._give_up(spec.pod_uid, "bridge_failing", now)
             del self.jobs[job_id]
             return
         served.restart_at = now + self.config.node.restart_delay
