@@ -428,3 +428,29 @@ def test_merge_into_ranks_above_two_to_the_thirty(codec: ModuleType) -> None:
     target: dict[int, int] = {2**31 - 1: 1}
     assert codec.merge_faults_into(target, big) == {2**31 - 1: 1, 2**30: 1, 2**30 - 1: 2}
     assert codec.merge_faults_into({}, big, {2**30: 0}) == codec.merge_faults(big, {2**30: 0})
+
+
+@pytest.mark.parametrize("late", [IntLike(7), 2**30 + 5, True, "9"])
+def test_an_entry_off_the_fast_path_late_in_a_large_map(codec: ModuleType, late: object) -> None:
+    """Hundreds of exact ranks, then one key that is an int-like, a two-digit int on
+    CPython >= 3.12, or bad: every operation's result or error is the one it gives for
+    the same entries in a small map, however far into the map the entry comes."""
+    head = {r * 7919 % 100_003: r % 3 for r in range(1, 400)}
+    faults = {**head, late: 1, 5: 2}
+    rank = late.value if isinstance(late, IntLike) else late
+    if type(rank) is not int:
+        for call in (lambda: codec.format_faults(faults), lambda: codec.merge_faults(faults),
+                     lambda: codec.merge_faults(head, faults), lambda: codec.merge_faults_into({}, head, faults),
+                     lambda: codec.encode_process_fault_request("j", faults)):
+            with pytest.raises(TypeError, match=re.escape(f"fault map key {late!r}")):
+                call()
+        return
+    expected = {**head, rank: 1, 5: 2}
+    assert codec.merge_faults(faults) == expected
+    assert codec.merge_faults(head, faults, {rank: 0}) == expected  # a stored 1 stays
+    target = {5: 1}
+    assert codec.merge_faults_into(target, head, faults) is target
+    assert target == {**expected, 5: 1}
+    assert codec.format_faults(faults) == ",".join(f"{r}:{t}" for r, t in sorted(expected.items()))
+    request = pb.ProcessFaultRequest(jobId="j", faultRanks=ranks_msg(expected))
+    assert codec.encode_process_fault_request("j", faults) == request.SerializeToString()
