@@ -65,37 +65,11 @@ cdef extern from *:
     /* Asks the CPU to bring the cache line at ``p`` in; never faults, whatever ``p`` is. */
     #define bridge_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
 
-    /* Prefetches the index cell a dict's lookup of ``hash`` reads first. Above the CPU's
-       cache the index is probed at random (an int hashes to itself), a miss per insert;
-       asked early, the line comes in while earlier entries are inserted. The index's
-       place is read from CPython's dict keys layout (Include/internal/pycore_dict.h,
-       Objects/dict-common.h on 3.10), which no public API gives; where the layout is
-       not one of these it does nothing. A wrong address costs nothing but the hint. */
-    typedef struct { Py_ssize_t refcnt; uint8_t log2_size; uint8_t log2_index_bytes; uint8_t kind;
-                     uint32_t version; Py_ssize_t usable; Py_ssize_t nentries; char indices[1]; } bridge_keys_311;
-    typedef struct { Py_ssize_t refcnt; Py_ssize_t size; void* lookup; Py_ssize_t usable;
-                     Py_ssize_t nentries; char indices[1]; } bridge_keys_310;
-    static inline void bridge_prefetch_slot(PyObject* d, size_t hash) {
-    #if defined(Py_GIL_DISABLED) || PY_VERSION_HEX >= 0x030E0000 || PY_VERSION_HEX < 0x030A0000
-        (void)d; (void)hash;
-    #elif PY_VERSION_HEX >= 0x030B0000
-        const bridge_keys_311* keys = (const bridge_keys_311*)((PyDictObject*)d)->ma_keys;
-        unsigned shift = keys->log2_index_bytes - keys->log2_size;
-        size_t mask = ((size_t)1 << keys->log2_size) - 1;
-        __builtin_prefetch(keys->indices + ((hash & mask) << shift), 1, 3);
-    #else
-        const bridge_keys_310* keys = (const bridge_keys_310*)((PyDictObject*)d)->ma_keys;
-        size_t size = (size_t)keys->size;
-        unsigned shift = size <= 0xff ? 0 : size <= 0xffff ? 1 : size <= 0xffffffffu ? 2 : 3;
-        __builtin_prefetch(keys->indices + ((hash & (size - 1)) << shift), 1, 3);
-    #endif
-    }
     """
     dict _new_dict "bridge_new_dict"(Py_ssize_t)
     Py_ssize_t _decimal_len "bridge_decimal_len"(uint32_t) noexcept
     bint _read_small_int "bridge_read_small_int"(PyObject*, long long*)
     void _prefetch "bridge_prefetch"(const void*) noexcept
-    void _prefetch_slot "bridge_prefetch_slot"(PyObject*, size_t) noexcept
 
 cdef extern from "Python.h":
     bint _int_exact "PyLong_CheckExact"(PyObject*)
@@ -193,19 +167,16 @@ cdef inline object _rank_object(PyObject* key, long long rank):
 
 
 # --------------------------------------------------------------------------- walking large maps
-# Above the CPU's cache every rank costs a memory round trip twice: once to read its int
-# object (a map's keys lie wherever the process allocated them), once to find its cell in
-# the hash index of the dict being built (an int hashes to itself, so the cells are hit at
-# random). Both addresses are known well before they are needed, so each walk asks for
-# them ahead: ``Walk`` hands out a map's entries ``AHEAD`` places after it asked for their
-# key objects, ``Inserts`` makes each insert ``SLOT_AHEAD`` inserts after it asked for its
-# index cell. Neither runs Python code, so the borrowed references they hold stay valid:
-# they only serve exact int entries, and an entry that is not one sends the caller back
-# to the general loop from the start.
+# A map's int keys lie wherever the process allocated them; above the CPU's cache,
+# reading each one is a memory round trip, and the loops over a map waited for them one
+# by one. ``Walk`` hands out a map's entries ``AHEAD`` places after it asked the CPU for
+# their key objects, so those round trips overlap. It runs no Python code, so the borrowed
+# references it holds stay valid: it only serves exact int entries, and an entry that is
+# not one sends the caller back to the general loop from the start.
 
 cdef enum:
-    AHEAD = 32
-    SLOT_AHEAD = 16
+    AHEAD = 16
+    CHUNK = 256
 
 
 cdef struct Walk:
@@ -249,65 +220,38 @@ cdef inline bint _walk_next(Walk* walk, PyObject** key, PyObject** value) noexce
     return True
 
 
-cdef struct Inserts:
-    PyObject* target  # the dict being merged into (borrowed: the caller holds it)
-    size_t head
-    size_t tail
-    PyObject* keys[SLOT_AHEAD]  # a borrowed exact int key, or NULL: make it from ``ranks``
-    long long ranks[SLOT_AHEAD]
-    int types[SLOT_AHEAD]
+cdef bint _merge_walk(dict merged, dict source) except -1:
+    """Merge every entry of ``source`` into ``merged``; False at the first one that is not
+    an exact int pair in range (the entries before it are merged already).
 
-
-cdef inline void _inserts_start(Inserts* inserts, dict target) noexcept:
-    inserts.target = <PyObject*>target
-    inserts.head = 0
-    inserts.tail = 0
-
-
-cdef inline int _insert_oldest(Inserts* inserts) except -1:
-    cdef size_t slot = inserts.head % SLOT_AHEAD
-    inserts.head += 1
-    if inserts.keys[slot] != NULL:
-        _merge_one(<dict>inserts.target, <object>inserts.keys[slot], inserts.types[slot])
-    else:
-        _merge_one(<dict>inserts.target, inserts.ranks[slot], inserts.types[slot])
-    return 0
-
-
-cdef inline int _insert(Inserts* inserts, PyObject* key, long long rank, int ftype) except -1:
-    """Merge ``rank`` (``key`` when not NULL: an exact int equal to it) into the target
-    under ClusterD's rule, ``SLOT_AHEAD`` inserts later; ``_insert_rest`` makes the rest."""
-    cdef size_t slot
-    if inserts.tail - inserts.head == SLOT_AHEAD:
-        _insert_oldest(inserts)
-    _prefetch_slot(inserts.target, <size_t>rank)  # an int in 0..MAX_RANK hashes to itself
-    slot = inserts.tail % SLOT_AHEAD
-    inserts.keys[slot] = key
-    inserts.ranks[slot] = rank
-    inserts.types[slot] = ftype
-    inserts.tail += 1
-    return 0
-
-
-cdef inline int _insert_rest(Inserts* inserts) except -1:
-    while inserts.head != inserts.tail:
-        _insert_oldest(inserts)
-    return 0
-
-
-cdef bint _merge_walk(Inserts* inserts, dict source) except -1:
-    """Queue every entry of ``source``; False at the first one that is not an exact int
-    pair in range (some entries before it may be merged already)."""
+    ``CHUNK`` entries at a time are first read, then inserted: the reads, with nothing
+    between them, keep the memory busy with the next keys' round trips, which the dict
+    work of an insert between two reads would hold up."""
     cdef Walk walk
     cdef PyObject* key
     cdef PyObject* value
     cdef long long rank
     cdef int ftype
+    cdef PyObject* keys[CHUNK]
+    cdef int types[CHUNK]
+    cdef Py_ssize_t count, i
+    cdef bint more = True
     _walk_start(&walk, source)
-    while _walk_next(&walk, &key, &value):
-        if not _fast(key, value, &rank, &ftype):
-            return False
-        _insert(inserts, key, rank, ftype)
+    while more:
+        count = 0
+        while count < CHUNK:
+            if not _walk_next(&walk, &key, &value):
+                more = False
+                break
+            if not _fast(key, value, &rank, &ftype):
+                for i in range(count):
+                    _merge_one(merged, <object>keys[i], types[i])
+                return False
+            keys[count] = key
+            types[count] = ftype
+            count += 1
+        for i in range(count):
+            _merge_one(merged, <object>keys[i], types[i])
     return True
 
 
@@ -456,7 +400,6 @@ def parse_faults(text, *, strict=True):
     cdef int digits
     cdef unsigned char ch
     cdef dict faults
-    cdef Inserts inserts
     if not isinstance(text, str):
         raise _py.not_a_string_error(text)
     if not strict:
@@ -467,7 +410,6 @@ def parse_faults(text, *, strict=True):
     faults = _new_dict((size + 1) // 4)  # "r:t," is the shortest element
     if size == 0:
         return faults
-    _inserts_start(&inserts, faults)
     while True:
         rank = 0
         digits = 0
@@ -479,10 +421,9 @@ def parse_faults(text, *, strict=True):
         if (digits == 0 or rank > MAX_RANK or i + 1 >= size or data[i] != 58
                 or not 48 <= <unsigned char>data[i + 1] <= 50):
             raise _py.strict_error(text)
-        _insert(&inserts, NULL, rank, data[i + 1] - 48)
+        _merge_one(faults, rank, data[i + 1] - 48)
         i += 2
         if i == size:
-            _insert_rest(&inserts)
             return faults
         if data[i] != 44 or i + 1 == size:
             raise _py.strict_error(text)
@@ -511,21 +452,23 @@ def merge_faults(*maps):
     cdef PyObject* value
     cdef long long rank
     cdef int ftype
-    cdef Inserts inserts
     cdef Py_ssize_t total = 0
     for faults in maps:
         if type(faults) is not dict:
             break
         total += len(<dict>faults)
     else:  # exact dicts: the fast walk, unless an entry is not an exact int pair
-        merged = _new_dict(total)
-        _inserts_start(&inserts, merged)
-        for faults in maps:
-            if not _merge_walk(&inserts, <dict>faults):
+        if maps and _all_fast(<dict>maps[0]):
+            merged = (<dict>maps[0]).copy()  # a dict copy is far cheaper than re-inserting
+            first = 1
+        else:
+            merged = _new_dict(total)
+        for faults in maps[first:]:
+            if not _merge_walk(merged, <dict>faults):
                 break
         else:
-            _insert_rest(&inserts)
             return merged
+        first = 0
     merged = _new_dict(sum([len(m) for m in maps if isinstance(m, dict)]))
     for faults in maps[first:]:
         source = _as_dict(faults)
@@ -543,7 +486,6 @@ def merge_faults_into(target, *maps):
     cdef PyObject* value
     cdef long long rank
     cdef int ftype = 0
-    cdef Inserts inserts
     if type(target) is not dict:
         return _py.merge_faults_into(target, *maps)  # raises the reference error
     for faults in maps:
@@ -553,16 +495,13 @@ def merge_faults_into(target, *maps):
             # so the merged map is not re-checked with _all_fast, it is merged below.)
             maps = (merge_faults(*maps),)
             break
-    _inserts_start(&inserts, target)
     for faults in maps:
         source = <dict>faults
-        if not _merge_walk(&inserts, source):  # a valid rank CPython keeps in two digits
-            _insert_rest(&inserts)
+        if not _merge_walk(target, source):  # a valid rank CPython keeps in two digits
             pos = 0
             while _dict_next(source, &pos, &key, &value):
                 _entry(key, value, &rank, &ftype)  # cannot fail: every entry was checked above
                 _merge_one(target, _rank_object(key, rank), ftype)
-    _insert_rest(&inserts)
     return target
 
 
@@ -821,8 +760,6 @@ def decode_signal_faults(data):
     cdef long long rank
     cdef int ftype
     cdef dict faults = _new_dict(size // 8)  # a FaultRank entry takes at least 8 bytes
-    cdef Inserts inserts
-    _inserts_start(&inserts, faults)
     while pos < size:
         if buf[pos] == 0x2A and pos + 1 < size and buf[pos + 1] < 0x80:  # short faultRanks entry
             payload = pos + 2
@@ -838,6 +775,5 @@ def decode_signal_faults(data):
                 continue
         if not _fault_rank_at(buf, payload, pos, &rank, &ftype):
             return _py.decode_signal_faults(raw)
-        _insert(&inserts, NULL, rank, ftype)
-    _insert_rest(&inserts)
+        _merge_one(faults, rank, ftype)
     return faults
