@@ -4,9 +4,13 @@ taking turns.
 
     python bench/bench_faults.py [--quick]
 
-Targets at 10 000 ranks: wire encoding >= 100x faster than the baseline; every C
-operation >= 10x faster than its Python twin and under 50 ns/rank. Exit status 1 when a
-target is missed, so the figures can gate a change.
+Targets, every figure and the figure it is compared with taken in the same run:
+  * at every size, every C operation >= 10x faster than its Python twin;
+  * at 10 000 ranks, wire encoding >= 150x faster than the per-item baseline, and every
+    C operation under 50 ns/rank;
+  * at 100 000 ranks (the largest jobs' fault storms), every C operation's ns/rank within
+    1.5x of its ns/rank at 1 000: the cost per rank stays flat as the job grows.
+Exit status 1 when a target is missed, so the figures can gate a change.
 """
 
 from __future__ import annotations
@@ -27,11 +31,19 @@ except ImportError:  # pragma: no cover
 
 SIZES = (16, 1_000, 10_000, 100_000)
 TARGET_SIZE = 10_000
-ENCODE_RATIO = 100  # the fault path's encode against the per-item protobuf baseline, same run
+ENCODE_RATIO = 150  # the fault path's encode against the per-item protobuf baseline, same run
+PYTHON_RATIO = 10  # every C operation against its Python twin, at every size
+NS_PER_RANK = 50  # every C operation at TARGET_SIZE
+FLAT_SIZE, FLAT_FROM, FLAT_RATIO = 100_000, 1_000, 1.5  # ns/rank at FLAT_SIZE against FLAT_FROM
 
 
 def fault_map(n: int, seed: int = 7) -> dict[int, int]:
-    """n distinct ranks from a job ten times larger, in the random order a controller sees."""
+    """n distinct ranks from a job ten times larger, in the random order a controller sees.
+
+    The key objects are the ones ``random.sample`` picks from its pool of 10n ints, so
+    they lie scattered over that pool's memory, as the keys of a map that a long-running
+    process built up lie wherever its heap had room: above the CPU's cache, reading them
+    is part of what is measured."""
     rng = random.Random(seed)
     ranks = rng.sample(range(n * 10), n)
     return {rank: rng.choice((0, 1, 1, 2)) for rank in ranks}
@@ -99,6 +111,7 @@ def main() -> int:
     args = parser.parse_args()
     budget = 0.1 if args.quick else 0.4
     misses: list[str] = []
+    c_figures: dict[tuple[int, str], float] = {}
     print(f"{'ranks':>7} {'op':<7} {'C ns/rank':>10} {'Py ns/rank':>11} {'Py/C':>7} {'base ns/rank':>13} {'base/C':>7}")
     for n in SIZES:
         faults = fault_map(n)
@@ -110,20 +123,31 @@ def main() -> int:
                 timed["base"] = lambda: baseline_encode("job", faults)
             figures = ns_per_rank(timed, n, budget)
             c_ns, py_ns, base = figures["c"], figures["py"], figures.get("base", 0.0)
+            c_figures[n, op] = c_ns
             base_cell, base_ratio = (f"{base:13.1f}", f"{base / c_ns:6.1f}x") if op == "encode" else ("", "")
             print(f"{n:>7} {op:<7} {c_ns:10.1f} {py_ns:11.1f} {py_ns / c_ns:6.1f}x {base_cell:>13} {base_ratio:>7}")
+            if py_ns / c_ns < PYTHON_RATIO:
+                misses.append(f"{n} ranks, {op}: C only {py_ns / c_ns:.1f}x faster than Python (target {PYTHON_RATIO}x)")
             if n == TARGET_SIZE:
-                if py_ns / c_ns < 10:
-                    misses.append(f"{op}: C only {py_ns / c_ns:.1f}x faster than Python (target 10x)")
-                if c_ns >= 50:
-                    misses.append(f"{op}: C {c_ns:.1f} ns/rank (target < 50)")
+                if c_ns >= NS_PER_RANK:
+                    misses.append(f"{n} ranks, {op}: C {c_ns:.1f} ns/rank (target < {NS_PER_RANK})")
                 if op == "encode" and base / c_ns < ENCODE_RATIO:
-                    misses.append(f"encode: only {base / c_ns:.1f}x faster than the baseline (target {ENCODE_RATIO}x)")
+                    misses.append(f"{n} ranks, encode: only {base / c_ns:.1f}x faster than the baseline "
+                                  f"(target {ENCODE_RATIO}x)")
+    print(f"\nC ns/rank at {FLAT_SIZE:,} ranks against {FLAT_FROM:,} (target <= {FLAT_RATIO}x):")
+    for op in [op for n, op in c_figures if n == FLAT_FROM]:
+        growth = c_figures[FLAT_SIZE, op] / c_figures[FLAT_FROM, op]
+        print(f"  {op:<7} {c_figures[FLAT_FROM, op]:6.1f} -> {c_figures[FLAT_SIZE, op]:6.1f}  {growth:4.2f}x")
+        if growth > FLAT_RATIO:
+            misses.append(f"{op}: {growth:.2f}x the ns/rank at {FLAT_SIZE:,} ranks as at {FLAT_FROM:,} "
+                          f"(target {FLAT_RATIO}x)")
     print()
     if misses:
-        print("targets at 10 000 ranks MISSED:\n  " + "\n  ".join(misses))
+        print("targets MISSED:\n  " + "\n  ".join(misses))
         return 1
-    print(f"targets at 10 000 ranks met: encode >= {ENCODE_RATIO}x baseline; every C op >= 10x Python and < 50 ns/rank")
+    print(f"targets met: every C op >= {PYTHON_RATIO}x Python at every size; at {TARGET_SIZE:,} ranks encode >= "
+          f"{ENCODE_RATIO}x baseline and every C op < {NS_PER_RANK} ns/rank; ns/rank at {FLAT_SIZE:,} ranks "
+          f"within {FLAT_RATIO}x of {FLAT_FROM:,}")
     return 0
 
 
