@@ -65,11 +65,77 @@ cdef extern from *:
     /* Asks the CPU to bring the cache line at ``p`` in; never faults, whatever ``p`` is. */
     #define bridge_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
 
+    /* A combined dict's entry table, in insertion order, read in place: what PyDict_Next
+       walks, without a call per entry. No public API gives it, so the layout is CPython's
+       own (Include/internal/pycore_dict.h on 3.11-3.13, Objects/dict-common.h on 3.10),
+       taken only where it is known and only after ``bridge_check_entries`` found the
+       table equal to PyDict_Next's walk at import; elsewhere NULL (walk with PyDict_Next). */
+    typedef struct { Py_hash_t hash; PyObject* key; PyObject* value; } bridge_entry;
+    typedef struct { Py_ssize_t refcnt; uint8_t log2_size; uint8_t log2_index_bytes; uint8_t kind;
+                     uint32_t version; Py_ssize_t usable; Py_ssize_t nentries; char indices[1]; } bridge_keys_311;
+    typedef struct { Py_ssize_t refcnt; Py_ssize_t size; void* lookup; Py_ssize_t usable;
+                     Py_ssize_t nentries; char indices[1]; } bridge_keys_310;
+    static int bridge_entries_trusted = 0;
+
+    static const bridge_entry* bridge_layout_entries(PyObject* d, Py_ssize_t* count) {
+    #if defined(Py_GIL_DISABLED) || PY_VERSION_HEX < 0x030A0000 || PY_VERSION_HEX >= 0x030E0000
+        (void)d; (void)count;
+        return NULL;
+    #else
+        PyDictObject* mp = (PyDictObject*)d;
+        if (mp->ma_values != NULL) return NULL;  /* a split table */
+      #if PY_VERSION_HEX >= 0x030B0000
+        {
+            const bridge_keys_311* keys = (const bridge_keys_311*)mp->ma_keys;
+            if (keys->kind != 0) return NULL;  /* DICT_KEYS_GENERAL: every key not a str */
+            *count = keys->nentries;
+            return (const bridge_entry*)(keys->indices + ((size_t)1 << keys->log2_index_bytes));
+        }
+      #else
+        {
+            const bridge_keys_310* keys = (const bridge_keys_310*)mp->ma_keys;
+            size_t size = (size_t)keys->size;
+            size_t width = size <= 0xff ? 1 : size <= 0xffff ? 2 : size <= 0xffffffffu ? 4 : 8;
+            *count = keys->nentries;
+            return (const bridge_entry*)(keys->indices + size * width);
+        }
+      #endif
+    #endif
+    }
+
+    static inline const bridge_entry* bridge_dict_entries(PyObject* d, Py_ssize_t* count) {
+        return bridge_entries_trusted ? bridge_layout_entries(d, count) : NULL;
+    }
+
+    /* Trusts the layout when, for ``d`` (a dict of int keys with deleted entries), the
+       table holds exactly PyDict_Next's entries in its order; pointers are compared, never
+       followed. Returns whether it is trusted. */
+    static int bridge_check_entries(PyObject* d) {
+        Py_ssize_t count = -1, pos = 0, at = 0;
+        PyObject* key;
+        PyObject* value;
+        const bridge_entry* entries = bridge_layout_entries(d, &count);
+        bridge_entries_trusted = 0;
+        if (entries == NULL || count < PyDict_GET_SIZE(d) || count > 4 * PyDict_GET_SIZE(d) + 8) return 0;
+        while (PyDict_Next(d, &pos, &key, &value)) {
+            while (at < count && entries[at].value == NULL) at++;
+            if (at == count || entries[at].key != key || entries[at].value != value) return 0;
+            at++;
+        }
+        while (at < count && entries[at].value == NULL) at++;
+        bridge_entries_trusted = (at == count);
+        return bridge_entries_trusted;
+    }
     """
     dict _new_dict "bridge_new_dict"(Py_ssize_t)
     Py_ssize_t _decimal_len "bridge_decimal_len"(uint32_t) noexcept
     bint _read_small_int "bridge_read_small_int"(PyObject*, long long*)
     void _prefetch "bridge_prefetch"(const void*) noexcept
+    ctypedef struct Entry "bridge_entry":
+        PyObject* key
+        PyObject* value
+    const Entry* _dict_entries "bridge_dict_entries"(PyObject*, Py_ssize_t*) noexcept
+    int _check_entries "bridge_check_entries"(PyObject*) except -1
 
 cdef extern from "Python.h":
     bint _int_exact "PyLong_CheckExact"(PyObject*)
@@ -181,6 +247,9 @@ cdef enum:
 
 cdef struct Walk:
     PyObject* source
+    const Entry* entries  # the entry table read in place, or NULL: PyDict_Next and the ring
+    Py_ssize_t count  # entries in the table (deleted ones included)
+    Py_ssize_t at  # the next entry of the table
     Py_ssize_t pos
     size_t head
     size_t tail
@@ -191,7 +260,14 @@ cdef struct Walk:
 cdef inline void _walk_start(Walk* walk, dict source) noexcept:
     cdef PyObject* key
     cdef PyObject* value
+    cdef Py_ssize_t i
     walk.source = <PyObject*>source
+    walk.entries = _dict_entries(walk.source, &walk.count)
+    walk.at = 0
+    if walk.entries != NULL:
+        for i in range(min(walk.count, AHEAD)):
+            _prefetch(walk.entries[i].key)
+        return
     walk.pos = 0
     walk.head = 0
     walk.tail = 0
@@ -207,6 +283,18 @@ cdef inline bint _walk_next(Walk* walk, PyObject** key, PyObject** value) noexce
     cdef size_t slot = walk.head % AHEAD
     cdef PyObject* next_key
     cdef PyObject* next_value
+    cdef const Entry* entry
+    if walk.entries != NULL:
+        while walk.at < walk.count:
+            entry = walk.entries + walk.at
+            if walk.at + AHEAD < walk.count:
+                _prefetch(entry[AHEAD].key)
+            walk.at += 1
+            if entry.value != NULL:  # NULL: a deleted entry
+                key[0] = entry.key
+                value[0] = entry.value
+                return True
+        return False
     if walk.head == walk.tail:
         return False
     key[0] = walk.keys[slot]
@@ -218,6 +306,18 @@ cdef inline bint _walk_next(Walk* walk, PyObject** key, PyObject** value) noexce
         walk.values[slot] = next_value
         walk.tail += 1
     return True
+
+
+def _trust_entry_tables():
+    """Read entry tables in place only if CPython's layout is the one expected (checked
+    on a dict with deleted entries); True when it is."""
+    sample = {rank * 7919: rank % 3 for rank in range(300)}
+    for rank in range(0, 300, 7):
+        del sample[rank * 7919]
+    return bool(_check_entries(<PyObject*>sample))
+
+
+_ENTRY_TABLES_READ_IN_PLACE = _trust_entry_tables()
 
 
 cdef bint _merge_walk(dict merged, dict source) except -1:

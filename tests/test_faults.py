@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+import sysconfig
 from collections import OrderedDict
 from types import ModuleType
 
@@ -393,6 +395,26 @@ def test_the_compiled_twin_takes_its_sticky_type_from_the_reference_rule() -> No
     compiled = pytest.importorskip("bridge._faults_c")
     assert compiled._sticky_type() == 1
     assert [t for t in (0, 1, 2) if t not in _faults_py._REPLACEABLE] == [1]
+
+
+def test_the_compiled_twin_reads_dict_entry_tables_in_place_on_every_supported_python() -> None:
+    """The compiled walks read a dict's entry table in place only after an import-time
+    check found CPython's layout as expected; a Python whose layout moved would silently
+    take the slower PyDict_Next walk, so on the versions the codec is built for, say so."""
+    compiled = pytest.importorskip("bridge._faults_c")
+    if sys.version_info >= (3, 14) or sysconfig.get_config_var("Py_GIL_DISABLED"):
+        pytest.skip("no known dict layout: the PyDict_Next walk is the one used")
+    assert compiled._ENTRY_TABLES_READ_IN_PLACE is True
+    faults = {r: r % 3 for r in range(1000)}
+    for r in range(0, 1000, 3):
+        del faults[r]  # deleted entries stay in the table as holes
+    faults[5000] = 1
+    assert compiled.format_faults(faults) == _faults_py_format(faults)
+    assert compiled.merge_faults(faults) == faults and list(compiled.merge_faults({}, faults)) == list(faults)
+
+
+def _faults_py_format(faults: dict[int, int]) -> str:
+    return ",".join(f"{r}:{t}" for r, t in sorted(faults.items()))
 
 
 def test_the_duplicate_rule_on_clusterd_strings_keeps_unknown_types_sticky() -> None:
