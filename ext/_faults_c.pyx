@@ -236,9 +236,11 @@ cdef inline object _rank_object(PyObject* key, long long rank):
 # A map's int keys lie wherever the process allocated them; above the CPU's cache,
 # reading each one is a memory round trip, and the loops over a map waited for them one
 # by one. ``Walk`` hands out a map's entries ``AHEAD`` places after it asked the CPU for
-# their key objects, so those round trips overlap. It runs no Python code, so the borrowed
-# references it holds stay valid: it only serves exact int entries, and an entry that is
-# not one sends the caller back to the general loop from the start.
+# their key objects, so those round trips overlap. Neither it nor its callers run Python
+# code between its steps, so the map cannot change under the borrowed pointers it holds:
+# it only serves exact int entries, an entry that is not one sends the caller back to the
+# general loop from the start, and what it feeds is only inserted into a dict of exact
+# int keys.
 
 cdef enum:
     AHEAD = 16
@@ -322,7 +324,8 @@ _ENTRY_TABLES_READ_IN_PLACE = _trust_entry_tables()
 
 cdef bint _merge_walk(dict merged, dict source) except -1:
     """Merge every entry of ``source`` into ``merged``; False at the first one that is not
-    an exact int pair in range (the entries before it are merged already).
+    an exact int pair in range (the entries before it are merged already). ``merged``
+    must hold exact int keys only, so that no insert runs Python code.
 
     ``CHUNK`` entries at a time are first read, then inserted: the reads, with nothing
     between them, keep the memory busy with the next keys' round trips, which the dict
@@ -595,13 +598,14 @@ def merge_faults_into(target, *maps):
             # so the merged map is not re-checked with _all_fast, it is merged below.)
             maps = (merge_faults(*maps),)
             break
+    # Merged with PyDict_Next, not a walk: ``target`` is the caller's, and a key of it that
+    # compares with an int in Python could change a map under a walk's borrowed pointers.
     for faults in maps:
         source = <dict>faults
-        if not _merge_walk(target, source):  # a valid rank CPython keeps in two digits
-            pos = 0
-            while _dict_next(source, &pos, &key, &value):
-                _entry(key, value, &rank, &ftype)  # cannot fail: every entry was checked above
-                _merge_one(target, _rank_object(key, rank), ftype)
+        pos = 0
+        while _dict_next(source, &pos, &key, &value):
+            _entry(key, value, &rank, &ftype)  # cannot fail: every entry was checked above
+            _merge_one(target, _rank_object(key, rank), ftype)
     return target
 
 
