@@ -103,6 +103,8 @@ cdef extern from *:
     #endif
     }
 
+    static void bridge_distrust_entries(void) { bridge_entries_trusted = 0; }
+
     static inline const bridge_entry* bridge_dict_entries(PyObject* d, Py_ssize_t* count) {
         return bridge_entries_trusted ? bridge_layout_entries(d, count) : NULL;
     }
@@ -136,11 +138,11 @@ cdef extern from *:
         PyObject* value
     const Entry* _dict_entries "bridge_dict_entries"(PyObject*, Py_ssize_t*) noexcept
     int _check_entries "bridge_check_entries"(PyObject*) except -1
+    void _distrust_entries "bridge_distrust_entries"() noexcept
 
 cdef extern from "Python.h":
     bint _int_exact "PyLong_CheckExact"(PyObject*)
     int _dict_next "PyDict_Next"(object, Py_ssize_t*, PyObject**, PyObject**)
-    int _dict_next_raw "PyDict_Next"(PyObject*, Py_ssize_t*, PyObject**, PyObject**) noexcept
     PyObject* _set_default "PyDict_SetDefault"(object, PyObject*, PyObject*) except NULL
     int _dict_set "PyDict_SetItem"(object, PyObject*, PyObject*) except -1
     int PyUnicode_IS_ASCII(object)
@@ -235,87 +237,28 @@ cdef inline object _rank_object(PyObject* key, long long rank):
 # --------------------------------------------------------------------------- walking large maps
 # A map's int keys lie wherever the process allocated them; above the CPU's cache,
 # reading each one is a memory round trip, and the loops over a map waited for them one
-# by one. ``Walk`` hands out a map's entries ``AHEAD`` places after it asked the CPU for
-# their key objects, so those round trips overlap. Neither it nor its callers run Python
-# code between its steps, so the map cannot change under the borrowed pointers it holds:
-# it only serves exact int entries, an entry that is not one sends the caller back to the
-# general loop from the start, and what it feeds is only inserted into a dict of exact
-# int keys.
+# by one, after a PyDict_Next call each. Where CPython's layout is known (``_dict_entries``)
+# the loops read the entry table in place and ask the CPU for the key ``AHEAD`` entries on,
+# so those round trips overlap. No Python code runs while they hold the table's pointer:
+# they only take exact int entries, an entry that is not one sends the caller back to the
+# general PyDict_Next loop from the start, and what they insert goes into a dict the codec
+# made, of exact int keys. Elsewhere the PyDict_Next loops do the same work unhurried.
 
 cdef enum:
     AHEAD = 16
     CHUNK = 256
 
 
-cdef struct Walk:
-    PyObject* source
-    const Entry* entries  # the entry table read in place, or NULL: PyDict_Next and the ring
-    Py_ssize_t count  # entries in the table (deleted ones included)
-    Py_ssize_t at  # the next entry of the table
-    Py_ssize_t pos
-    size_t head
-    size_t tail
-    PyObject* keys[AHEAD]
-    PyObject* values[AHEAD]
-
-
-cdef inline void _walk_start(Walk* walk, dict source) noexcept:
-    cdef PyObject* key
-    cdef PyObject* value
-    cdef Py_ssize_t i
-    walk.source = <PyObject*>source
-    walk.entries = _dict_entries(walk.source, &walk.count)
-    walk.at = 0
-    if walk.entries != NULL:
-        for i in range(min(walk.count, AHEAD)):
-            _prefetch(walk.entries[i].key)
-        return
-    walk.pos = 0
-    walk.head = 0
-    walk.tail = 0
-    while walk.tail < AHEAD and _dict_next_raw(walk.source, &walk.pos, &key, &value):
-        _prefetch(key)
-        walk.keys[walk.tail] = key
-        walk.values[walk.tail] = value
-        walk.tail += 1
-
-
-cdef inline bint _walk_next(Walk* walk, PyObject** key, PyObject** value) noexcept:
-    """The next entry in the map's order (borrowed references); False after the last."""
-    cdef size_t slot = walk.head % AHEAD
-    cdef PyObject* next_key
-    cdef PyObject* next_value
-    cdef const Entry* entry
-    if walk.entries != NULL:
-        while walk.at < walk.count:
-            entry = walk.entries + walk.at
-            if walk.at + AHEAD < walk.count:
-                _prefetch(entry[AHEAD].key)
-            walk.at += 1
-            if entry.value != NULL:  # NULL: a deleted entry
-                key[0] = entry.key
-                value[0] = entry.value
-                return True
-        return False
-    if walk.head == walk.tail:
-        return False
-    key[0] = walk.keys[slot]
-    value[0] = walk.values[slot]
-    walk.head += 1
-    if _dict_next_raw(walk.source, &walk.pos, &next_key, &next_value):
-        _prefetch(next_key)
-        walk.keys[slot] = next_key
-        walk.values[slot] = next_value
-        walk.tail += 1
-    return True
-
-
-def _trust_entry_tables():
+def _trust_entry_tables(enabled=True):
     """Read entry tables in place only if CPython's layout is the one expected (checked
-    on a dict with deleted entries); True when it is."""
+    on a dict with deleted entries) and ``enabled`` (False: the PyDict_Next loops, which
+    the tests also run); True when they are read in place."""
     sample = {rank * 7919: rank % 3 for rank in range(300)}
     for rank in range(0, 300, 7):
         del sample[rank * 7919]
+    if not enabled:
+        _distrust_entries()
+        return False
     return bool(_check_entries(<PyObject*>sample))
 
 
@@ -330,31 +273,42 @@ cdef bint _merge_walk(dict merged, dict source) except -1:
     ``CHUNK`` entries at a time are first read, then inserted: the reads, with nothing
     between them, keep the memory busy with the next keys' round trips, which the dict
     work of an insert between two reads would hold up."""
-    cdef Walk walk
+    cdef PyObject* keys[CHUNK]
+    cdef int types[CHUNK]
+    cdef Py_ssize_t count = 0, start = 0, i, j, filled
+    cdef Py_ssize_t pos = 0
     cdef PyObject* key
     cdef PyObject* value
     cdef long long rank
     cdef int ftype
-    cdef PyObject* keys[CHUNK]
-    cdef int types[CHUNK]
-    cdef Py_ssize_t count, i
-    cdef bint more = True
-    _walk_start(&walk, source)
-    while more:
-        count = 0
-        while count < CHUNK:
-            if not _walk_next(&walk, &key, &value):
-                more = False
-                break
+    cdef const Entry* entries = _dict_entries(<PyObject*>source, &count)
+    if entries == NULL:
+        while _dict_next(source, &pos, &key, &value):
             if not _fast(key, value, &rank, &ftype):
-                for i in range(count):
-                    _merge_one(merged, <object>keys[i], types[i])
                 return False
-            keys[count] = key
-            types[count] = ftype
-            count += 1
-        for i in range(count):
-            _merge_one(merged, <object>keys[i], types[i])
+            _merge_one(merged, <object>key, ftype)
+        return True
+    for i in range(min(count, AHEAD)):
+        _prefetch(entries[i].key)
+    while start < count:
+        filled = 0
+        i = start
+        while i < count and filled < CHUNK:
+            if i + AHEAD < count:
+                _prefetch(entries[i + AHEAD].key)
+            value = entries[i].value
+            if value != NULL:  # NULL: a deleted entry
+                if not _fast(entries[i].key, value, &rank, &ftype):
+                    for j in range(filled):
+                        _merge_one(merged, <object>keys[j], types[j])
+                    return False
+                keys[filled] = entries[i].key
+                types[filled] = ftype
+                filled += 1
+            i += 1
+        start = i
+        for j in range(filled):
+            _merge_one(merged, <object>keys[j], types[j])
     return True
 
 
@@ -444,7 +398,8 @@ def format_faults(faults):
     cdef bint sorted_already = True
     cdef uint64_t* items
     cdef char* out
-    cdef Walk walk
+    cdef const Entry* entries
+    cdef Py_ssize_t table = 0
     if n == 0:
         return ""
     items = <uint64_t*>malloc(2 * n * sizeof(uint64_t))
@@ -454,9 +409,18 @@ def format_faults(faults):
         free(out)
         raise MemoryError()
     try:
-        _walk_start(&walk, source)
-        while _walk_next(&walk, &key, &value):
-            if not _fast(key, value, &rank, &ftype):
+        entries = _dict_entries(<PyObject*>source, &table)
+        if entries == NULL:
+            count = -1
+        for i in range(min(table, AHEAD)):
+            _prefetch(entries[i].key)
+        for i in range(table):
+            if i + AHEAD < table:
+                _prefetch(entries[i + AHEAD].key)
+            value = entries[i].value
+            if value == NULL:  # a deleted entry
+                continue
+            if not _fast(entries[i].key, value, &rank, &ftype):
                 count = -1
                 break
             items[count] = (<uint64_t>rank) << 2 | <uint64_t>ftype
@@ -535,14 +499,24 @@ def parse_faults(text, *, strict=True):
 
 cdef bint _all_fast(dict source) noexcept:
     """True when every entry is an exact in-range int pair (it can then be copied as is)."""
-    cdef Walk walk
+    cdef Py_ssize_t pos = 0, count = 0, i
     cdef PyObject* key
     cdef PyObject* value
     cdef long long rank
     cdef int ftype
-    _walk_start(&walk, source)
-    while _walk_next(&walk, &key, &value):
-        if not _fast(key, value, &rank, &ftype):
+    cdef const Entry* entries = _dict_entries(<PyObject*>source, &count)
+    if entries == NULL:
+        while _dict_next(source, &pos, &key, &value):
+            if not _fast(key, value, &rank, &ftype):
+                return False
+        return True
+    for i in range(min(count, AHEAD)):
+        _prefetch(entries[i].key)
+    for i in range(count):
+        if i + AHEAD < count:
+            _prefetch(entries[i + AHEAD].key)
+        value = entries[i].value
+        if value != NULL and not _fast(entries[i].key, value, &rank, &ftype):
             return False
     return True
 
@@ -660,16 +634,26 @@ cdef bytes _framed(bytes prefix, object faults, int field_number, bytes suffix):
     cdef Py_ssize_t tag_len = _write_varint(tag, (<uint64_t>field_number) << 3 | 2)
     cdef PyObject* raw = _new_bytes(NULL, head + n * (tag_len + 16) + tail)
     cdef char* out
-    cdef Walk walk
+    cdef const Entry* entries
+    cdef Py_ssize_t count = 0, i
     if raw == NULL:
         raise MemoryError()
     try:
         out = _bytes_data(raw)
         memcpy(out, <char*>prefix, head)
         at = head
-        _walk_start(&walk, source)
-        while _walk_next(&walk, &key, &value):
-            if not _fast(key, value, &rank, &ftype):
+        entries = _dict_entries(<PyObject*>source, &count)
+        if entries == NULL:
+            at = -1
+        for i in range(min(count, AHEAD)):
+            _prefetch(entries[i].key)
+        for i in range(count):
+            if i + AHEAD < count:
+                _prefetch(entries[i + AHEAD].key)
+            value = entries[i].value
+            if value == NULL:  # a deleted entry
+                continue
+            if not _fast(entries[i].key, value, &rank, &ftype):
                 at = -1
                 break
             at = _write_fault_rank(out, at, tag, tag_len, rank, ftype)

@@ -6,6 +6,7 @@ import re
 import sys
 import sysconfig
 from collections import OrderedDict
+from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
@@ -452,8 +453,23 @@ def test_merge_into_ranks_above_two_to_the_thirty(codec: ModuleType) -> None:
     assert codec.merge_faults_into({}, big, {2**30: 0}) == codec.merge_faults(big, {2**30: 0})
 
 
+@pytest.fixture(params=["tables in place", "PyDict_Next"])
+def walk(request: pytest.FixtureRequest, codec: ModuleType) -> Iterator[str]:
+    """The compiled codec reads dict entry tables in place where it trusts CPython's
+    layout, and walks with PyDict_Next elsewhere: both ways, for the compiled twin."""
+    if request.param == "PyDict_Next":
+        if not hasattr(codec, "_trust_entry_tables"):
+            pytest.skip("the Python twin has one way")
+        codec._trust_entry_tables(False)
+    try:
+        yield request.param
+    finally:
+        if hasattr(codec, "_trust_entry_tables"):
+            codec._trust_entry_tables()
+
+
 @pytest.mark.parametrize("late", [IntLike(7), 2**30 + 5, True, "9"])
-def test_an_entry_off_the_fast_path_late_in_a_large_map(codec: ModuleType, late: object) -> None:
+def test_an_entry_off_the_fast_path_late_in_a_large_map(codec: ModuleType, walk: str, late: object) -> None:
     """Hundreds of exact ranks, then one key that is an int-like, a two-digit int on
     CPython >= 3.12, or bad: every operation's result or error is the one it gives for
     the same entries in a small map, however far into the map the entry comes."""
@@ -476,3 +492,19 @@ def test_an_entry_off_the_fast_path_late_in_a_large_map(codec: ModuleType, late:
     assert codec.format_faults(faults) == ",".join(f"{r}:{t}" for r, t in sorted(expected.items()))
     request = pb.ProcessFaultRequest(jobId="j", faultRanks=ranks_msg(expected))
     assert codec.encode_process_fault_request("j", faults) == request.SerializeToString()
+
+
+def test_large_maps_with_deleted_entries_agree_with_the_reference(codec: ModuleType, walk: str) -> None:
+    """Thousands of ranks in a map that had entries deleted (holes in its entry table),
+    merged, formatted and encoded exactly as the reference does."""
+    from bridge import _faults_py
+
+    faults = {r * 7919 % 1_000_003: r % 3 for r in range(3000)}
+    for r in range(0, 3000, 5):
+        del faults[r * 7919 % 1_000_003]
+    other = {r * 7919 % 1_000_003: (r + 1) % 3 for r in range(1000, 5000)}
+    assert codec.merge_faults(faults, other) == _faults_py.merge_faults(faults, other)
+    assert list(codec.merge_faults(faults, other)) == list(_faults_py.merge_faults(faults, other))
+    assert codec.merge_faults_into(dict(other), faults) == _faults_py.merge_faults_into(dict(other), faults)
+    assert codec.format_faults(faults) == _faults_py.format_faults(faults)
+    assert codec.encode_process_fault_request("j", faults) == _faults_py.encode_process_fault_request("j", faults)
