@@ -316,7 +316,8 @@ cdef bint _merge_walk(dict merged, dict source) except -1:
 
 cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n) noexcept:
     """Stable sort of ``rank << 2 | type`` words by rank: insertion sort for short maps,
-    three 11-bit LSD radix passes otherwise (ranks fit 31 bits)."""
+    three 11-bit LSD radix passes otherwise (ranks fit 31 bits), less a pass whose digit
+    is the same in every word."""
     cdef Py_ssize_t i, j
     cdef uint64_t item
     cdef Py_ssize_t counts[2048]
@@ -338,6 +339,8 @@ cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n) noexce
         memset(counts, 0, sizeof(counts))
         for i in range(n):
             counts[(src[i] >> shift) & 2047] += 1
+        if counts[(src[0] >> shift) & 2047] == n:  # one digit for all (high bits of small ranks)
+            continue
         total = 0
         for i in range(2048):
             c = counts[i]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import random
 import re
 import sys
 import sysconfig
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import pytest
@@ -56,6 +57,16 @@ def test_format_large_unsorted_map_uses_radix_path(codec: ModuleType) -> None:
     faults = {r: r % 3 for r in range(5000, 0, -7)}
     text = codec.format_faults(faults)
     assert text == ",".join(f"{r}:{r % 3}" for r in sorted(faults))
+
+
+@pytest.mark.parametrize("spread", [lambda r: r << 11, lambda r: r << 22, lambda r: 5 + (r << 22), lambda r: r * 40_009])
+def test_format_sorts_ranks_that_share_some_radix_digits(codec: ModuleType, spread: Callable[[int], int]) -> None:
+    """Ranks whose low, middle or high 11 bits are all alike (a radix pass with one digit
+    for every rank), in shuffled order."""
+    ranks = [spread(r) for r in range(1, 400)]
+    random.Random(3).shuffle(ranks)
+    faults = {rank: rank % 3 for rank in ranks if rank <= 2**31 - 1}
+    assert codec.format_faults(faults) == ",".join(f"{r}:{r % 3}" for r in sorted(faults))
 
 
 def test_format_accepts_int_likes_and_other_mappings(codec: ModuleType) -> None:
