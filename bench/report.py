@@ -12,8 +12,8 @@ is written at the top and under each table, since figures from a shared machine 
 only read with its load. ``--quick`` runs each benchmark's short form (the whole report
 in a few minutes); without it the full report takes about 22 minutes on a quiet
 2-core machine (the footprint's idle windows are half of it). ``--only`` reruns the named
-benchmarks and keeps every other benchmark's section of the file as it was, under the
-date of the report it came from.
+benchmarks and keeps every other benchmark's section of the file as it was; every
+section's command line says when it ran.
 """
 
 from __future__ import annotations
@@ -138,13 +138,14 @@ def design_section(path: Path) -> str:
     return text[at + 1:] if at >= 0 else ""
 
 
-def benchmark_sections(path: Path) -> tuple[str, dict[str, str]]:
-    """The written date of the file being rewritten ("" when unknown) and its benchmark
-    sections by name, each from its heading to the next one, as written."""
+def benchmark_sections(path: Path) -> dict[str, str]:
+    """The benchmark sections of the file being rewritten by name, each from its heading
+    to the next one, as written; a section's Command line without the date it ran gets
+    the file's date (a full report's sections all ran then)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError:
-        return "", {}
+        return {}
     dated = re.search(r" on (\d{4}-\d\d-\d\d \d\d:\d\d UTC)", text)
     design_at = text.find("\n" + DESIGN_HEADING + "\n")
     body = text[:design_at + 1] if design_at >= 0 else text
@@ -153,24 +154,26 @@ def benchmark_sections(path: Path) -> tuple[str, dict[str, str]]:
     for part in re.split(r"(?m)^(?=## )", body):
         name = part[3:part.find("\n")] if part.startswith("## ") else ""
         if name in names:
+            if dated and "` (run " not in part:
+                part = re.sub(r"(?m)^(Command: `[^`]*` \()", rf"\g<1>run {dated.group(1)}, ", part, count=1)
             sections[name] = part.rstrip("\n") + "\n"
-    return (dated.group(1) if dated else ""), sections
+    return sections
 
 
 def write(path: Path, quick: bool, results: list[tuple[Benchmark, tuple[str, str, int, float, str, str]]],
           keep_others: bool = False) -> None:
     """Rewrite ``path`` with ``results``; ``keep_others``: the sections of the benchmarks
-    not run are carried over from the file as it was."""
+    not run are carried over from the file as it was, each saying when it ran."""
     design = design_section(path)
-    earlier, kept = benchmark_sections(path) if keep_others else ("", {})
+    kept = benchmark_sections(path) if keep_others else {}
     ran = {bench.name for bench, _ in results}
     kept = {name: text for name, text in kept.items() if name not in ran}
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     total = sum(result[3] for _, result in results)
     written = f" on {now}, in {total / 60:.1f} minutes"
     if kept:
-        written = (f" --only {','.join(b.name for b in BENCHMARKS if b.name in ran)}{written} (" + ", ".join(b.name for b in BENCHMARKS if b.name in kept) + " carried over from the "
-                   f"report of {earlier or 'an earlier date'})")
+        written = (f" --only {','.join(b.name for b in BENCHMARKS if b.name in ran)}{written} (the other "
+                   "sections carried over from earlier runs, each with the date it ran)")
     lines = [
         "# Performance",
         "",
@@ -199,7 +202,8 @@ def write(path: Path, quick: bool, results: list[tuple[Benchmark, tuple[str, str
             "",
             f"{bench.what}.",
             "",
-            f"Command: `{command}` ({seconds:.0f} s; {verdict}). Load average before {before}, after {after}.",
+            f"Command: `{command}` (run {now}, {seconds:.0f} s; {verdict}). Load average before {before}, after "
+            f"{after}.",
             "",
             *([bench.reading, ""] if bench.reading else []),
             "```",
