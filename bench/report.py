@@ -11,7 +11,9 @@ The machine (host, cores, CPU model, Python, load average before and after each 
 is written at the top and under each table, since figures from a shared machine are
 only read with its load. ``--quick`` runs each benchmark's short form (the whole report
 in a few minutes); without it the full report takes about 22 minutes on a quiet
-2-core machine (the footprint's idle windows are half of it).
+2-core machine (the footprint's idle windows are half of it). ``--only`` reruns the named
+benchmarks and keeps every other benchmark's section of the file as it was; every
+section's command line says when it ran.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -141,14 +144,46 @@ def design_section(path: Path) -> str:
     return text[at + 1:] if at >= 0 else ""
 
 
-def write(path: Path, quick: bool, results: list[tuple[Benchmark, tuple[str, str, int, float, str, str]]]) -> None:
+def benchmark_sections(path: Path) -> dict[str, str]:
+    """The benchmark sections of the file being rewritten by name, each from its heading
+    to the next one, as written; a section's Command line without the date it ran gets
+    the file's date (a full report's sections all ran then)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    dated = re.search(r" on (\d{4}-\d\d-\d\d \d\d:\d\d UTC)", text)
+    design_at = text.find("\n" + DESIGN_HEADING + "\n")
+    body = text[:design_at + 1] if design_at >= 0 else text
+    names = {bench.name for bench in BENCHMARKS}
+    sections: dict[str, str] = {}
+    for part in re.split(r"(?m)^(?=## )", body):
+        name = part[3:part.find("\n")] if part.startswith("## ") else ""
+        if name in names:
+            if dated and "` (run " not in part:
+                part = re.sub(r"(?m)^(Command: `[^`]*` \()", rf"\g<1>run {dated.group(1)}, ", part, count=1)
+            sections[name] = part.rstrip("\n") + "\n"
+    return sections
+
+
+def write(path: Path, quick: bool, results: list[tuple[Benchmark, tuple[str, str, int, float, str, str]]],
+          keep_others: bool = False) -> None:
+    """Rewrite ``path`` with ``results``; ``keep_others``: the sections of the benchmarks
+    not run are carried over from the file as it was, each saying when it ran."""
     design = design_section(path)
+    kept = benchmark_sections(path) if keep_others else {}
+    ran = {bench.name for bench, _ in results}
+    kept = {name: text for name, text in kept.items() if name not in ran}
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     total = sum(result[3] for _, result in results)
+    written = f" on {now}, in {total / 60:.1f} minutes"
+    if kept:
+        written = (f" --only {','.join(b.name for b in BENCHMARKS if b.name in ran)}{written} (the other "
+                   "sections carried over from earlier runs, each with the date it ran)")
     lines = [
         "# Performance",
         "",
-        "Written by `bench/report.py`" + (" --quick" if quick else "") + f" on {now}, in {total / 60:.1f} minutes; "
+        "Written by `bench/report.py`" + (" --quick" if quick else "") + f"{written}; "
         "do not edit by hand but its last section (measurements behind the design, which a rewrite keeps): run it "
         "again. What each benchmark measures and its targets: `bench/README.md`.",
         "",
@@ -158,7 +193,14 @@ def write(path: Path, quick: bool, results: list[tuple[Benchmark, tuple[str, str
         "average before and after each run is given under its tables) moves both.",
         "",
     ]
-    for bench, (command, output, status, seconds, before, after) in results:
+    fresh = {bench.name: result for bench, result in results}
+    for bench in BENCHMARKS:
+        if bench.name in kept:
+            lines += [kept[bench.name]]
+            continue
+        if bench.name not in fresh:
+            continue
+        command, output, status, seconds, before, after = fresh[bench.name]
         verdict = {0: "targets met", 1: "targets MISSED (listed at the end of the output)"}.get(
             status, f"the run FAILED (exit {status})")
         lines += [
@@ -166,7 +208,8 @@ def write(path: Path, quick: bool, results: list[tuple[Benchmark, tuple[str, str
             "",
             f"{bench.what}.",
             "",
-            f"Command: `{command}` ({seconds:.0f} s; {verdict}). Load average before {before}, after {after}.",
+            f"Command: `{command}` (run {now}, {seconds:.0f} s; {verdict}). Load average before {before}, after "
+            f"{after}.",
             "",
             *([bench.reading, ""] if bench.reading else []),
             "```",
@@ -185,7 +228,7 @@ def main() -> int:
     args = parser.parse_args()
     chosen = [b for b in BENCHMARKS if not args.only or b.name in args.only.split(",")]
     results = [(bench, run(bench, args.quick)) for bench in chosen]
-    write(Path(args.out), args.quick, results)
+    write(Path(args.out), args.quick, results, keep_others=bool(args.only))
     print(f"wrote {args.out}")
     return max(result[2] for _, result in results) if results else 0
 

@@ -61,10 +61,84 @@ cdef extern from *:
         uint32_t t = ((uint32_t)(32 - __builtin_clz(v | 1)) * 1233) >> 12;
         return (Py_ssize_t)t + 1 - (v < floor_pow10[t]);
     }
+
+    /* Asks the CPU to bring the cache line at ``p`` in; never faults, whatever ``p`` is. */
+    #define bridge_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
+
+    /* A combined dict's entry table, in insertion order, read in place: what PyDict_Next
+       walks, without a call per entry. No public API gives it, so the layout is CPython's
+       own (Include/internal/pycore_dict.h on 3.11-3.13, Objects/dict-common.h on 3.10),
+       taken only where it is known and only after ``bridge_check_entries`` found the
+       table equal to PyDict_Next's walk at import; elsewhere NULL (walk with PyDict_Next). */
+    typedef struct { Py_hash_t hash; PyObject* key; PyObject* value; } bridge_entry;
+    typedef struct { Py_ssize_t refcnt; uint8_t log2_size; uint8_t log2_index_bytes; uint8_t kind;
+                     uint32_t version; Py_ssize_t usable; Py_ssize_t nentries; char indices[1]; } bridge_keys_311;
+    typedef struct { Py_ssize_t refcnt; Py_ssize_t size; void* lookup; Py_ssize_t usable;
+                     Py_ssize_t nentries; char indices[1]; } bridge_keys_310;
+    static int bridge_entries_trusted = 0;
+
+    static const bridge_entry* bridge_layout_entries(PyObject* d, Py_ssize_t* count) {
+    #if defined(Py_GIL_DISABLED) || PY_VERSION_HEX < 0x030A0000 || PY_VERSION_HEX >= 0x030E0000
+        (void)d; (void)count;
+        return NULL;
+    #else
+        PyDictObject* mp = (PyDictObject*)d;
+        if (mp->ma_values != NULL) return NULL;  /* a split table */
+      #if PY_VERSION_HEX >= 0x030B0000
+        {
+            const bridge_keys_311* keys = (const bridge_keys_311*)mp->ma_keys;
+            if (keys->kind != 0) return NULL;  /* DICT_KEYS_GENERAL: every key not a str */
+            *count = keys->nentries;
+            return (const bridge_entry*)(keys->indices + ((size_t)1 << keys->log2_index_bytes));
+        }
+      #else
+        {
+            const bridge_keys_310* keys = (const bridge_keys_310*)mp->ma_keys;
+            size_t size = (size_t)keys->size;
+            size_t width = size <= 0xff ? 1 : size <= 0xffff ? 2 : size <= 0xffffffffu ? 4 : 8;
+            *count = keys->nentries;
+            return (const bridge_entry*)(keys->indices + size * width);
+        }
+      #endif
+    #endif
+    }
+
+    static void bridge_distrust_entries(void) { bridge_entries_trusted = 0; }
+
+    static inline const bridge_entry* bridge_dict_entries(PyObject* d, Py_ssize_t* count) {
+        return bridge_entries_trusted ? bridge_layout_entries(d, count) : NULL;
+    }
+
+    /* Trusts the layout when, for ``d`` (a dict of int keys with deleted entries), the
+       table holds exactly PyDict_Next's entries in its order; pointers are compared, never
+       followed. Returns whether it is trusted. */
+    static int bridge_check_entries(PyObject* d) {
+        Py_ssize_t count = -1, pos = 0, at = 0;
+        PyObject* key;
+        PyObject* value;
+        const bridge_entry* entries = bridge_layout_entries(d, &count);
+        bridge_entries_trusted = 0;
+        if (entries == NULL || count < PyDict_GET_SIZE(d) || count > 4 * PyDict_GET_SIZE(d) + 8) return 0;
+        while (PyDict_Next(d, &pos, &key, &value)) {
+            while (at < count && entries[at].value == NULL) at++;
+            if (at == count || entries[at].key != key || entries[at].value != value) return 0;
+            at++;
+        }
+        while (at < count && entries[at].value == NULL) at++;
+        bridge_entries_trusted = (at == count);
+        return bridge_entries_trusted;
+    }
     """
     dict _new_dict "bridge_new_dict"(Py_ssize_t)
     Py_ssize_t _decimal_len "bridge_decimal_len"(uint32_t) noexcept
     bint _read_small_int "bridge_read_small_int"(PyObject*, long long*)
+    void _prefetch "bridge_prefetch"(const void*) noexcept
+    ctypedef struct Entry "bridge_entry":
+        PyObject* key
+        PyObject* value
+    const Entry* _dict_entries "bridge_dict_entries"(PyObject*, Py_ssize_t*) noexcept
+    int _check_entries "bridge_check_entries"(PyObject*) except -1
+    void _distrust_entries "bridge_distrust_entries"() noexcept
 
 cdef extern from "Python.h":
     bint _int_exact "PyLong_CheckExact"(PyObject*)
@@ -160,11 +234,90 @@ cdef inline object _rank_object(PyObject* key, long long rank):
     return <object>key if _int_exact(key) else rank
 
 
+# --------------------------------------------------------------------------- walking large maps
+# A map's int keys lie wherever the process allocated them; above the CPU's cache,
+# reading each one is a memory round trip, and the loops over a map waited for them one
+# by one, after a PyDict_Next call each. Where CPython's layout is known (``_dict_entries``)
+# the loops read the entry table in place and ask the CPU for the key ``AHEAD`` entries on,
+# so those round trips overlap. No Python code runs while they hold the table's pointer:
+# they only take exact int entries, an entry that is not one sends the caller back to the
+# general PyDict_Next loop from the start, and what they insert goes into a dict the codec
+# made, of exact int keys. Elsewhere the PyDict_Next loops do the same work unhurried.
+
+cdef enum:
+    AHEAD = 16
+    CHUNK = 256
+
+
+def _trust_entry_tables(enabled=True):
+    """Read entry tables in place only if CPython's layout is the one expected (checked
+    on a dict with deleted entries) and ``enabled`` (False: the PyDict_Next loops, which
+    the tests also run); True when they are read in place."""
+    sample = {rank * 7919: rank % 3 for rank in range(300)}
+    for rank in range(0, 300, 7):
+        del sample[rank * 7919]
+    if not enabled:
+        _distrust_entries()
+        return False
+    return bool(_check_entries(<PyObject*>sample))
+
+
+_ENTRY_TABLES_READ_IN_PLACE = _trust_entry_tables()
+
+
+cdef bint _merge_walk(dict merged, dict source) except -1:
+    """Merge every entry of ``source`` into ``merged``; False at the first one that is not
+    an exact int pair in range (the entries before it are merged already). ``merged``
+    must hold exact int keys only, so that no insert runs Python code.
+
+    ``CHUNK`` entries at a time are first read, then inserted: the reads, with nothing
+    between them, keep the memory busy with the next keys' round trips, which the dict
+    work of an insert between two reads would hold up."""
+    cdef PyObject* keys[CHUNK]
+    cdef int types[CHUNK]
+    cdef Py_ssize_t count = 0, start = 0, i, j, filled
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* key
+    cdef PyObject* value
+    cdef long long rank
+    cdef int ftype
+    cdef const Entry* entries = _dict_entries(<PyObject*>source, &count)
+    if entries == NULL:
+        while _dict_next(source, &pos, &key, &value):
+            if not _fast(key, value, &rank, &ftype):
+                return False
+            _merge_one(merged, <object>key, ftype)
+        return True
+    for i in range(min(count, AHEAD)):
+        _prefetch(entries[i].key)
+    while start < count:
+        filled = 0
+        i = start
+        while i < count and filled < CHUNK:
+            if i + AHEAD < count:
+                _prefetch(entries[i + AHEAD].key)
+            value = entries[i].value
+            if value != NULL:  # NULL: a deleted entry
+                if not _fast(entries[i].key, value, &rank, &ftype):
+                    for j in range(filled):
+                        _merge_one(merged, <object>keys[j], types[j])
+                    return False
+                keys[filled] = entries[i].key
+                types[filled] = ftype
+                filled += 1
+            i += 1
+        start = i
+        for j in range(filled):
+            _merge_one(merged, <object>keys[j], types[j])
+    return True
+
+
 # --------------------------------------------------------------------------- sorting
 
 cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n) noexcept:
     """Stable sort of ``rank << 2 | type`` words by rank: insertion sort for short maps,
-    three 11-bit LSD radix passes otherwise (ranks fit 31 bits)."""
+    three 11-bit LSD radix passes otherwise (ranks fit 31 bits), less a pass whose digit
+    is the same in every word."""
     cdef Py_ssize_t i, j
     cdef uint64_t item
     cdef Py_ssize_t counts[2048]
@@ -186,6 +339,8 @@ cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n) noexce
         memset(counts, 0, sizeof(counts))
         for i in range(n):
             counts[(src[i] >> shift) & 2047] += 1
+        if counts[(src[0] >> shift) & 2047] == n:  # one digit for all (high bits of small ranks)
+            continue
         total = 0
         for i in range(2048):
             c = counts[i]
@@ -246,6 +401,8 @@ def format_faults(faults):
     cdef bint sorted_already = True
     cdef uint64_t* items
     cdef char* out
+    cdef const Entry* entries
+    cdef Py_ssize_t table = 0
     if n == 0:
         return ""
     items = <uint64_t*>malloc(2 * n * sizeof(uint64_t))
@@ -255,12 +412,33 @@ def format_faults(faults):
         free(out)
         raise MemoryError()
     try:
-        while _dict_next(source, &pos, &key, &value):
-            _entry(key, value, &rank, &ftype)
+        entries = _dict_entries(<PyObject*>source, &table)
+        if entries == NULL:
+            count = -1
+        for i in range(min(table, AHEAD)):
+            _prefetch(entries[i].key)
+        for i in range(table):
+            if i + AHEAD < table:
+                _prefetch(entries[i + AHEAD].key)
+            value = entries[i].value
+            if value == NULL:  # a deleted entry
+                continue
+            if not _fast(entries[i].key, value, &rank, &ftype):
+                count = -1
+                break
             items[count] = (<uint64_t>rank) << 2 | <uint64_t>ftype
             if count and (items[count - 1] >> 2) > <uint64_t>rank:
                 sorted_already = False
             count += 1
+        if count < 0:  # not all exact ints: the general loop, from the start
+            count = 0
+            sorted_already = True
+            while _dict_next(source, &pos, &key, &value):
+                _entry(key, value, &rank, &ftype)
+                items[count] = (<uint64_t>rank) << 2 | <uint64_t>ftype
+                if count and (items[count - 1] >> 2) > <uint64_t>rank:
+                    sorted_already = False
+                count += 1
         if not sorted_already:
             _sort_by_rank(items, items + n, count)
         i = 0
@@ -324,13 +502,24 @@ def parse_faults(text, *, strict=True):
 
 cdef bint _all_fast(dict source) noexcept:
     """True when every entry is an exact in-range int pair (it can then be copied as is)."""
-    cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t pos = 0, count = 0, i
     cdef PyObject* key
     cdef PyObject* value
     cdef long long rank
     cdef int ftype
-    while _dict_next(source, &pos, &key, &value):
-        if not _fast(key, value, &rank, &ftype):
+    cdef const Entry* entries = _dict_entries(<PyObject*>source, &count)
+    if entries == NULL:
+        while _dict_next(source, &pos, &key, &value):
+            if not _fast(key, value, &rank, &ftype):
+                return False
+        return True
+    for i in range(min(count, AHEAD)):
+        _prefetch(entries[i].key)
+    for i in range(count):
+        if i + AHEAD < count:
+            _prefetch(entries[i + AHEAD].key)
+        value = entries[i].value
+        if value != NULL and not _fast(entries[i].key, value, &rank, &ftype):
             return False
     return True
 
@@ -343,11 +532,24 @@ def merge_faults(*maps):
     cdef PyObject* value
     cdef long long rank
     cdef int ftype
-    if maps and type(maps[0]) is dict and _all_fast(<dict>maps[0]):
-        merged = (<dict>maps[0]).copy()  # a dict copy is far cheaper than re-inserting
-        first = 1
-    else:
-        merged = _new_dict(sum([len(m) for m in maps if isinstance(m, dict)]))
+    cdef Py_ssize_t total = 0
+    for faults in maps:
+        if type(faults) is not dict:
+            break
+        total += len(<dict>faults)
+    else:  # exact dicts: the fast walk, unless an entry is not an exact int pair
+        if maps and _all_fast(<dict>maps[0]):
+            merged = (<dict>maps[0]).copy()  # a dict copy is far cheaper than re-inserting
+            first = 1
+        else:
+            merged = _new_dict(total)
+        for faults in maps[first:]:
+            if not _merge_walk(merged, <dict>faults):
+                break
+        else:
+            return merged
+        first = 0
+    merged = _new_dict(sum([len(m) for m in maps if isinstance(m, dict)]))
     for faults in maps[first:]:
         source = _as_dict(faults)
         pos = 0
@@ -373,6 +575,8 @@ def merge_faults_into(target, *maps):
             # so the merged map is not re-checked with _all_fast, it is merged below.)
             maps = (merge_faults(*maps),)
             break
+    # Merged with PyDict_Next, not a walk: ``target`` is the caller's, and a key of it that
+    # compares with an int in Python could change a map under a walk's borrowed pointers.
     for faults in maps:
         source = <dict>faults
         pos = 0
@@ -394,6 +598,27 @@ cdef inline Py_ssize_t _write_varint(char* out, uint64_t value) noexcept:
     return n + 1
 
 
+cdef inline Py_ssize_t _write_fault_rank(char* out, Py_ssize_t at, const char* tag, Py_ssize_t tag_len,
+                                         long long rank, int ftype) noexcept:
+    """One repeated FaultRank field at ``out + at``; returns where it ends."""
+    cdef Py_ssize_t digits
+    if tag_len == 1:  # every request's field (< 16): a store, not a memcpy call per rank
+        out[at] = tag[0]
+    else:
+        memcpy(out + at, tag, tag_len)
+    at += tag_len
+    digits = _decimal_len(<uint32_t>rank)
+    out[at] = <char>(digits + 5)  # FaultRank body: 0x0A len digits 0x12 0x01 type
+    out[at + 1] = 0x0A
+    out[at + 2] = <char>digits
+    _write_digits(out + at + 3, <uint32_t>rank, digits)
+    at += 3 + digits
+    out[at] = 0x12
+    out[at + 1] = 1
+    out[at + 2] = <char>(48 + ftype)
+    return at + 3
+
+
 cdef bytes _framed(bytes prefix, object faults, int field_number, bytes suffix):
     """``prefix`` + the repeated FaultRank field + ``suffix`` as one bytes object.
 
@@ -412,29 +637,34 @@ cdef bytes _framed(bytes prefix, object faults, int field_number, bytes suffix):
     cdef Py_ssize_t tag_len = _write_varint(tag, (<uint64_t>field_number) << 3 | 2)
     cdef PyObject* raw = _new_bytes(NULL, head + n * (tag_len + 16) + tail)
     cdef char* out
+    cdef const Entry* entries
+    cdef Py_ssize_t count = 0, i
     if raw == NULL:
         raise MemoryError()
     try:
         out = _bytes_data(raw)
         memcpy(out, <char*>prefix, head)
         at = head
-        while _dict_next(source, &pos, &key, &value):
-            _entry(key, value, &rank, &ftype)
-            if tag_len == 1:  # every request's field (< 16): a store, not a memcpy call per rank
-                out[at] = tag[0]
-            else:
-                memcpy(out + at, tag, tag_len)
-            at += tag_len
-            digits = _decimal_len(<uint32_t>rank)
-            out[at] = <char>(digits + 5)  # FaultRank body: 0x0A len digits 0x12 0x01 type
-            out[at + 1] = 0x0A
-            out[at + 2] = <char>digits
-            _write_digits(out + at + 3, <uint32_t>rank, digits)
-            at += 3 + digits
-            out[at] = 0x12
-            out[at + 1] = 1
-            out[at + 2] = <char>(48 + ftype)
-            at += 3
+        entries = _dict_entries(<PyObject*>source, &count)
+        if entries == NULL:
+            at = -1
+        for i in range(min(count, AHEAD)):
+            _prefetch(entries[i].key)
+        for i in range(count):
+            if i + AHEAD < count:
+                _prefetch(entries[i + AHEAD].key)
+            value = entries[i].value
+            if value == NULL:  # a deleted entry
+                continue
+            if not _fast(entries[i].key, value, &rank, &ftype):
+                at = -1
+                break
+            at = _write_fault_rank(out, at, tag, tag_len, rank, ftype)
+        if at < 0:  # not all exact ints: the general loop, from the start
+            at = head
+            while _dict_next(source, &pos, &key, &value):
+                _entry(key, value, &rank, &ftype)
+                at = _write_fault_rank(out, at, tag, tag_len, rank, ftype)
         memcpy(out + at, <char*>suffix, tail)
     except BaseException:
         _decref(raw)

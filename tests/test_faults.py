@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import random
 import re
+import sys
+import sysconfig
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import pytest
@@ -53,6 +57,16 @@ def test_format_large_unsorted_map_uses_radix_path(codec: ModuleType) -> None:
     faults = {r: r % 3 for r in range(5000, 0, -7)}
     text = codec.format_faults(faults)
     assert text == ",".join(f"{r}:{r % 3}" for r in sorted(faults))
+
+
+@pytest.mark.parametrize("spread", [lambda r: r << 11, lambda r: r << 22, lambda r: 5 + (r << 22), lambda r: r * 40_009])
+def test_format_sorts_ranks_that_share_some_radix_digits(codec: ModuleType, spread: Callable[[int], int]) -> None:
+    """Ranks whose low, middle or high 11 bits are all alike (a radix pass with one digit
+    for every rank), in shuffled order."""
+    ranks = [spread(r) for r in range(1, 400)]
+    random.Random(3).shuffle(ranks)
+    faults = {rank: rank % 3 for rank in ranks if rank <= 2**31 - 1}
+    assert codec.format_faults(faults) == ",".join(f"{r}:{r % 3}" for r in sorted(faults))
 
 
 def test_format_accepts_int_likes_and_other_mappings(codec: ModuleType) -> None:
@@ -395,6 +409,26 @@ def test_the_compiled_twin_takes_its_sticky_type_from_the_reference_rule() -> No
     assert [t for t in (0, 1, 2) if t not in _faults_py._REPLACEABLE] == [1]
 
 
+def test_the_compiled_twin_reads_dict_entry_tables_in_place_on_every_supported_python() -> None:
+    """The compiled walks read a dict's entry table in place only after an import-time
+    check found CPython's layout as expected; a Python whose layout moved would silently
+    take the slower PyDict_Next walk, so on the versions the codec is built for, say so."""
+    compiled = pytest.importorskip("bridge._faults_c")
+    if sys.version_info >= (3, 14) or sysconfig.get_config_var("Py_GIL_DISABLED"):
+        pytest.skip("no known dict layout: the PyDict_Next walk is the one used")
+    assert compiled._ENTRY_TABLES_READ_IN_PLACE is True
+    faults = {r: r % 3 for r in range(1000)}
+    for r in range(0, 1000, 3):
+        del faults[r]  # deleted entries stay in the table as holes
+    faults[5000] = 1
+    assert compiled.format_faults(faults) == _faults_py_format(faults)
+    assert compiled.merge_faults(faults) == faults and list(compiled.merge_faults({}, faults)) == list(faults)
+
+
+def _faults_py_format(faults: dict[int, int]) -> str:
+    return ",".join(f"{r}:{t}" for r, t in sorted(faults.items()))
+
+
 def test_the_duplicate_rule_on_clusterd_strings_keeps_unknown_types_sticky() -> None:
     from bridge._faults_py import _merge_into
 
@@ -428,3 +462,60 @@ def test_merge_into_ranks_above_two_to_the_thirty(codec: ModuleType) -> None:
     target: dict[int, int] = {2**31 - 1: 1}
     assert codec.merge_faults_into(target, big) == {2**31 - 1: 1, 2**30: 1, 2**30 - 1: 2}
     assert codec.merge_faults_into({}, big, {2**30: 0}) == codec.merge_faults(big, {2**30: 0})
+
+
+@pytest.fixture(params=["tables in place", "PyDict_Next"])
+def walk(request: pytest.FixtureRequest, codec: ModuleType) -> Iterator[str]:
+    """The compiled codec reads dict entry tables in place where it trusts CPython's
+    layout, and walks with PyDict_Next elsewhere: both ways, for the compiled twin."""
+    if request.param == "PyDict_Next":
+        if not hasattr(codec, "_trust_entry_tables"):
+            pytest.skip("the Python twin has one way")
+        codec._trust_entry_tables(False)
+    try:
+        yield request.param
+    finally:
+        if hasattr(codec, "_trust_entry_tables"):
+            codec._trust_entry_tables()
+
+
+@pytest.mark.parametrize("late", [IntLike(7), 2**30 + 5, True, "9"])
+def test_an_entry_off_the_fast_path_late_in_a_large_map(codec: ModuleType, walk: str, late: object) -> None:
+    """Hundreds of exact ranks, then one key that is an int-like, a two-digit int on
+    CPython >= 3.12, or bad: every operation's result or error is the one it gives for
+    the same entries in a small map, however far into the map the entry comes."""
+    head = {r * 7919 % 100_003: r % 3 for r in range(1, 400)}
+    faults = {**head, late: 1, 5: 2}
+    rank = late.value if isinstance(late, IntLike) else late
+    if type(rank) is not int:
+        for call in (lambda: codec.format_faults(faults), lambda: codec.merge_faults(faults),
+                     lambda: codec.merge_faults(head, faults), lambda: codec.merge_faults_into({}, head, faults),
+                     lambda: codec.encode_process_fault_request("j", faults)):
+            with pytest.raises(TypeError, match=re.escape(f"fault map key {late!r}")):
+                call()
+        return
+    expected = {**head, rank: 1, 5: 2}
+    assert codec.merge_faults(faults) == expected
+    assert codec.merge_faults(head, faults, {rank: 0}) == expected  # a stored 1 stays
+    target = {5: 1}
+    assert codec.merge_faults_into(target, head, faults) is target
+    assert target == {**expected, 5: 1}
+    assert codec.format_faults(faults) == ",".join(f"{r}:{t}" for r, t in sorted(expected.items()))
+    request = pb.ProcessFaultRequest(jobId="j", faultRanks=ranks_msg(expected))
+    assert codec.encode_process_fault_request("j", faults) == request.SerializeToString()
+
+
+def test_large_maps_with_deleted_entries_agree_with_the_reference(codec: ModuleType, walk: str) -> None:
+    """Thousands of ranks in a map that had entries deleted (holes in its entry table),
+    merged, formatted and encoded exactly as the reference does."""
+    from bridge import _faults_py
+
+    faults = {r * 7919 % 1_000_003: r % 3 for r in range(3000)}
+    for r in range(0, 3000, 5):
+        del faults[r * 7919 % 1_000_003]
+    other = {r * 7919 % 1_000_003: (r + 1) % 3 for r in range(1000, 5000)}
+    assert codec.merge_faults(faults, other) == _faults_py.merge_faults(faults, other)
+    assert list(codec.merge_faults(faults, other)) == list(_faults_py.merge_faults(faults, other))
+    assert codec.merge_faults_into(dict(other), faults) == _faults_py.merge_faults_into(dict(other), faults)
+    assert codec.format_faults(faults) == _faults_py.format_faults(faults)
+    assert codec.encode_process_fault_request("j", faults) == _faults_py.encode_process_fault_request("j", faults)
