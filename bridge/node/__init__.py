@@ -69,11 +69,23 @@ def cmd_node(args: argparse.Namespace) -> int:
         print(json.dumps(asdict(config), indent=2))
         return 0
     setup_logging(args.log_level or config.log_level)
+    from .launcher import choose_launcher, sandbox_problems
+
+    launcher = choose_launcher(config.node.launcher, child_env())
+    if launcher.kind == "systemd" or os.environ.get("INVOCATION_ID"):
+        paths: dict[str, str] = {"node.state_root": config.node.state_root, "the Python environment": sys.prefix,
+                                 "the bridge package": str(Path(__file__).resolve().parent.parent)}
+        if config.node.bridge_command:
+            paths["node.bridge_command"] = config.node.bridge_command[0]
+        problems = sandbox_problems(paths)
+        if problems:
+            for line in problems:
+                log.error("%s", line)
+            return 2
     from ..metrics_http import MetricsServer
     from ..platform.kube import MissingClient, api_client
     from ..systemd import Notifier
     from .kube import PodApi
-    from .launcher import choose_launcher
     from .metrics import BridgeSeries, NodeMetrics
     from .service import NodeService
 
@@ -90,8 +102,9 @@ def cmd_node(args: argparse.Namespace) -> int:
     metrics = NodeMetrics()
     env = child_env()
     Path(config.node.state_root).mkdir(parents=True, exist_ok=True)
-    service = NodeService(config, api, choose_launcher(config.node.launcher, env), metrics,
-                          bridge_argv=bridge_argv_for(config.node.bridge_command), env=env)
+    notifier = Notifier()
+    service = NodeService(config, api, launcher, metrics,
+                          bridge_argv=bridge_argv_for(config.node.bridge_command), env=env, notifier=notifier)
     series = BridgeSeries(lambda: service.targets, timeout=config.metrics.scrape_timeout)
     metrics.registry.register(series)  # type: ignore[arg-type]
     server = None
@@ -102,13 +115,11 @@ def cmd_node(args: argparse.Namespace) -> int:
             log.error("metrics endpoint %s:%d: %s", config.metrics.address, config.metrics.port, error)
             return 1
         log.info("metrics on http://%s:%d/metrics", config.metrics.address, server.port)
-    notifier = Notifier()
     log.info("node service for node %s (selector %s, launcher %s, state %s)", config.node_name,
              config.node.selector, service.launcher.kind, config.node.state_root)
 
     async def main() -> int:
         with capture_signals(service.request_stop):
-            notifier.ready(f"node {config.node_name}")
             return await asyncio.to_thread(service.run)
 
     try:

@@ -51,6 +51,7 @@ class NodeSection:
     ranks_leave_wait: float = 60.0  # a job gone: how long its ranks may stay connected before the stop
     resolve_timeout: float = 2.0  # a MINDX_SERVER_IP name lookup
     tick: float = 0.5  # how often children and the pending stops are looked at
+    retention: float = 7 * 86400.0  # a finished job's directory is removed this long after its end; 0 = never
 
 
 @dataclass(frozen=True)
