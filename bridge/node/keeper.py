@@ -64,8 +64,8 @@ def record_exit(directory: Path, env: Mapping[str, str]) -> int:
     found = exit_from_systemd(env)
     if found is not None:
         code, signum = found
-        write_json(directory / EXIT_FILE, {"code": code, "signal": signum, "pid": int(env.get("MAINPID") or 0),
-                                           "at": time.time(), "result": env.get("SERVICE_RESULT", "")})
+        write_json(directory / EXIT_FILE, {"code": code, "signal": signum, "at": time.time(),
+                                           "result": env.get("SERVICE_RESULT", "")})
     return 0
 
 
