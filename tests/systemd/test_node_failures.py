@@ -1,10 +1,12 @@
 """``tft-bridge-node.service`` on a real systemd when something is wrong: a state root the
 units' sandbox hides (refused at start, naming the setting), a node service that hangs
 (killed by its own watchdog and restarted, two jobs' bridges untouched and adopted), a
-bridge unit that keeps failing (given up at the start limit, with an Event on the pod).
+bridge that hangs (killed by its unit's watchdog, its exit recorded, a fresh one started),
+a bridge unit that keeps failing (given up at the start limit, with an Event on the pod).
 
 The node service's watchdog is shortened to 5 s by a drop-in in the hang test (the
-shipped 60 s would only make it longer); the failing bridge is made by a drop-in for
+shipped 60 s would only make it longer), and the transient units' to 5 s by a prefix
+drop-in (``tft-bridge-job-.service.d``) in the hung bridge's; the failing bridge is made by a drop-in for
 every transient unit (``tft-bridge-job-.service.d``: an ``ExecStartPre=`` that fails).
 """
 
@@ -87,3 +89,31 @@ def test_a_bridge_unit_that_keeps_failing_is_given_up_with_an_event(
         f"job {job.uid} (default/job-a-master-0): bridge started")
     assert starts == 3, starts  # the start limit, then no more
     assert systemd.show(unit_name(job.uid), "ActiveState")["ActiveState"] != "active"
+
+
+def test_a_hung_bridge_under_the_node_service_is_killed_by_its_watchdog_and_started_again(
+        systemd: Systemd, server: StandInApiServer, job_and_clusterd: tuple) -> None:
+    """The transient unit's watchdog protects: a SIGSTOPped bridge is killed within
+    WatchdogSec (shortened to 5 s for every transient unit by a prefix drop-in), its exit
+    recorded as the watchdog's, and the service starts a fresh one (a failure restart)."""
+    job, clusterd, _ = job_and_clusterd
+    systemd.write("/etc/systemd/system/tft-bridge-job-.service.d/watchdog.conf", "[Service]\nWatchdogSec=5s\n")
+    systemd.run("systemctl", "daemon-reload")
+    systemd.write("/etc/tft-bridge/node.toml", node_toml(server.url, clusterd, free_port()))
+    systemd.run("systemctl", "start", NODE_UNIT, timeout=120)
+    SimJobs(server.store, {"node-1": "127.0.0.1"}).create(job)
+    first = wait_job_active(systemd, job)
+    assert first["WatchdogUSec"] == "5s", first
+    systemd.run("systemctl", "kill", "--kill-who=main", "-s", "SIGSTOP", unit_name(job.uid))
+    stopped = time.monotonic()
+    eventually_sync(lambda: systemd.run("test", "-e", f"/proc/{first['MainPID']}", check=False).returncode != 0,
+                    5 + 10, "the hung bridge killed", interval=0.2)
+    killed_after = time.monotonic() - stopped
+    assert killed_after < 5 + 5, killed_after  # WatchdogSec, and the poll's own slack
+    assert f"{unit_name(job.uid)}: Watchdog timeout (limit 5s)!" in systemd.journal(unit_name(job.uid))
+    second = eventually_sync(lambda: (lambda s: s if s["ActiveState"] == "active" and
+                                      s["MainPID"] not in ("0", first["MainPID"]) else None)(job_state(systemd, job)),
+                             60, "a fresh bridge", interval=0.3)
+    assert second["MainPID"] != first["MainPID"]
+    node_log = systemd.run("journalctl", "--no-pager", "-o", "cat", "-u", NODE_UNIT).stdout
+    assert f"job {job.uid}: its bridge ended on its own with exit 134" in node_log, node_log[-2000:]
