@@ -103,7 +103,8 @@ class NodeRig:
         self.service = NodeService(self.config, api, SessionLauncher(env), self.metrics,
                                    bridge_argv=bridge_argv_for(self.config.node.bridge_command), env=env)
         service = self.service
-        self.series = BridgeSeries(lambda: service.targets, timeout=self.config.metrics.scrape_timeout)
+        self.series = BridgeSeries(lambda: service.targets, timeout=self.config.metrics.scrape_timeout,
+                                   served=lambda: service.served)
         self.metrics.registry.register(self.series)  # type: ignore[arg-type]
         self._thread = threading.Thread(target=self.service.run, name=f"node-service-{self.node}", daemon=True)
         self._thread.start()

@@ -71,7 +71,26 @@ def bridge_metrics() -> BridgeMetrics:
 
 def exported_samples() -> dict[str, set[str]]:
     """Every sample name a bridge exposes, mapped to its label names."""
-    metrics = bridge_metrics()
+    return touched_samples(bridge_metrics())
+
+
+def node_samples() -> dict[str, set[str]]:
+    """Every sample name the node endpoint of ``tft-bridge node`` exposes beside the bridges'
+    (which it relays with a ``tft_job`` label): the service's own, and the per-job series
+    it makes at each scrape (one job whose bridge does not answer: port 1 refuses)."""
+    from bridge.node.metrics import BridgeSeries, NodeMetrics
+
+    metrics = NodeMetrics()
+    series = BridgeSeries(lambda: [("uid-x", 1)], timeout=1.0, served=lambda: {"uid-x": True})
+    metrics.registry.register(series)  # type: ignore[arg-type]
+    try:
+        return touched_samples(metrics)
+    finally:
+        series.close()
+
+
+def touched_samples(metrics: Any) -> dict[str, set[str]]:
+    """``metrics``' registry's sample names and labels, every labelled metric touched once."""
     for metric in vars(metrics).values():
         if not isinstance(metric, MetricWrapperBase):
             continue
@@ -94,6 +113,11 @@ def exported_families() -> set[str]:
     return {family.name for family in bridge_metrics().registry.collect()}
 
 
+def node_families() -> set[str]:
+    return {name.removesuffix("_total").removesuffix("_info") for name in node_samples()
+            if not name.endswith("_created")}  # prometheus_client's creation time of a counter
+
+
 @pytest.fixture(scope="module")
 def samples() -> dict[str, set[str]]:
     found = exported_samples()
@@ -102,7 +126,11 @@ def samples() -> dict[str, set[str]]:
     assert "tft_bridge_recovery_duration_seconds_bucket" in found
     assert "tft_bridge_build_info" in found and {"version", "codec"} <= found["tft_bridge_build_info"]
     assert "tft_bridge_subscription_up" in found
-    return found
+    # node mode: the node endpoint relays them with tft_job, beside its own series
+    relayed = {name: labels | {"tft_job"} for name, labels in found.items()}
+    relayed.update(node_samples())
+    assert relayed["tft_bridge_node_job_bridge_running"] == {"tft_job"}
+    return relayed
 
 
 # --------------------------------------------------------------------------- what the dashboard uses
@@ -174,8 +202,9 @@ def test_template_variables(dashboard: dict[str, Any]) -> None:
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     source = variables["datasource"]
     assert source["type"] == "datasource" and source["query"] == "prometheus"
-    assert {"job", "instance"} <= set(variables)
-    for name in ("job", "instance"):
+    assert {"job", "instance", "tft_job"} <= set(variables)
+    assert variables["tft_job"]["allValue"] == ".*"  # matches a per-job unit's series, which have no tft_job
+    for name in ("job", "instance", "tft_job"):
         assert variables[name]["type"] == "query"
         assert variables[name]["datasource"]["uid"] in DATASOURCE_REFS
 
@@ -242,6 +271,14 @@ def test_every_selector_follows_the_variables(dashboard: dict[str, Any]) -> None
             continue
         for name, matchers in SELECTOR.findall(expr):
             assert 'instance=~"$instance"' in matchers and 'job=~"$job"' in matchers, f"{where}: {name}{matchers}"
+            # a bridge's series (also relayed by a node endpoint) follow the job id too
+            if not name.startswith("tft_bridge_node_") or name.startswith("tft_bridge_node_job_"):
+                assert 'tft_job=~"$tft_job"' in matchers, f"{where}: {name}{matchers}"
+        for group in GROUPING.findall(expr):
+            labels = {part.strip() for part in group.split(",")}
+            assert "instance" not in labels or "tft_job" in labels or all(
+                name.startswith("tft_bridge_node_") for name in METRIC.findall(expr)), \
+                f"{where}: by ({group}) merges the bridges of a node endpoint"
 
 
 def test_functions_fit_the_metric_types(dashboard: dict[str, Any]) -> None:
@@ -258,7 +295,7 @@ def test_functions_fit_the_metric_types(dashboard: dict[str, Any]) -> None:
 def test_every_metric_family_has_a_panel(dashboard: dict[str, Any]) -> None:
     """A new metric should get a panel. Remove a family from the dashboard only on purpose."""
     used = {name for _, expr in exprs(dashboard) for name in METRIC.findall(expr)}
-    missing = sorted(family for family in exported_families()
+    missing = sorted(family for family in exported_families() | node_families()
                      if not any(name == family or name.startswith(family + "_") for name in used))
     assert not missing, f"metrics without a panel: {missing}"
 
@@ -311,6 +348,23 @@ BORN_AT_FIRST_EVENT: dict[tuple[str, str], str] = {
     ("Subscription reconnects by reason", "A"): "the one cycle_end reconnect of each demo is its first",
     ("Signals refused by reason", "A"): "dump: ClusterD repeats its exit notice once, refused as the first duplicate",
 }
+
+
+NODE_ROW = "Node service (node mode: tft-bridge node)"
+
+
+def node_row_targets(dashboard: dict[str, Any]) -> set[tuple[str, str]]:
+    """The node service's panels: the demo runs no node service, so they may be empty here
+    (Prometheus must still accept their expressions)."""
+    found: set[tuple[str, str]] = set()
+    in_row = False
+    for panel in dashboard.get("panels", []):
+        if panel.get("type") == "row":
+            in_row = panel.get("title") == NODE_ROW
+        elif in_row:
+            found |= {(panel["title"], target["refId"]) for target in panel.get("targets", [])}
+    assert found, f"no row {NODE_ROW!r}"
+    return found
 
 
 @dataclass
@@ -418,7 +472,8 @@ def grafana_variables(start: float, end: float) -> dict[str, str]:
     interval = max(SCRAPE_INTERVAL, math.ceil(span / GRAFANA_MAX_DATA_POINTS))
     rate_interval = max(interval + SCRAPE_INTERVAL, 4 * SCRAPE_INTERVAL)
     return {"$__rate_interval": f"{rate_interval:g}s", "$__interval": f"{interval:g}s",
-            "$__range": f"{math.ceil(span)}s", "$job": ".*", "$instance": ".*"}  # "All": allValue ".*"
+            "$__range": f"{math.ceil(span)}s", "$job": ".*", "$instance": ".*",
+            "$tft_job": ".*"}  # "All": allValue ".*"
 
 
 def substitute(expr: str, variables: dict[str, str]) -> str:
@@ -509,10 +564,10 @@ def test_dashboard_against_a_real_prometheus(
         elif not has_data(body["data"]["result"], moved=bool(RATE_ARG.search(expr))):
             empty.add((title, target["refId"]))
     assert not errors, "dashboard expressions Prometheus rejects:\n" + "\n".join(errors)
-    unexpected = sorted(empty - NEVER_MOVED.keys() - BORN_AT_FIRST_EVENT.keys())
+    unexpected = sorted(empty - NEVER_MOVED.keys() - BORN_AT_FIRST_EVENT.keys() - node_row_targets(dashboard))
     assert not unexpected, f"panels without data after the demo scenarios: {unexpected}"
     exprs_by_target = {(title, target["refId"]): target["expr"] for title, target in panel_targets(dashboard)}
-    for key in empty:
+    for key in empty - node_row_targets(dashboard):
         expr = substitute(exprs_by_target[key], variables)
         if key in NEVER_MOVED:
             moved = prometheus.get("/api/v1/query", query=f"{METRIC.findall(expr)[0]} > 0", time=end)  # any series

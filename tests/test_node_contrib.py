@@ -17,7 +17,7 @@ from bridge.node.config import DEFAULT_SELECTOR  # noqa: E402
 from bridge.node.kube import PodApi  # noqa: E402
 from bridge.node.podspec import JobSpec, evaluate  # noqa: E402
 from bridge.platform import kube  # noqa: E402
-from bridge.platform.sim.apiserver import PODS, Selector, StandInApiServer  # noqa: E402
+from bridge.platform.sim.apiserver import PODS, PodGroupStore, Selector, StandInApiServer  # noqa: E402
 from bridge.platform.sim.ascendjob import SimJob, SimJobs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,17 +25,22 @@ CONTRIB = ROOT / "contrib" / "kubernetes"
 
 
 def operator_pod(template: dict[str, Any], uid: str) -> dict[str, Any]:
-    """The Master template as ascend-operator makes pod 0 of it (the env it adds)."""
+    """The Master template as the cluster makes pod 0 of it: ascend-operator creates it
+    (the env it adds, the user's image), the scheduler binds it, the kubelet writes its
+    status; the pod as the API server then shows it."""
     pod = copy.deepcopy(template)
     container = pod["spec"]["containers"][0]
+    container["image"] = "training:latest"  # the user's, beside the fragment's lines
     container["env"] = [{"name": "MINDX_TASK_ID", "value": uid}, {"name": "MINDX_SERVER_IP", "value": "10.96.0.20"},
                         {"name": "WORLD_SIZE", "value": "16"}, {"name": "RANK", "value": "0"},
                         {"name": "PROCESS_RECOVER", "value": "on"}, *container["env"]]
-    pod["metadata"].update(name="default-test-pytorch-master-0", namespace="default", uid="pod-0",
+    pod["metadata"].update(name="default-test-pytorch-master-0", namespace="default",
                            ownerReferences=[{"kind": "AscendJob", "uid": uid, "controller": True}])
-    pod["spec"]["nodeName"] = "node-1"
-    pod["status"] = {"phase": "Pending", "hostIP": "10.0.0.21", "podIP": "10.0.0.21"}
-    return pod
+    store = PodGroupStore()
+    store.create_object(PODS, pod)
+    store.bind("default", pod["metadata"]["name"], "node-1")
+    return store.patch("default", pod["metadata"]["name"], {"status": {"phase": "Running", "hostIP": "10.0.0.21",
+                                                                       "podIP": "10.0.0.21"}}, PODS, "status")
 
 
 def test_the_fragment_makes_a_pod_the_service_serves() -> None:
@@ -54,8 +59,8 @@ def allowed(rules: list[dict[str, Any]], verb: str, resource: str) -> bool:
 
 
 def verb_of(method: str, path: str, query: dict[str, str]) -> tuple[str, str]:
-    resource = PODS if "/pods" in path else "events" if "/events" in path else path
-    named = path.rstrip("/").split("/")[-1] not in ("pods", "events")
+    resource = PODS if "/pods" in path else "events" if "/events" in path else "nodes" if "/nodes" in path else path
+    named = path.rstrip("/").split("/")[-1] not in ("pods", "events", "nodes")
     if method == "GET":
         return ("watch" if query.get("watch") in ("1", "true", "True") else "get" if named else "list"), resource
     return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method], resource
@@ -74,10 +79,11 @@ def test_the_rbac_allows_every_request_of_the_service_and_no_pod_write() -> None
                 pass
             api.get("default", items[0]["metadata"]["name"])
             api.event(items[0], "TftBridgeRefused", "a test")
+            api.node("node-1")  # the start-up check of the node name
         finally:
             api.close()
         made = {verb_of(*request) for request in server.requests}
-    assert made == {("list", PODS), ("watch", PODS), ("get", PODS), ("create", "events")}
+    assert made == {("list", PODS), ("watch", PODS), ("get", PODS), ("create", "events"), ("get", "nodes")}
     for verb, resource in made:
         assert allowed(rules, verb, resource), (verb, resource)
     for verb in ("create", "update", "patch", "delete"):

@@ -153,12 +153,16 @@ def test_two_jobs_share_a_node_and_one_metrics_endpoint(server: StandInApiServer
 
         def both_scraped() -> dict | None:
             info = rig.scrape().get("tft_bridge_build_info", {})
-            jobs = {dict(labels).get("job") for labels in info}
+            jobs = {dict(labels).get("tft_job") for labels in info}
             return info if {job_a.uid, job_b.uid} <= jobs else None
 
         eventually_sync(both_scraped, 30, "both jobs' series on the node endpoint")
         up = rig.scrape()["tft_bridge_node_job_scrape_up"]
-        assert up == {(("job", job_a.uid),): 1.0, (("job", job_b.uid),): 1.0}
+        assert up == {(("tft_job", job_a.uid),): 1.0, (("tft_job", job_b.uid),): 1.0}
+        # not Prometheus's scrape-job label: a relayed `job` would be renamed or clobber it
+        assert all("job" not in dict(labels) for family in rig.scrape().values() for labels in family)
+        running = rig.scrape()["tft_bridge_node_job_bridge_running"]
+        assert running == {(("tft_job", job_a.uid),): 1.0, (("tft_job", job_b.uid),): 1.0}
         cluster.delete(job_b)
         rig.wait_stopped(job_b)
         assert job_a.uid in rig.running()  # the other job's bridge is untouched
@@ -181,7 +185,7 @@ def test_a_restart_of_the_node_service_orphans_nothing(server: StandInApiServer,
         assert rig.running() == {job.uid: first["pid"]}  # the same keeper: nothing restarted
         assert rig.metrics.starts.labels("job")._value.get() == 0
         eventually_sync(lambda: rig.scrape().get("tft_bridge_orphaned_job"), 20, "the adopted bridge's series")
-        assert rig.scrape()["tft_bridge_orphaned_job"] == {(("job", job.uid),): 0.0}
+        assert rig.scrape()["tft_bridge_orphaned_job"] == {(("tft_job", job.uid),): 0.0}
         cluster.delete(job)
         rig.wait_stopped(job)
         assert rig.metrics.stops.labels("deleted")._value.get() == 1
@@ -265,6 +269,9 @@ def test_exit_codes_follow_the_unit_contract(server: StandInApiServer, tmp_path:
         eventually_sync(lambda: rig.metrics.exits.labels("0")._value.get() == 1, 30, "the exit 0")
         eventually_sync(lambda: events(server, pod, "TftBridgeStopped"), 10, "the Stopped event")
         assert job.uid not in rig.running()
+        # its pod runs on without a bridge: the node endpoint says so (its series are gone)
+        eventually_sync(lambda: rig.scrape().get("tft_bridge_node_job_bridge_running")
+                        == {(("tft_job", job.uid),): 0.0}, 10, "the job shown without a bridge")
         assert rig.metrics.starts.labels("failure")._value.get() == 0
 
 
@@ -292,12 +299,12 @@ def test_a_fault_is_recovered_through_the_simulated_clusterd(server: StandInApiS
             series = rig.scrape().get(name, {})
             return sum(v for key, v in series.items() if labels.items() <= dict(key).items())
 
-        eventually_sync(lambda: sample("tft_bridge_controller_ranks_connected", job=job.uid) == 1, 30,
+        eventually_sync(lambda: sample("tft_bridge_controller_ranks_connected", tft_job=job.uid) == 1, 30,
                         "the simulated ranks connected")
         (rig.job_dir(job) / "inject-fault").write_text("3")
-        eventually_sync(lambda: sample("tft_bridge_recovery_cycles_total", job=job.uid, outcome="success"), 60,
+        eventually_sync(lambda: sample("tft_bridge_recovery_cycles_total", tft_job=job.uid, outcome="success"), 60,
                         "the recovery through the simulated ClusterD")
-        assert sample("tft_bridge_faults_reported_total", job=job.uid) >= 1
+        assert sample("tft_bridge_faults_reported_total", tft_job=job.uid) >= 1
         cluster.delete(job)
         eventually_sync(lambda: rig.service.jobs[job.uid].stop_evidence == "deleted", 15, "the job seen gone")
         assert job.uid in rig.running()  # ranks still attached: not stopped yet

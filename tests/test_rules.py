@@ -18,7 +18,7 @@ from typing import Any
 import yaml  # PyYAML: a dependency of the kubernetes client in the test extra
 
 from .prometheus_bin import required_binary
-from .test_dashboard import MATCHER, METRIC, SELECTOR, TARGET_LABELS, exported_samples
+from .test_dashboard import GROUPING, MATCHER, METRIC, SELECTOR, TARGET_LABELS, exported_samples, node_samples
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "contrib" / "prometheus" / "tft-bridge.rules.yml"
@@ -110,16 +110,55 @@ def metric_problems(all_rules: list[dict[str, Any]], samples: dict[str, set[str]
     return problems
 
 
+def both_deployments() -> dict[str, set[str]]:
+    """The samples a rule may use: a bridge's (as its own endpoint serves them, and as the
+    node endpoint relays them with ``tft_job``) and the node service's own."""
+    samples = {name: labels | {"tft_job"} for name, labels in exported_samples().items()}
+    samples.update(node_samples())
+    return samples
+
+
 def test_rules_query_only_real_metrics_and_labels() -> None:
-    problems = metric_problems(rules(), exported_samples())
+    problems = metric_problems(rules(), both_deployments())
     assert not problems, "\n".join(problems)
+
+
+ON_CLAUSE = re.compile(r"\bon\s*\(([^)]*)\)")
+
+
+def test_every_rule_keeps_the_bridges_of_a_node_apart() -> None:
+    """A grouping or a match that names the instance also names ``tft_job``: on a node
+    endpoint, one instance is every bridge of the node (with no ``tft_job`` -- a per-job
+    unit -- the label is empty and changes nothing). The node service's own series are
+    one per node."""
+    problems = []
+    for rule in rules():
+        if all(name.startswith("tft_bridge_node_") for name in METRIC.findall(RECORDED.sub("", rule["expr"]))):
+            continue
+        for clause in GROUPING.findall(rule["expr"]) + ON_CLAUSE.findall(rule["expr"]):
+            labels = {part.strip() for part in clause.split(",")}
+            if "instance" in labels and "tft_job" not in labels:
+                problems.append(f"{rule.get('alert') or rule['record']}: ({clause})")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_node_service_is_watched() -> None:
+    """Alerts on the node service's own series: a job without a bridge, a failing bridge,
+    refusals, the pod watch."""
+    used = {name for rule in alerts().values() for name in METRIC.findall(rule["expr"])}
+    node = set(node_samples())
+    for name in ("tft_bridge_node_job_bridge_running", "tft_bridge_node_job_scrape_up", "tft_bridge_node_refused_jobs",
+                 "tft_bridge_node_watch_up"):
+        assert name in node and name in used, name
+    recorded = {rule["record"]: rule["expr"] for rule in rules() if "record" in rule}
+    assert "tft_bridge_node_bridge_exits_total" in recorded["instance:tft_bridge_node_bridge_exits:increase15m"]
 
 
 def test_a_misspelt_metric_label_or_recording_rule_is_caught() -> None:
     broken = [{"alert": "A", "expr": "tft_bridge_outbox_depht > 1"},
               {"alert": "B", "expr": 'tft_bridge_reports_dropped_total{reson="x"} > 0'},
               {"alert": "C", "expr": "instance:tft_bridge_no_such:increase10m > 0"}]
-    problems = metric_problems(broken, exported_samples())
+    problems = metric_problems(broken, both_deployments())
     assert len(problems) == 3 and [p[0] for p in problems] == ["A", "B", "C"], problems
 
 

@@ -12,6 +12,7 @@ other job. Every problem is reported at once, one line per key, as ``check-confi
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, build_config, host_problem, read_toml
+from .selector import selector_problem
 
 #: The opt-in label a job's pods carry (contrib/kubernetes/ascendjob-fragment.yaml).
 DEFAULT_SELECTOR = "tft-bridge/enabled=true"
@@ -41,6 +43,7 @@ class NodeConfigError(ConfigError):
 class NodeSection:
     name: str = ""  # the Node's name; "" = $NODE_NAME, else the host name
     host_ip: str = ""  # the IP bridges bind; "" = each pod's status.hostIP
+    host_ip_wait: float = 60.0  # a pod whose status.hostIP is not written yet: how long before it is refused
     selector: str = DEFAULT_SELECTOR  # the opt-in label selector
     state_root: str = "/var/lib/tft-bridge/node"  # one directory per job under it
     launcher: str = "auto"  # auto (systemd when it runs), systemd, session
@@ -51,6 +54,7 @@ class NodeSection:
     ranks_leave_wait: float = 60.0  # a job gone: how long its ranks may stay connected before the stop
     resolve_timeout: float = 2.0  # a MINDX_SERVER_IP name lookup
     tick: float = 0.5  # how often children and the pending stops are looked at
+    refusal_retry: float = 600.0  # a job given up (bridge_config, bridge_failing) is tried again after this; 0 = never
     retention: float = 7 * 86400.0  # a finished job's directory is removed this long after its end; 0 = never
 
 
@@ -70,6 +74,9 @@ class NodeMetricsSection:
     address: str = "127.0.0.1"
     port: int = 9464
     scrape_timeout: float = 2.0  # each job's own endpoint, read at every scrape of this one
+    certfile: str = ""  # HTTPS with this certificate and key (both, or neither)
+    keyfile: str = ""
+    client_cafile: str = ""  # and client certificates signed by this CA required
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,13 @@ class NodeConfig:
     @property
     def node_name(self) -> str:
         return self.node.name or os.environ.get("NODE_NAME", "") or socket.gethostname()
+
+    @property
+    def node_name_source(self) -> str:
+        """Where ``node_name`` came from, for a message that names it."""
+        if self.node.name:
+            return "node.name"
+        return "$NODE_NAME" if os.environ.get("NODE_NAME") else "the host name (node.name and $NODE_NAME unset)"
 
 
 _SECTIONS: dict[str, type] = {"node": NodeSection, "kubernetes": KubernetesSection, "metrics": NodeMetricsSection}
@@ -102,15 +116,42 @@ def _section(name: str, cls: type, raw: Any, problems: list[str]) -> Any:
         kind = type(spec.default)
         if kind is tuple and isinstance(value, list) and all(isinstance(v, str) for v in value):
             values[key] = tuple(value)
-        elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             values[key] = float(value)
-        elif kind is int and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        elif kind is int and isinstance(value, int) and not isinstance(value, bool):
             values[key] = value
         elif kind in (str, bool) and isinstance(value, kind):
             values[key] = value
         else:
-            problems.append(f"{name}.{key}: expected {kind.__name__}, got {value!r}")
+            what = {tuple: "a list of strings", float: "a number", int: "an integer", str: "a string",
+                    bool: "true or false"}[kind]
+            problems.append(f"{name}.{key}: expected {what}, got {value!r}")
+            continue
+        bound = _BOUNDS.get(f"{name}.{key}")
+        if bound is not None and not bound[0](values[key]):
+            problems.append(f"{name}.{key}: {bound[1]}, got {value!r}")
+            del values[key]
     return cls(**values)
+
+
+#: Numeric keys and what they must be, with the reason an operator needs.
+_BOUNDS: dict[str, tuple[Any, str]] = {
+    "node.host_ip_wait": (lambda v: v >= 0, "must be 0 or more (seconds a pod may wait for its host IP)"),
+    "node.tick": (lambda v: v > 0, "must be more than 0 (seconds between looks at the bridges; 0 is a busy loop)"),
+    "node.restart_delay": (lambda v: v >= 0, "must be 0 or more (seconds before a failed bridge is restarted)"),
+    "node.start_limit_burst": (lambda v: v >= 1, "must be at least 1 (starts allowed within start_limit_interval)"),
+    "node.start_limit_interval": (lambda v: v > 0, "must be more than 0 (seconds)"),
+    "node.ranks_leave_wait": (lambda v: v >= 0, "must be 0 or more (seconds a gone job's ranks may stay attached)"),
+    "node.resolve_timeout": (lambda v: v > 0, "must be more than 0 (seconds a name lookup may take)"),
+    "node.refusal_retry": (lambda v: v >= 0, "must be 0 (never) or more (seconds before a given-up job is tried "
+                                             "again)"),
+    "kubernetes.request_timeout": (lambda v: v > 0, "must be more than 0 (seconds: every API call's deadline)"),
+    "kubernetes.connect_timeout": (lambda v: v > 0, "must be more than 0 (seconds)"),
+    "kubernetes.watch_timeout": (lambda v: v > 0, "must be more than 0 (seconds a watch lasts before it is renewed)"),
+    "metrics.port": (lambda v: 0 <= v <= 65535, "must be in 0..65535"),
+    "metrics.scrape_timeout": (lambda v: v > 0, "must be more than 0 (seconds a bridge's endpoint may take)"),
+}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _template_problems(template: Mapping[str, Any]) -> list[str]:
@@ -146,8 +187,11 @@ def build_node_config(raw: Mapping[str, Any]) -> NodeConfig:
                 problems += _template_problems(template)
             else:
                 problems.append(f"[bridge]: expected a table, got {value!r}")
-        elif key == "log_level" and isinstance(value, str):
-            log_level = value
+        elif key == "log_level":
+            if isinstance(value, str) and value.upper() in LOG_LEVELS:
+                log_level = value.upper()
+            else:
+                problems.append(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
         else:
             problems.append(f"{key}: unknown key (known: bridge, kubernetes, log_level, metrics, node)")
     config = NodeConfig(**sections, bridge=template, log_level=log_level)
@@ -158,19 +202,58 @@ def build_node_config(raw: Mapping[str, Any]) -> NodeConfig:
         problems.append(f"node.host_ip: {host_problem(n.host_ip, allow_unspecified=False)}")
     if not Path(n.state_root).is_absolute():
         problems.append(f"node.state_root: expected an absolute path, got {n.state_root!r}")
-    if not n.selector.strip():
-        problems.append("node.selector: empty: the service would serve every pod of the node")
-    if n.start_limit_burst < 1:
-        problems.append("node.start_limit_burst: must be at least 1")
+    why = selector_problem(n.selector)
+    if why is not None:
+        problems.append(f"node.selector: {why} (the API server would refuse {n.selector!r}; e.g. "
+                        f"{DEFAULT_SELECTOR!r}, 'a in (x,y)', '!key')")
+    k = config.kubernetes
+    if k.server and not k.server.startswith(("http://", "https://")):
+        problems.append(f"kubernetes.server: expected an http:// or https:// URL (e.g. kubectl proxy's "
+                        f"http://127.0.0.1:8001), got {k.server!r}")
+    if k.kubeconfig and not Path(k.kubeconfig).is_absolute():
+        problems.append(f"kubernetes.kubeconfig: expected an absolute path, got {k.kubeconfig!r}")
     m = config.metrics
     why = host_problem(m.address, allow_unspecified=False)
     if m.enabled and why:
         problems.append(f"metrics.address: {why}")
-    if not 0 <= m.port <= 65535:
-        problems.append(f"metrics.port: must be in 0..65535, got {m.port}")
+    problems += metrics_tls_problems(m)
     if problems:
         raise NodeConfigError(problems)
     return config
+
+
+def metrics_tls_problems(m: NodeMetricsSection) -> list[str]:
+    """The node endpoint's TLS keys, checked as the bridge's own [metrics] are."""
+    problems = []
+    if bool(m.certfile) != bool(m.keyfile):
+        problems.append("metrics.certfile and metrics.keyfile: give both to serve HTTPS, or neither")
+    elif m.enabled:
+        for key in ("certfile", "keyfile", "client_cafile"):
+            path = getattr(m, key)
+            if path and not Path(path).is_file():
+                problems.append(f"metrics.{key}: no such file {path!r}")
+    if m.client_cafile and not m.certfile:
+        problems.append("metrics.client_cafile: client certificates need HTTPS: set metrics.certfile and keyfile")
+    return problems
+
+
+def node_config_warnings(config: NodeConfig) -> list[str]:
+    """Legal but unwise: said by ``--check`` and logged at start, not refused (as the
+    bridge's ``check-config`` does)."""
+    m = config.metrics
+    if m.enabled and not m.client_cafile and not is_loopback(m.address):
+        return [f"metrics.address: {m.address!r} is reachable from other hosts and the endpoint "
+                f"{'takes any client' if m.certfile else 'serves plain HTTP'}: every job's recovery state is "
+                f"readable there. Set metrics.certfile, metrics.keyfile and metrics.client_cafile (HTTPS with "
+                f"client certificates), or bind 127.0.0.1 and scrape through an agent on the node"]
+    return []
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
 
 
 def load_node_config(path: str | os.PathLike[str]) -> NodeConfig:

@@ -35,6 +35,8 @@ def job_raw(spec: JobSpec, template: Mapping[str, Any], state_dir: Path, metrics
         controller["enable_zit"] = spec.enable_zit
     if spec.wait_mindx_time is not None:
         controller["wait_mindx_time"] = spec.wait_mindx_time
+    if spec.pause_timeout is not None:
+        controller["pause_timeout"] = spec.pause_timeout
     raw.setdefault("recorder", {})["directory"] = str(state_dir)  # the flight recorder beside the marker
     raw["metrics"] = {"enabled": True, "address": "127.0.0.1", "port": metrics_port}
     return raw

@@ -10,7 +10,10 @@ dicts in the API's own shape (the client's JSON, not its models), like PodGroups
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..platform.kube import BoundedApi, WatchStream, _kubernetes, classify, open_watch, watch_arguments
@@ -19,12 +22,12 @@ COMPONENT = "tft-bridge-node"
 
 
 class CoreV1Calls:
-    """The four core/v1 calls the service makes (list or watch pods, get a pod, create an
-    Event), made through the ``ApiClient`` as the generated ``CoreV1Api`` makes them: the
+    """The core/v1 calls the service makes (list or watch pods, get a pod, get its Node,
+    create an Event), made through the ``ApiClient`` as the generated ``CoreV1Api`` makes them: the
     same path, query parameters, ``Accept``/``Content-Type``, ``BearerToken`` auth and,
     with ``_preload_content=False``, the same raw response or ``ApiException``. The
     generated class's module alone is about 21 MiB of resident memory in a process that
-    makes four calls (docs/operations.md). Unknown keyword arguments raise ``KeyError``."""
+    makes five calls (docs/operations.md). Unknown keyword arguments raise ``KeyError``."""
 
     QUERY = {"field_selector": "fieldSelector", "label_selector": "labelSelector",
              "resource_version": "resourceVersion", "timeout_seconds": "timeoutSeconds", "watch": "watch",
@@ -59,6 +62,9 @@ class CoreV1Calls:
     def read_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> Any:
         return self._call("GET", "/api/v1/namespaces/{namespace}/pods/{name}", {"namespace": namespace,
                                                                                 "name": name}, **kwargs)
+
+    def read_node(self, name: str, **kwargs: Any) -> Any:
+        return self._call("GET", "/api/v1/nodes/{name}", {"name": name}, **kwargs)
 
     def create_namespaced_event(self, namespace: str, body: dict[str, Any], **kwargs: Any) -> Any:
         return self._call("POST", "/api/v1/namespaces/{namespace}/events", {"namespace": namespace}, body, **kwargs)
@@ -109,6 +115,14 @@ class PodApi(BoundedApi):
         except Exception as error:
             raise classify(error) from error
 
+    def node(self, name: str) -> dict[str, Any]:
+        """The Node ``name`` (NotFound when the cluster has none of that name)."""
+        try:
+            response = self._core.read_node(name, _preload_content=False, _request_timeout=self._timeouts())
+            return dict(json.loads(response.data))
+        except Exception as error:
+            raise classify(error) from error
+
     def event(self, pod: dict[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
         """A core/v1 Event on ``pod`` (what ``kubectl describe pod`` shows)."""
         meta = pod.get("metadata") or {}
@@ -128,3 +142,63 @@ class PodApi(BoundedApi):
                                                _request_timeout=self._timeouts())
         except Exception as error:
             raise classify(error) from error
+
+
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+#: Where the unit's LoadCredential=kubeconfig:... puts the file (systemd >= 247).
+CREDENTIALS_DIRECTORY = "/run/credentials/"
+NEXT_STEP = ("write it with contrib/kubernetes/node-kubeconfig.sh (it waits for the ServiceAccount's token), install "
+             "it as /etc/tft-bridge/node-kubeconfig, then systemctl restart tft-bridge-node")
+
+
+def credentials_problem(kubeconfig: str, context: str, server: str, config_path: str,
+                        env: Mapping[str, str] | None = None) -> str | None:
+    """Why the service would have no usable Kubernetes credentials, naming the file and the
+    next step (None: they look usable; the API server has the last word). Read once at start."""
+    if server:
+        return None
+    if not kubeconfig:
+        environ = os.environ if env is None else env
+        if environ.get("KUBERNETES_SERVICE_HOST") and Path(SERVICE_ACCOUNT_TOKEN).is_file():
+            return None
+        return (f"{config_path}: kubernetes.kubeconfig is not set and this is not a pod with a service account: set "
+                f"it to the node's kubeconfig ({NEXT_STEP})")
+    path = Path(kubeconfig)
+    if not path.is_file():
+        if kubeconfig.startswith(CREDENTIALS_DIRECTORY):
+            return (f"{kubeconfig} (kubernetes.kubeconfig in {config_path}) does not exist: the unit's "
+                    f"LoadCredential=kubeconfig:/etc/tft-bridge/node-kubeconfig did not deliver it. Check the drop-in "
+                    f"(systemctl cat tft-bridge-node) and that its source file exists; LoadCredential= needs systemd "
+                    f"247 or later (docs/node-service.md, 'Credentials and RBAC', has the fallback). {NEXT_STEP}")
+        return f"{kubeconfig} (kubernetes.kubeconfig in {config_path}) does not exist: {NEXT_STEP}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        return f"{kubeconfig} (kubernetes.kubeconfig in {config_path}) cannot be read: {error}"
+    try:
+        import yaml
+
+        document = yaml.safe_load(text)
+    except Exception as error:  # yaml.YAMLError; or PyYAML missing with the client
+        return f"{kubeconfig} is not a kubeconfig (YAML): {error}: {NEXT_STEP}"
+    if not document:
+        return f"{kubeconfig} is empty: {NEXT_STEP}"
+    if not isinstance(document, dict):
+        return f"{kubeconfig} is not a kubeconfig (expected a mapping with clusters, users, contexts): {NEXT_STEP}"
+    wanted = context or str(document.get("current-context") or "")
+    contexts = {str(c.get("name")): c.get("context") or {} for c in document.get("contexts") or []
+                if isinstance(c, dict)}
+    if not wanted or wanted not in contexts:
+        return (f"{kubeconfig} has no context {wanted!r} (kubernetes.context, else its current-context; it has "
+                f"{', '.join(sorted(contexts)) or 'none'}): {NEXT_STEP}")
+    user_name = str(contexts[wanted].get("user") or "")
+    users = {str(u.get("name")): u.get("user") or {} for u in document.get("users") or [] if isinstance(u, dict)}
+    user = users.get(user_name)
+    if user is None:
+        return f"{kubeconfig}: context {wanted!r} names user {user_name!r}, which it does not define: {NEXT_STEP}"
+    if not any(user.get(key) for key in ("token", "tokenFile", "client-certificate", "client-certificate-data",
+                                         "exec", "auth-provider", "username")):
+        return (f"{kubeconfig}: user {user_name!r} has no token (an empty token: the ServiceAccount's token Secret "
+                f"was not filled yet when the file was written). Wait until `kubectl -n tft-bridge get secret "
+                f"tft-bridge-node-token -o jsonpath='{{.data.token}}'` prints a token, then {NEXT_STEP}")
+    return None

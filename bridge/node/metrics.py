@@ -1,19 +1,24 @@
 """The node's one metrics endpoint: the service's own ``tft_bridge_node_*`` series, and
-every job's bridge series with a ``job`` label, read from the bridges' loopback
-endpoints at each scrape (one scrape target per node, as node exporters are).
+every job's bridge series with a ``tft_job`` label (the job id), read from the bridges'
+loopback endpoints at each scrape (one scrape target per node, as node exporters are).
+Not ``job``: that is Prometheus's own scrape-job label, which a relayed ``job`` would
+either be renamed away from (``exported_job``) or overwrite (``honor_labels``).
 
 Each bridge keeps its own registry and endpoint on 127.0.0.1 (the bridge process owns
 its numbers; the node service only relays them). A scrape of the node reads them all
 concurrently, each bounded by ``metrics.scrape_timeout``, and the whole scrape by that
-plus a second: a stuck bridge costs its own series (``tft_bridge_node_job_scrape_up{job}
-= 0``), never the node's answer.
+plus a second: a stuck bridge costs its own series (``tft_bridge_node_job_scrape_up{tft_job}
+= 0``), never the node's answer. ``tft_bridge_node_job_bridge_running{tft_job}`` is there
+for every job whose controller pod the service serves on this node, 0 while that job has
+no running bridge (a restart pending, stopped by an operator, given up): a bridge that
+ended cannot say so itself, its series just leave the endpoint.
 """
 
 from __future__ import annotations
 
 import logging
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
@@ -21,14 +26,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from .._version import __version__
-from .podspec import REASONS
+from .podspec import IGNORED_REASONS, REASONS
 
 log = logging.getLogger("tft_bridge.node.metrics")
 
 #: Why the node service started a bridge (label of tft_bridge_node_bridge_starts_total).
 START_CAUSES = ("job", "incarnation", "rescheduled", "controller_ended", "failure")
-#: The positive evidence a bridge was stopped on.
-STOP_EVIDENCE = ("deleted", "terminal", "replaced", "unserved", "shutdown")
+#: The positive evidence a bridge was stopped on (service.py ``_evidence_gone``).
+STOP_EVIDENCE = ("deleted", "terminal", "replaced")
+#: The label relayed bridge series carry: the job id (the pod's MINDX_TASK_ID).
+JOB_LABEL = "tft_job"
 
 
 class NodeMetrics:
@@ -56,6 +63,12 @@ class NodeMetrics:
         for reason in REASONS:
             self.refusals.labels(reason)
             self.refused_now.labels(reason).set(0)
+        self.ignored_now = Gauge(
+            "tft_bridge_node_ignored_pods", "Opted-in pods on this node that get neither a bridge nor a refusal now, "
+            "by reason (a worker pod, no RANK, host IP not written yet, terminal, being deleted)", ["reason"],
+            registry=r)
+        for reason in IGNORED_REASONS:
+            self.ignored_now.labels(reason).set(0)
         self.bridges = Gauge("tft_bridge_node_bridges", "Bridges running on this node", registry=r)
         self.starts = Counter("tft_bridge_node_bridge_starts", "Bridges started, by cause", ["cause"], registry=r)
         self.exits = Counter("tft_bridge_node_bridge_exits", "Bridges that ended, by exit code", ["code"],
@@ -76,15 +89,23 @@ class NodeMetrics:
         for reason in REASONS:
             self.refused_now.labels(reason).set(counts.get(reason, 0))
 
+    def set_ignored(self, counts: dict[str, int]) -> None:
+        for reason in IGNORED_REASONS:
+            self.ignored_now.labels(reason).set(counts.get(reason, 0))
+
 
 Target = tuple[str, int]  # (job id, the bridge's loopback metrics port)
 
 
 class BridgeSeries:
-    """A collector relaying every bridge's series with a ``job`` label."""
+    """A collector relaying every bridge's series with a ``tft_job`` label, and whether
+    each served job has its bridge. ``targets`` and ``served`` are called on the scrape's
+    thread: they must return values the service replaces whole, never mutates."""
 
-    def __init__(self, targets: Callable[[], list[Target]], timeout: float = 2.0) -> None:
+    def __init__(self, targets: Callable[[], list[Target]], timeout: float = 2.0,
+                 served: Callable[[], Mapping[str, bool]] | None = None) -> None:
         self._targets = targets
+        self._served = served
         self._timeout = timeout
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="node-scrape")
 
@@ -99,7 +120,7 @@ class BridgeSeries:
         futures = {self._pool.submit(self._scrape, port): job for job, port in targets}
         done, _ = wait(futures, timeout=self._timeout + 1.0)
         up = GaugeMetricFamily("tft_bridge_node_job_scrape_up",
-                               "1 when the job's bridge answered this scrape in time", labels=["job"])
+                               "1 when the job's bridge answered this scrape in time", labels=[JOB_LABEL])
         merged: dict[str, Metric] = {}
         for future, job in futures.items():
             families = future.result() if future in done else None
@@ -112,7 +133,14 @@ class BridgeSeries:
                 elif target.type != family.type:
                     continue
                 for sample in family.samples:
-                    target.samples.append(sample._replace(labels={"job": job, **sample.labels}))
+                    target.samples.append(sample._replace(labels={**sample.labels, JOB_LABEL: job}))
+        if self._served is not None:
+            running = GaugeMetricFamily("tft_bridge_node_job_bridge_running",
+                                        "1 when the job whose controller pod is served on this node has a running "
+                                        "bridge, 0 while it has none", labels=[JOB_LABEL])
+            for job, runs in sorted(self._served().items()):
+                running.add_metric([job], 1.0 if runs else 0.0)
+            yield running
         yield up
         yield from merged.values()
 

@@ -10,8 +10,14 @@ dicts. The facts each rule rests on (MindCluster's source):
   default container) and sets ``MINDX_TASK_ID`` to the AscendJob's UID, which is also
   ClusterD's job id and the pods' controlling ownerReference UID. The two must agree, or
   the bridge would report to ClusterD under a job id ClusterD does not know.
-* World size: ``WORLD_SIZE`` (PyTorch) or ``MS_WORKER_NUM`` (MindSpore), exactly as
-  TaskD reads it; absent for some jobs (vNPU, dynamic cut), then nothing is guessed.
+* World size: ``WORLD_SIZE`` (PyTorch), or ``MS_WORKER_NUM`` (MindSpore) where
+  ``WORLD_SIZE`` is absent or empty, exactly as TaskD and the bridge itself read it;
+  absent for some jobs (vNPU, dynamic cut), then nothing is guessed.
+* ``LOCAL_PROXY_ENABLE=on`` (exactly): ClusterD is reached through its node-local proxy,
+  ``127.0.0.1:8899``, whatever ``MINDX_SERVER_IP`` says; ``HCCL_CONNECT_TIMEOUT`` sets
+  the pause timeout as TaskD derives it (``bridge.config.pause_timeout_from_hccl``).
+* A pod is created without a status; the kubelet writes ``status.hostIP`` once it runs
+  the pod. A pod without it yet is waited for (``HostIpPending``), not refused.
 * The ranks dial ``PROCESSOR_ADDR`` (the ``<job>-master-0`` Service, which selects pod 0)
   on ``TTP_PORT``: a bridge on the host is reachable there only when pod 0 uses
   ``hostNetwork`` and the bridge binds the host IP.
@@ -28,6 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import LOCAL_PROXY_ADDRESS, pause_timeout_from_hccl
+
 #: The reasons a job that opted in gets no bridge (label values of the refusal metric,
 #: the Event's message prefix; docs/node-service.md lists each one).
 REASONS = (
@@ -39,10 +47,20 @@ REASONS = (
     "no_clusterd",  # no MINDX_SERVER_IP and no clusterd.address in the node's configuration
     "taskd_controller",  # TASKD_PROCESS_ENABLE is not off: TaskD would start a second controller
     "bad_value",  # a value is malformed (a port, a number, PROCESS_RECOVER) or comes from a source the node cannot read
-    "host_ip_unknown",  # neither node.host_ip nor the pod's status.hostIP
+    "host_ip_unknown",  # neither node.host_ip nor the pod's status.hostIP, after node.host_ip_wait
     "host_ip_mismatch",  # the pod's hostIP is not node.host_ip
     "bridge_config",  # the bridge refused the configuration built for the job (tft-bridge run exit 2)
     "bridge_failing",  # the bridge failed to start too often (the unit's start limit)
+)
+
+#: Why an opted-in pod gets neither a bridge nor a refusal (label values of
+#: tft_bridge_node_ignored_pods; docs/node-service.md lists each one).
+IGNORED_REASONS = (
+    "not_controller",  # a worker pod: TaskD starts the controller in rank 0's (or the Scheduler's) pod only
+    "no_rank",  # the job's container has neither RANK nor MS_ROLE: which pod hosts the controller is unknown
+    "host_ip_pending",  # the kubelet has not written status.hostIP yet (waited for, node.host_ip_wait)
+    "terminal",  # Succeeded or Failed
+    "deleting",  # deletionTimestamp set
 )
 
 DEFAULT_TTP_PORT = 8000  # the port MindCluster's guide and PROCESSOR_ADDR use
@@ -66,6 +84,7 @@ class JobSpec:
     enable_zit: bool | None  # HIGH_AVAILABILITY contains elastic-training
     wait_mindx_time: int | None  # MINDIO_WAIT_MINDX_TIME
     clusterd_address: str  # HOST:PORT, an IP literal host
+    pause_timeout: int | None = None  # from HCCL_CONNECT_TIMEOUT; None: not set, the bridge's default
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,27 @@ class Refusal:
     pod_name: str
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """An opted-in pod that gets no bridge and no refusal, and why (one of IGNORED_REASONS);
+    ``notify``: the pod looks meant to be served, so an Event tells its owner."""
+
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    reason: str
+    message: str
+    notify: bool = False
+
+
+@dataclass(frozen=True)
+class HostIpPending:
+    """A controller pod whose ``status.hostIP`` the kubelet has not written yet: waited for;
+    ``refusal`` is what it becomes if it never comes."""
+
+    refusal: Refusal
 
 
 Resolver = Callable[[str], str | None]  # a host name -> an IP literal, or None
@@ -105,15 +145,16 @@ def is_terminal(pod: Mapping[str, Any]) -> bool:
 
 
 def job_container_env(pod: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
-    """The env of the container that carries MINDX_TASK_ID, with downward-API fields of
-    the pod resolved; and the names whose value the node cannot read (ConfigMap,
-    Secret, resource fields: never guessed)."""
+    """The env of the container that carries MINDX_TASK_ID (else of the first container,
+    the pod's default), with downward-API fields of the pod resolved; and the names whose
+    value the node cannot read (ConfigMap, Secret, resource fields: never guessed)."""
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
-    for container in spec.get("containers") or []:
+    containers = [c for c in spec.get("containers") or [] if isinstance(c, Mapping)]
+    carrying = [c for c in containers
+                if any(isinstance(e, Mapping) and e.get("name") == "MINDX_TASK_ID" for e in c.get("env") or [])]
+    for container in (carrying or containers)[:1]:
         env = container.get("env") or []
-        if not any(isinstance(e, Mapping) and e.get("name") == "MINDX_TASK_ID" for e in env):
-            continue
         values: dict[str, str] = {}
         unreadable: list[str] = []
         for entry in env:
@@ -166,16 +207,23 @@ def _flag(text: str) -> bool | None:
 
 
 def evaluate(pod: Mapping[str, Any], *, host_ip: str, clusterd_address: str,
-             resolve: Resolver) -> JobSpec | Refusal | None:
-    """The bridge ``pod`` needs, a refusal, or None when the pod hosts no controller.
+             resolve: Resolver) -> JobSpec | Refusal | HostIpPending | Ignored:
+    """The bridge ``pod`` needs, a refusal, a wait for its host IP, or why it is ignored
+    (a worker pod, a pod that does not say its rank).
 
     ``host_ip``: the node's configured IP ("" = the pod's ``status.hostIP``);
     ``clusterd_address``: the node's ``bridge.clusterd.address`` ("" = from the pod)."""
     env, unreadable = job_container_env(pod)
     framework = framework_of(env)
-    if framework is None:
-        return None
     m = meta(pod)
+    if framework is None:
+        ids = (pod_uid(pod), str(m.get("namespace") or ""), str(m.get("name") or ""))
+        if "RANK" not in env and "MS_ROLE" not in env:
+            return Ignored(*ids, "no_rank", "the pod carries the opt-in label but its container sets neither RANK "
+                           "nor MS_ROLE, so which pod of the job hosts the controller is unknown: is it an "
+                           "AscendJob's pod made by ascend-operator?", notify=True)
+        return Ignored(*ids, "not_controller", "not the pod TaskD starts the controller in (RANK 0 or the "
+                                               "MindSpore Scheduler)")
     job_id = env.get("MINDX_TASK_ID", "").strip()
     uid = pod_uid(pod)
 
@@ -184,7 +232,11 @@ def evaluate(pod: Mapping[str, Any], *, host_ip: str, clusterd_address: str,
                        reason, message)
 
     owner = owner_uid(pod)
-    if not job_id or not owner or job_id != owner:
+    if not job_id:
+        return refuse("ids_disagree", f"no container of the pod carries MINDX_TASK_ID (the pod's controlling "
+                                      f"owner UID is {owner!r}): ascend-operator sets it in every AscendJob "
+                                      f"pod; ClusterD knows the job by that id, never guessed")
+    if not owner or job_id != owner:
         return refuse("ids_disagree", f"MINDX_TASK_ID {job_id!r} is not the pod's controlling owner UID "
                                       f"{owner!r}: ClusterD knows the job by one id, never guessed")
     if (env.get("TASKD_PROCESS_ENABLE") or "on").strip().lower() != "off":
@@ -194,12 +246,14 @@ def evaluate(pod: Mapping[str, Any], *, host_ip: str, clusterd_address: str,
         return refuse("not_host_network", "pod 0 does not use hostNetwork: the ranks reach the controller at "
                                           "pod 0's IP, which a bridge on the host cannot bind")
     important = {"WORLD_SIZE", "MS_WORKER_NUM", "TTP_PORT", "PROCESS_RECOVER", "HIGH_AVAILABILITY",
-                 "MINDIO_WAIT_MINDX_TIME", "MINDX_SERVER_IP"}
+                 "MINDIO_WAIT_MINDX_TIME", "MINDX_SERVER_IP", "LOCAL_PROXY_ENABLE", "HCCL_CONNECT_TIMEOUT"}
     hidden = sorted(important.intersection(unreadable))
     if hidden:
         return refuse("bad_value", f"{', '.join(hidden)} come from a source the node service does not read "
                                    f"(ConfigMap, Secret or resource field): give them as values")
-    size_name = "WORLD_SIZE" if "WORLD_SIZE" in env else "MS_WORKER_NUM" if "MS_WORKER_NUM" in env else ""
+    # As the bridge reads them (bridge/config.py): MS_WORKER_NUM where WORLD_SIZE is absent or empty.
+    size_name = "MS_WORKER_NUM" if not env.get("WORLD_SIZE") and "MS_WORKER_NUM" in env else \
+        "WORLD_SIZE" if "WORLD_SIZE" in env else ""
     if not size_name:
         return refuse("no_world_size", "neither WORLD_SIZE nor MS_WORKER_NUM is set in the pod")
     world_size = _int(env[size_name])
@@ -218,13 +272,22 @@ def evaluate(pod: Mapping[str, Any], *, host_ip: str, clusterd_address: str,
         wait = _int(env["MINDIO_WAIT_MINDX_TIME"])
         if wait is None:
             return refuse("bad_value", f"MINDIO_WAIT_MINDX_TIME {env['MINDIO_WAIT_MINDX_TIME']!r} is not an integer")
+    pause = None
+    if "HCCL_CONNECT_TIMEOUT" in env:
+        derived = pause_timeout_from_hccl(env["HCCL_CONNECT_TIMEOUT"])
+        if isinstance(derived, str):
+            return refuse("bad_value", f"HCCL_CONNECT_TIMEOUT {derived!r} is not an integer")
+        pause = derived
     pod_host = str((pod.get("status") or {}).get("hostIP") or "")
     bind_ip = host_ip or pod_host
     if not bind_ip:
-        return refuse("host_ip_unknown", "the pod has no status.hostIP yet and node.host_ip is not set")
+        return HostIpPending(refuse("host_ip_unknown", "the kubelet has not written the pod's status.hostIP and "
+                                                       "node.host_ip is not set"))
     if host_ip and pod_host and pod_host != host_ip:
         return refuse("host_ip_mismatch", f"the pod's hostIP {pod_host} is not this node's host_ip {host_ip}")
     address = clusterd_address
+    if not address and env.get("LOCAL_PROXY_ENABLE") == "on":  # TaskD's exact test; wins over MINDX_SERVER_IP
+        address = LOCAL_PROXY_ADDRESS
     if not address:
         server = env.get("MINDX_SERVER_IP", "").strip()
         if not server:
@@ -242,7 +305,7 @@ def evaluate(pod: Mapping[str, Any], *, host_ip: str, clusterd_address: str,
                    pod_name=str(m.get("name") or ""),
                    job_name=str(labels.get("training.kubeflow.org/job-name") or ""), framework=framework,
                    world_size=world_size, bind_ip=bind_ip, port=port, enable_arf=arf, enable_zit=zit,
-                   wait_mindx_time=wait, clusterd_address=address)
+                   wait_mindx_time=wait, clusterd_address=address, pause_timeout=pause)
 
 
 def _ip_literal(text: str) -> str | None:

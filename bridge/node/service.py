@@ -8,7 +8,10 @@ whole, never mutated). Each pass of the loop (``reconcile``):
 
 1. evaluates every opted-in pod of the node (``podspec.evaluate``): the controller pods
    get a ``JobSpec`` or a ``Refusal`` (an Event on the pod once per reason, a log line,
-   ``tft_bridge_node_refusals_total{reason}``); the others are none of its business;
+   ``tft_bridge_node_refusals_total{reason}``); one whose host IP the kubelet has not
+   written yet is waited for (a ``host_ip_unknown`` refusal only after ``node.host_ip_wait``);
+   every other pod is counted by why it is ignored (``tft_bridge_node_ignored_pods``), with
+   an Event where it looks meant to be served (no ``RANK``);
 2. looks at every bridge it runs or adopted: one that ended on its own follows the
    per-job unit's exit-code contract (75 and 76: a fresh bridge; 1, a signal: restarted
    within the start limit; 0: an operator stopped it, left stopped; 2: refused);
@@ -29,6 +32,7 @@ running: nothing restarts a bridge under a running job but its own exit code.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import queue
@@ -53,7 +57,7 @@ from .jobconfig import job_raw, validated, write_job_config
 from .kube import PodApi
 from .launcher import UNKNOWN_EXIT, BridgeProcess, Launcher, Record, adopt_launcher, records
 from .metrics import NodeMetrics, Target, read_sample
-from .podspec import JobSpec, Refusal, evaluate, is_terminal, meta, pod_uid
+from .podspec import HostIpPending, Ignored, JobSpec, Refusal, evaluate, is_terminal, meta, pod_uid
 
 log = logging.getLogger("tft_bridge.node")
 
@@ -189,10 +193,15 @@ class NodeService:
         self.jobs: dict[str, Served] = {}  # job id -> its bridge
         self._refused: dict[str, Refusal] = {}  # pod uid -> the refusal in force
         self._reported: set[tuple[str, str]] = set()  # (pod uid, reason) already posted
+        self._host_ip_waits: dict[str, float] = {}  # pod uid -> when it was first seen without a host IP
         self._given_up: dict[str, str] = {}  # pod uid -> why no bridge is started for it again
+        self._given_up_at: dict[str, float] = {}  # pod uid -> when (monotonic), for node.refusal_retry
         self._kept_warned: set[str] = set()
         self._swept = 0.0  # monotonic time of the last retention sweep
         self.targets: list[Target] = []  # read by the metrics thread: replaced whole, never mutated
+        #: job id -> whether it has a running bridge, for every job whose controller pod is
+        #: served here (refused ones too); read by the metrics thread: replaced whole
+        self.served: dict[str, bool] = {}
         self._stop = threading.Event()
         self.events = EventPoster(api, metrics)
         self.watcher = PodGroupWatcher(api, None, config.node.selector, self._deliveries.put, metrics,
@@ -279,13 +288,30 @@ class NodeService:
         now = time.monotonic()
         desired: dict[str, JobSpec] = {}
         refused: dict[str, Refusal] = {}
+        ignored: dict[str, int] = {}
+        waiting: set[str] = set()
         for uid, pod in self._pods.items():
             if is_terminal(pod) or meta(pod).get("deletionTimestamp"):
+                reason = "terminal" if is_terminal(pod) else "deleting"
+                ignored[reason] = ignored.get(reason, 0) + 1
                 continue
             result = evaluate(pod, host_ip=self.config.node.host_ip,
                               clusterd_address=str((self.config.bridge.get("clusterd") or {}).get("address") or ""),
                               resolve=self._resolve)
-            if isinstance(result, Refusal):
+            if isinstance(result, HostIpPending):
+                waiting.add(uid)
+                since = self._host_ip_waits.setdefault(uid, now)
+                if now - since < self.config.node.host_ip_wait:
+                    ignored["host_ip_pending"] = ignored.get("host_ip_pending", 0) + 1
+                    continue
+                result = dataclasses.replace(result.refusal, message=f"{result.refusal.message}, "
+                                             f"{self.config.node.host_ip_wait:.0f} s (node.host_ip_wait) after the "
+                                             f"service first saw the pod")
+            if isinstance(result, Ignored):
+                ignored[result.reason] = ignored.get(result.reason, 0) + 1
+                if result.notify:
+                    self._report_ignored(uid, pod, result)
+            elif isinstance(result, Refusal):
                 refused[uid] = result
             elif isinstance(result, JobSpec):
                 if result.job_id in desired:
@@ -293,8 +319,11 @@ class NodeService:
                                 result.job_id, desired[result.job_id].pod_name, result.pod_name)
                     continue
                 desired[result.job_id] = result
+        self._host_ip_waits = {uid: since for uid, since in self._host_ip_waits.items() if uid in waiting}
+        self.metrics.set_ignored(ignored)
         for job_id, served in list(self.jobs.items()):
             self._look_after(job_id, served, desired.get(job_id), now)
+        self._retry_given_up(now)
         for job_id, spec in desired.items():
             if job_id not in self.jobs and spec.pod_uid not in self._given_up:
                 refusal = self._start(spec, "job", now)
@@ -305,7 +334,11 @@ class NodeService:
                 refused[uid] = why_refusal(self._pods[uid], why)
         self._report_refusals(refused)
         self._given_up = {uid: why for uid, why in self._given_up.items() if uid in self._pods}
+        self._given_up_at = {uid: at for uid, at in self._given_up_at.items() if uid in self._given_up}
         self._publish_targets()
+        served = {refusal.job_id: False for refusal in refused.values() if refusal.job_id}
+        served.update({job_id: job_id in self.jobs and self.jobs[job_id].exit_code is None for job_id in desired})
+        self.served = served
         if self.config.node.retention and now - self._swept >= SWEEP_INTERVAL:
             self._swept = now
             self.sweep(set(desired) | {refusal.job_id for refusal in refused.values()}, time.time())
@@ -397,12 +430,33 @@ class NodeService:
                         served.record.pod_name, self.config.node.selector)
         return ""
 
+    def _give_up(self, pod_uid: str, why: str, now: float) -> None:
+        """No bridge for this pod until ``node.refusal_retry`` has passed or it is replaced."""
+        self._given_up[pod_uid] = why
+        self._given_up_at[pod_uid] = now
+
+    def _retry_given_up(self, now: float) -> None:
+        """Forget give-ups older than ``node.refusal_retry`` (0: never), so the next pass
+        starts the job's bridge again; an operator's stop (exit 0) is never retried."""
+        retry = self.config.node.refusal_retry
+        if retry <= 0:
+            return
+        for uid, why in list(self._given_up.items()):
+            if why and now - self._given_up_at.get(uid, now) >= retry:
+                pod = meta(self._pods.get(uid, {}))
+                log.info("pod %s/%s: its bridge is tried again (%s %.0f s ago; node.refusal_retry)",
+                         pod.get("namespace"), pod.get("name"), why, now - self._given_up_at[uid])
+                del self._given_up[uid], self._given_up_at[uid]
+                self._reported.discard((uid, why))  # a new failure is reported again
+
     def _maybe_terminate(self, job_id: str, served: Served, now: float) -> None:
         waited = now - served.stop_since
         if waited < self.config.node.ranks_leave_wait:
             connected = read_sample(served.record.metrics_port, RANKS_GAUGE, timeout=1.0)
-            if connected:
-                return  # ranks still attached: a stop now would orphan them
+            if connected is None or connected > 0:
+                # ranks still attached, or the bridge did not say (busy, stuck): a stop now could
+                # orphan them; ranks_leave_wait bounds the wait either way
+                return
         served.terminated = True
         served.process.terminate()
         self.metrics.stops.labels(served.stop_evidence).inc()
@@ -430,7 +484,7 @@ class NodeService:
                 del self.jobs[job_id]
                 refusal = self._start(spec, served.restart_cause, now, served.starts)
                 if refusal is not None:
-                    self._given_up[spec.pod_uid] = refusal.reason
+                    self._give_up(spec.pod_uid, refusal.reason, now)
             return
         pod = self._pods.get(spec.pod_uid, {})
         if code == 0:
@@ -442,7 +496,7 @@ class NodeService:
             del self.jobs[job_id]
             return
         if code == EXIT_CONFIG:
-            self._given_up[spec.pod_uid] = "bridge_config"
+            self._give_up(spec.pod_uid, "bridge_config", now)
             del self.jobs[job_id]
             return
         cause = {EXIT_RESCHEDULED: "rescheduled", EXIT_CONTROLLER_ENDED: "controller_ended"}.get(code, "failure")
@@ -452,7 +506,7 @@ class NodeService:
         if len(served.starts) >= self.config.node.start_limit_burst:
             log.error("job %s: its bridge started %d times in %.0f s; giving up (start limit)", job_id,
                       len(served.starts), window)
-            self._given_up[spec.pod_uid] = "bridge_failing"
+            self._give_up(spec.pod_uid, "bridge_failing", now)
             del self.jobs[job_id]
             return
         served.restart_at = now + self.config.node.restart_delay
@@ -526,6 +580,17 @@ class NodeService:
         self._refused = refused
         self._reported = {key for key in self._reported if key[0] in self._pods}
         self.metrics.set_refused(counts)
+
+    def _report_ignored(self, uid: str, pod: Mapping[str, Any], ignored: Ignored) -> None:
+        """Once per pod and reason: a log line and a Warning Event on a pod that carries the
+        opt-in label but cannot be served as it is."""
+        key = (uid, f"ignored:{ignored.reason}")
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        log.warning("pod %s/%s is opted in but ignored: %s: %s", ignored.namespace, ignored.pod_name,
+                    ignored.reason, ignored.message)
+        self.events.post(pod, "TftBridgeIgnored", f"{ignored.reason}: {ignored.message}")
 
     def _publish_targets(self) -> None:
         self.targets = [(job_id, served.record.metrics_port) for job_id, served in sorted(self.jobs.items())

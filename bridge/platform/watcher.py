@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,6 +31,28 @@ from ..backoff import Backoff
 from .kube import Expired, KubeError, RequestFailed, Unavailable, WatchStream, error_for_status
 
 log = logging.getLogger("tft_bridge.platform.watch")
+
+
+#: How long 401/403 answers may last before they are said to be the credentials' or the
+#: RBAC's fault: an API server that has just started answers 403 until its authorization
+#: cache is filled.
+AUTH_GRACE = 30.0
+
+
+def failure_level(error: KubeError, failing_for: float) -> tuple[int, str]:
+    """The log level of a failed list/watch and a hint for the operator. Every retry is
+    one WARNING line; a refusal (401/403) that lasts past ``AUTH_GRACE`` is an ERROR that
+    names the credentials and the RBAC; other refused requests (400, 422...) are ERRORs."""
+    status = getattr(error, "status", 0)
+    if status in (401, 403):
+        if failing_for < AUTH_GRACE:
+            return logging.WARNING, (f" (refused: normal for a moment after the API server starts; if it lasts "
+                                     f"over {AUTH_GRACE:.0f} s, the credentials or the RBAC are wrong)")
+        what = "the token is not accepted" if status == 401 else "the RBAC does not allow it"
+        return logging.ERROR, f" ({what}: see contrib/kubernetes/rbac.yaml and the kubeconfig)"
+    if isinstance(error, RequestFailed):
+        return logging.ERROR, ""
+    return logging.WARNING, ""
 
 
 @dataclass(frozen=True)
@@ -117,12 +140,18 @@ class PodGroupWatcher:
     def _run(self) -> None:
         resource_version: str | None = None
         expired_in_a_row = 0
+        failed_since: float | None = None  # monotonic time of the first failure in a row
+        failures = 0
         while not self._stop.is_set():
             operation = "list"
             try:
                 if resource_version is None:
                     items, resource_version = self._api.list(self._namespace, self._selector)
                     self._metrics.api_requests.labels("list", "ok").inc()
+                    if failed_since is not None:
+                        log.info("%s list/watch is back after %d failed attempt(s) over %.0f s", self._what,
+                                 failures, time.monotonic() - failed_since)
+                        failed_since, failures = None, 0
                     self._deliver(Listed(items))
                 operation = "watch"
                 resource_version = self._watch_once(resource_version)
@@ -141,8 +170,11 @@ class PodGroupWatcher:
                 if self._stop.is_set():
                     break
                 delay = self._backoff.next()
-                level = logging.ERROR if isinstance(error, RequestFailed) else logging.WARNING
-                log.log(level, "%s list/watch failed (%s); listing again in %.1f s", self._what, error, delay)
+                now = time.monotonic()
+                failed_since = now if failed_since is None else failed_since
+                failures += 1
+                level, hint = failure_level(error, now - failed_since)
+                log.log(level, "%s list/watch failed (%s); listing again in %.1f s%s", self._what, error, delay, hint)
                 self._metrics.watch_restarts.labels("error").inc()
                 self._metrics.api_requests.labels(operation, type(error).__name__.lower()).inc()
                 resource_version = None

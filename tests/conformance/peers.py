@@ -48,9 +48,9 @@ from ..conftest import eventually_sync
 from ..processes import ROOT
 
 #: Where to get the real peers, said once when the tier is skipped.
-WHERE = ("the real peers (ClusterD harness, MindIO TFT build, fake_rank.py) are not here: put them at "
-         "../shared/real-peers beside the repository or point TFT_BRIDGE_REAL_PEERS at them "
-         "(they are built from github.com/Ascend/mind-cluster by their README's build scripts)")
+WHERE = ("the real peers (ClusterD harness, MindIO TFT build, fake_rank.py) were not found: they are "
+         "built outside this repository (nothing of theirs is committed here; docs/testing.md, 'The "
+         "conformance tier') and found through TFT_BRIDGE_REAL_PEERS, the directory holding bin/clusterd-harness")
 #: The CPython the MindIO build was made for (its compiled modules are per version).
 MINDIO_PYTHON = (3, 11)
 #: The release each harness binary carries, by file name.

@@ -1,21 +1,50 @@
-"""An in-process stand-in for the Kubernetes API server: PodGroups, Pods and Events.
+"""An in-process stand-in for the Kubernetes API server: PodGroups, Pods, Nodes and Events.
 
-It speaks the real paths and semantics the agent depends on, over real HTTP/1.1 on
-loopback, so the official ``kubernetes`` client talks to it unmodified:
+It speaks the real paths and semantics the agent and the node service depend on, over
+real HTTP/1.1 (or HTTPS with bearer tokens) on loopback, so the official ``kubernetes``
+client talks to it unmodified, and it refuses what the real server refuses:
 
-* ``GET /apis/scheduling.volcano.sh/v1beta1[/namespaces/{ns}]/podgroups``: a list with
-  ``metadata.resourceVersion``; ``labelSelector`` (equality terms: ``k=v``, ``k==v``,
-  ``k!=v``, ``k``, ``!k``).
-* the same with ``watch=1``: chunked JSON lines ``{"type", "object"}`` from
+* Lists (``GET /apis/scheduling.volcano.sh/v1beta1[/namespaces/{ns}]/podgroups``,
+  ``/api/v1[/namespaces/{ns}]/pods``, ``/api/v1/nodes``, events) with
+  ``metadata.resourceVersion``; ``limit``/``continue`` paging (``metadata.continue``,
+  ``remainingItemCount``); built-in resources' list items carry no ``kind``/``apiVersion``
+  (custom resources' do), as the real server's typed lists.
+* Selectors parsed as the real server parses them (``selectors.py``): set-based label
+  terms (``in``, ``notin``, ``key``, ``!key``), a malformed selector a 400, a field
+  selector on a field the resource does not declare selectable (``status.hostIP``) a 400.
+* Watches (``watch=1``): chunked JSON lines ``{"type", "object"}`` from
   ``resourceVersion`` on (history replayed), ``ADDED`` for every object when no
   resourceVersion is given, ``timeoutSeconds`` honoured; an object that stops matching
-  the selector is sent as ``DELETED``, one that starts matching as ``ADDED``.
-* ``GET|PATCH|PUT|DELETE .../namespaces/{ns}/podgroups/{name}``; PATCH accepts only
-  ``application/merge-patch+json`` (RFC 7386: ``null`` deletes a key) and answers 415
-  otherwise, as the real server does for custom resources; a ``metadata.resourceVersion``
-  in the patch or the PUT body that is not the current one is a 409 Conflict.
-* A write that changes nothing is not a write: no new resourceVersion, no event (the
-  real server's behaviour, and the reason a status written twice is invisible).
+  the selector is sent as ``DELETED``, one that starts matching as ``ADDED``; with
+  ``allowWatchBookmarks=true`` a ``BOOKMARK`` every :attr:`StandInApiServer.bookmark_interval`.
+  ``resourceVersion=abc`` is a 500, as the real server answers it.
+* ``GET|PATCH|PUT|DELETE .../{name}``; PATCH takes ``application/merge-patch+json`` (and,
+  for built-in resources, ``strategic-merge-patch+json``: lists keyed by name merge) and
+  answers 415 otherwise; a ``metadata.resourceVersion`` in the patch or the PUT body that
+  is not the current one is a 409 Conflict. A write that changes nothing is not a write
+  (no new resourceVersion, no event).
+* Pods as the real registry keeps them: ``status`` dropped on create (``phase: Pending``);
+  written only through ``pods/{name}/status`` (PATCH/PUT; the status inside a patch of
+  the pod itself is ignored); ``spec.nodeName`` set only through ``pods/{name}/binding``
+  (POST a ``Binding``; 409 if already bound); any other change of the spec, and setting
+  ``metadata.deletionTimestamp``, a 422; a pod without containers a 422. Graceful
+  deletion: DELETE of a bound, non-terminal pod sets ``deletionTimestamp`` and
+  ``deletionGracePeriodSeconds`` (``gracePeriodSeconds`` of the request, else the pod's
+  ``terminationGracePeriodSeconds``, else 30) and sends MODIFIED; the pod is removed
+  (DELETED) when a DELETE with ``gracePeriodSeconds=0`` comes (the kubelet's, once the
+  containers ended) or its grace period has passed (:meth:`PodGroupStore.sweep`, run by
+  the server standing in for the kubelet and the pod garbage collector).
+* Events: ``POST /api/v1/namespaces/{ns}/events`` (``metadata.generateName`` honoured); an
+  ``involvedObject.namespace`` other than the Event's namespace, or missing outside
+  ``default``, is a 422.
+  :meth:`PodGroupStore.events_for` shows what was recorded on an object.
+* Errors are ``Status`` objects with ``reason``, ``code`` and ``details`` (name, group,
+  kind; ``causes`` for a 422). A request body is read before any answer, so an error
+  never leaves it on the keep-alive connection.
+* Authentication and authorisation, when configured: HTTPS with the given certificate,
+  ``Authorization: Bearer <token>`` mapped to a user (none or unknown: 401), and the
+  user's RBAC rules (``{"apiGroups", "resources", "verbs"}``, as a ClusterRole writes
+  them) deciding each request (denied: 403).
 * Watch expiry: :meth:`PodGroupStore.compact` makes older resourceVersions answer 410
   (as an ``ERROR`` event carrying a ``Status``, or as HTTP 410 with
   ``expire_mode="http"``); :meth:`PodGroupStore.expire_watches` ends every open watch
@@ -24,27 +53,26 @@ loopback, so the official ``kubernetes`` client talks to it unmodified:
 * A restart is :meth:`StandInApiServer.stop` (every connection dropped, new ones
   refused) then :meth:`StandInApiServer.start`, which listens again on the same port with
   the same data (etcd survives). The caller decides how long it stays down.
-
-* Pods (``/api/v1[/namespaces/{ns}]/pods``, ``.../pods/{name}``) with the same list,
-  watch, get, patch and delete, and ``fieldSelector`` equality terms on any dotted path
-  (``spec.nodeName=node-1``, what every MindCluster node daemon watches with). A pod that
-  starts matching the field selector (bound to the node) is sent as ``ADDED``.
-* Events: ``POST /api/v1/namespaces/{ns}/events`` (``metadata.generateName`` honoured)
-  and their list; :meth:`PodGroupStore.events_for` shows what was recorded on an object.
 * A slow server: :attr:`StandInApiServer.delay` holds every request that long before
   it is answered (a watch's events are not delayed once it is open).
 
-Not simulated: authentication, other resources, set-based selectors,
-``limit``/``continue`` paging, server-side apply, bookmarks (accepted, never sent).
+Every write records its manager in ``metadata.managedFields`` (the request's User-Agent up
+to its first ``/``; ``sim`` for direct store writes), with coarse field sets.
+
+Not simulated: other resources, server-side apply, exact ``managedFields`` field sets, a ``continue``
+served from the snapshot of its first page (later pages read the current objects), a
+graceful stop that keeps open watches until it is killed.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import logging
 import queue
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -55,6 +83,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from .selectors import FieldSelector, LabelSelector, SelectorError
+
 log = logging.getLogger("tft_bridge.platform.sim.apiserver")
 
 GROUP_VERSION = "scheduling.volcano.sh/v1beta1"
@@ -63,121 +93,107 @@ CORE_PREFIX = "/api/v1"
 PODGROUPS = "podgroups"
 PODS = "pods"
 EVENTS = "events"
+NODES = "nodes"
 #: resource -> (apiVersion, kind, the path prefix it is served under)
 RESOURCES: dict[str, tuple[str, str, str]] = {
     PODGROUPS: (GROUP_VERSION, "PodGroup", PREFIX),
     PODS: ("v1", "Pod", CORE_PREFIX),
     EVENTS: ("v1", "Event", CORE_PREFIX),
+    NODES: ("v1", "Node", CORE_PREFIX),
 }
+CLUSTER_SCOPED = frozenset({NODES})
+#: Built-in resources: typed lists whose items carry no kind/apiVersion.
+BUILT_IN = frozenset({PODS, EVENTS, NODES})
+DEFAULT_GRACE_SECONDS = 30
+
+Selector = LabelSelector  # the name the tests and the agent's helpers know
+
+#: The field manager of the write this thread is making (set by the HTTP handler per request).
+_WRITER = threading.local()
 
 
 def _kind_name(resource: str) -> str:
     return f"{resource}.scheduling.volcano.sh" if resource == PODGROUPS else resource
 
 
+def _group(resource: str) -> str:
+    return GROUP_VERSION.split("/")[0] if resource == PODGROUPS else ""
+
+
 class ApiError(Exception):
     """An API error answered as a ``Status`` object."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
+        self.details = dict(details) if details else None
 
     def status(self) -> dict[str, Any]:
-        return status_object(self.code, self.reason, self.message)
+        return status_object(self.code, self.reason, self.message, self.details)
 
 
-def status_object(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
+def status_object(code: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                              "message": message, "reason": reason, "code": code}
+    if details:
+        status["details"] = dict(details)
+    return status
+
+
+def _details(resource: str, name: str = "", **extra: Any) -> dict[str, Any]:
+    details: dict[str, Any] = {"name": name} if name else {}
+    if _group(resource):
+        details["group"] = _group(resource)
+    details["kind"] = resource
+    details.update(extra)
+    return details
+
+
+def not_found(resource: str, name: str) -> ApiError:
+    return ApiError(404, "NotFound", f'{_kind_name(resource)} "{name}" not found', _details(resource, name))
+
+
+def invalid(resource: str, name: str, causes: list[tuple[str, str, str]]) -> ApiError:
+    """A 422: ``causes`` are (field, reason, message), e.g. ("spec.containers", "FieldValueRequired", ...)."""
+    kind = RESOURCES[resource][1]
+    text = ", ".join(f"{path}: {message}" for path, _, message in causes)
+    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {text}',
+                    {"name": name, **({"group": _group(resource)} if _group(resource) else {}), "kind": kind,
+                     "causes": [{"reason": reason, "message": message, "field": path}
+                                for path, reason, message in causes]})
 
 
 def gone(rv: str) -> ApiError:
     return ApiError(410, "Expired", f"too old resource version: {rv}")
 
 
-# --------------------------------------------------------------------------- selectors
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "BadRequest", message)
 
 
-@dataclass(frozen=True)
-class Selector:
-    """An equality-based label selector."""
-
-    terms: tuple[tuple[str, str, str], ...] = ()  # (op, key, value), op in = != exists !exists
-
-    @classmethod
-    def parse(cls, text: str | None) -> Selector:
-        terms: list[tuple[str, str, str]] = []
-        for raw in (text or "").split(","):
-            term = raw.strip()
-            if not term:
-                continue
-            if "(" in term or " in " in term or " notin " in term:
-                raise ApiError(400, "BadRequest", f"unsupported selector term {term!r}")
-            if "!=" in term:
-                key, value = term.split("!=", 1)
-                terms.append(("!=", key.strip(), value.strip()))
-            elif "==" in term:
-                key, value = term.split("==", 1)
-                terms.append(("=", key.strip(), value.strip()))
-            elif "=" in term:
-                key, value = term.split("=", 1)
-                terms.append(("=", key.strip(), value.strip()))
-            elif term.startswith("!"):
-                terms.append(("!exists", term[1:].strip(), ""))
-            else:
-                terms.append(("exists", term, ""))
-        return cls(tuple(terms))
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        for op, key, value in self.terms:
-            if op == "=" and labels.get(key) != value:
-                return False
-            if op == "!=" and labels.get(key) == value:
-                return False
-            if op == "exists" and key not in labels:
-                return False
-            if op == "!exists" and key in labels:
-                return False
-        return True
-
-
-@dataclass(frozen=True)
-class FieldSelector:
-    """Equality terms on dotted paths (``spec.nodeName=node-1``, ``status.phase!=Failed``)."""
-
-    terms: tuple[tuple[str, str, str], ...] = ()  # (op, path, value), op in = !=
-
-    @classmethod
-    def parse(cls, text: str | None) -> FieldSelector:
-        terms: list[tuple[str, str, str]] = []
-        for raw in (text or "").split(","):
-            term = raw.strip()
-            if not term:
-                continue
-            op = "!=" if "!=" in term else "==" if "==" in term else "=" if "=" in term else ""
-            if not op:
-                raise ApiError(400, "BadRequest", f"invalid field selector term {term!r}")
-            path, value = term.split(op, 1)
-            terms.append(("!=" if op == "!=" else "=", path.strip(), value.strip()))
-        return cls(tuple(terms))
-
-    def matches(self, obj: Mapping[str, Any] | None) -> bool:
-        for op, path, value in self.terms:
-            current: Any = obj or {}
-            for part in path.split("."):
-                current = current.get(part) if isinstance(current, Mapping) else None
-            text = "" if current is None else str(current)
-            if (op == "=") != (text == value):
-                return False
-        return True
+def _resource_version(text: str) -> int:
+    """A resourceVersion query parameter as the server reads it: not a number is a 500."""
+    try:
+        value = int(text)
+        if value < 0:
+            raise ValueError
+        return value
+    except ValueError:
+        raise ApiError(500, "InternalError", f'Internal error occurred: strconv.ParseUint: parsing "{text}": '
+                       "invalid syntax", {"causes": [{"message": f'strconv.ParseUint: parsing "{text}": '
+                                                                  "invalid syntax"}]}) from None
 
 
 def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
     if not obj:
         return {}
     return obj.get("metadata", {}).get("labels") or {}
+
+
+def _now_text(offset: float = 0.0) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + offset))
 
 
 # --------------------------------------------------------------------------- store
@@ -196,10 +212,34 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """A strategic merge patch as far as pods need it: a merge patch, except that lists of
+    objects keyed by ``name`` (containers, env, volumes, ports) merge item by item."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        current = result.get(key)
+        if value is None:
+            result.pop(key, None)
+        elif _named_list(value) and _named_list(current):
+            merged = {item["name"]: item for item in copy.deepcopy(current)}
+            for item in value:
+                merged[item["name"]] = strategic_merge_patch(merged.get(item["name"]), item)
+            result[key] = list(merged.values())
+        else:
+            result[key] = strategic_merge_patch(current, value)
+    return result
+
+
+def _named_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(i, dict) and "name" in i for i in value)
+
+
 @dataclass
 class Watcher:
     namespace: str | None
-    selector: Selector
+    selector: LabelSelector
     resource: str = PODGROUPS
     fields: FieldSelector = FieldSelector()
     events: queue.Queue[dict[str, Any] | None] = field(default_factory=queue.Queue)
@@ -211,7 +251,7 @@ class Watcher:
         """Queue ``kind`` for ``new`` as this watcher sees it (resource, namespace, selectors)."""
         if resource != self.resource:
             return
-        if self.namespace is not None and new["metadata"]["namespace"] != self.namespace:
+        if self.namespace is not None and new["metadata"].get("namespace", "") != self.namespace:
             return
         was = self.sees(old)
         now = self.sees(new)
@@ -225,8 +265,51 @@ class Watcher:
             self.events.put({"type": "DELETED", "object": copy.deepcopy(new)})
 
 
+def _spec_without_mutable(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod spec without what an update may change (container images, activeDeadlineSeconds,
+    tolerations): two specs that differ after this differ where the real server says 422."""
+    out = copy.deepcopy(dict(spec))
+    out.pop("activeDeadlineSeconds", None)
+    out.pop("tolerations", None)
+    for key in ("containers", "initContainers"):
+        for container in out.get(key) or []:
+            if isinstance(container, dict):
+                container.pop("image", None)
+    return out
+
+
+def _validate_pod(pod: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return [("spec.containers", "FieldValueRequired", "Required value")]
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        return [("spec.containers", "FieldValueRequired", "Required value")]
+    causes = []
+    for index, container in enumerate(containers):
+        if not isinstance(container, Mapping) or not container.get("name"):
+            causes.append((f"spec.containers[{index}].name", "FieldValueRequired", "Required value"))
+        elif not container.get("image"):
+            causes.append((f"spec.containers[{index}].image", "FieldValueRequired", "Required value"))
+    return causes
+
+
+def _validate_event(event: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """core/v1 Event validation: ``involvedObject.namespace`` must be the Event's, or
+    missing only for an Event in ``default`` (and ``kube-system`` for one with an eventTime)."""
+    namespace = (event.get("metadata") or {}).get("namespace") or ""
+    theirs = (event.get("involvedObject") or {}).get("namespace") or ""
+    if theirs == namespace:
+        return []
+    lenient = ("", "default", "kube-system") if event.get("eventTime") else ("", "default")
+    if not theirs and namespace in lenient:
+        return []
+    return [("involvedObject.namespace", "FieldValueInvalid",
+             f'Invalid value: "{theirs}": does not match event.namespace')]
+
+
 class PodGroupStore:
-    """The stand-in's objects (PodGroups, and Pods and Events beside them) with one
+    """The stand-in's objects (PodGroups, and Pods, Nodes and Events beside them) with one
     resourceVersion counter, an event history and live watchers; thread-safe. The
     methods without a ``resource`` argument are PodGroup methods, as before."""
 
@@ -239,6 +322,7 @@ class PodGroupStore:
             maxlen=history_limit)
         self._oldest = self._rv  # watches from below this rv get 410
         self._watchers: list[Watcher] = []
+        self._deadlines: dict[tuple[str, str], float] = {}  # terminating pod -> monotonic end of its grace
 
     # ----------------------------------------------------------------- reads
 
@@ -251,19 +335,48 @@ class PodGroupStore:
         with self._lock:
             obj = self._objects.get((resource, namespace, name))
             if obj is None:
-                raise ApiError(404, "NotFound", f'{_kind_name(resource)} "{name}" not found')
+                raise not_found(resource, name)
             return copy.deepcopy(obj)
 
     def annotations(self, namespace: str, name: str) -> dict[str, str]:
         return dict(self.get(namespace, name)["metadata"].get("annotations") or {})
 
-    def list(self, namespace: str | None, selector: Selector = Selector(), resource: str = PODGROUPS,
+    def list(self, namespace: str | None, selector: LabelSelector = LabelSelector(), resource: str = PODGROUPS,
              fields: FieldSelector = FieldSelector()) -> tuple[list[dict[str, Any]], str]:
         with self._lock:
             items = [copy.deepcopy(obj) for (kind, ns, _), obj in sorted(self._objects.items())
                      if kind == resource and (namespace is None or ns == namespace)
                      and selector.matches(_labels(obj)) and fields.matches(obj)]
             return items, str(self._rv)
+
+    def page(self, namespace: str | None, selector: LabelSelector, resource: str, fields: FieldSelector,
+             limit: int, token: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """One page of a list (``limit`` 0: all) after ``token`` ("" = the first page), and the
+        list's metadata: resourceVersion, and ``continue``/``remainingItemCount`` when more remain."""
+        with self._lock:
+            rv, after = self._rv, ""
+            if token:
+                try:
+                    decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
+                    rv, after = int(decoded["rv"]), str(decoded["start"])
+                except (ValueError, KeyError, TypeError):
+                    raise bad_request("continue key is not valid: illegal base64 data") from None
+                if rv < self._oldest:
+                    raise ApiError(410, "Expired", "The provided continue parameter is too old to display a "
+                                   "consistent list result. You can start a new list without the continue "
+                                   "parameter.")
+            keyed = [("/".join((ns, name)), obj) for (kind, ns, name), obj in sorted(self._objects.items())
+                     if kind == resource and (namespace is None or ns == namespace)
+                     and selector.matches(_labels(obj)) and fields.matches(obj)]
+            keyed = [(key, obj) for key, obj in keyed if key > after]
+            chosen = keyed[:limit] if limit > 0 else keyed
+            metadata: dict[str, Any] = {"resourceVersion": str(rv)}
+            if limit > 0 and len(keyed) > limit:
+                last = chosen[-1][0]
+                metadata["continue"] = base64.urlsafe_b64encode(
+                    json.dumps({"rv": rv, "start": last}).encode()).decode()
+                metadata["remainingItemCount"] = len(keyed) - limit
+            return [copy.deepcopy(obj) for _, obj in chosen], metadata
 
     def events_for(self, uid: str) -> list[dict[str, Any]]:
         """The Events recorded with ``involvedObject.uid == uid``, oldest first."""
@@ -286,28 +399,46 @@ class PodGroupStore:
         return self.create_object(PODGROUPS, obj)
 
     def create_object(self, resource: str, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """Create ``obj`` (a Pod, an Event, a PodGroup): the server sets uid,
-        creationTimestamp and resourceVersion, and a name from ``generateName``."""
+        """Create ``obj`` (a Pod, an Event, a Node, a PodGroup): the server sets uid,
+        creationTimestamp and resourceVersion, and a name from ``generateName``; a Pod's
+        status is the server's (``Pending``), never the caller's."""
         new = copy.deepcopy(dict(obj))
         meta = new.setdefault("metadata", {})
         api_version, kind, _ = RESOURCES[resource]
-        new.setdefault("apiVersion", api_version)
-        new.setdefault("kind", kind)
+        new["apiVersion"], new["kind"] = api_version, kind
+        if resource in CLUSTER_SCOPED:
+            meta.pop("namespace", None)
         with self._lock:
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
             namespace, name = meta.get("namespace") or "", meta.get("name") or ""
             if not name:
-                raise ApiError(422, "Invalid", "metadata.name: Required value")
+                raise invalid(resource, "", [("metadata.name", "FieldValueRequired", "Required value: name or "
+                                                                                      "generateName is required")])
+            if resource == PODS:
+                causes = _validate_pod(new)
+                if causes:
+                    raise invalid(resource, name, causes)
+                new["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+                new["spec"].setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+                new["spec"].setdefault("schedulerName", "default-scheduler")
+            elif resource == EVENTS:
+                causes = _validate_event(new)
+                if causes:
+                    raise invalid(resource, name, causes)
             if (resource, namespace, name) in self._objects:
-                raise ApiError(409, "AlreadyExists", f'{_kind_name(resource)} "{name}" already exists')
-            meta["uid"] = meta.get("uid") or str(uuid.uuid4())
-            meta["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                raise ApiError(409, "AlreadyExists", f'{_kind_name(resource)} "{name}" already exists',
+                               _details(resource, name))
+            for server_owned in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields"):
+                meta.pop(server_owned, None)
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = _now_text()
             return self._commit(resource, "ADDED", None, new)
 
     def patch(self, namespace: str, name: str, patch: Mapping[str, Any],
-              resource: str = PODGROUPS) -> dict[str, Any]:
-        """A merge patch; ``metadata.resourceVersion`` in it is a precondition."""
+              resource: str = PODGROUPS, subresource: str = "", strategic: bool = False) -> dict[str, Any]:
+        """A merge patch (``strategic``: lists keyed by name merged) of the object or
+        (``subresource="status"``) of its status; ``metadata.resourceVersion`` in it is a precondition."""
         with self._lock:
             current = self._current(resource, namespace, name)
             body = copy.deepcopy(dict(patch))
@@ -315,11 +446,8 @@ class PodGroupStore:
             if isinstance(meta, dict) and "resourceVersion" in meta:
                 wanted = meta.pop("resourceVersion")
                 self._check_rv(resource, current, wanted, name)
-            for immutable in ("name", "namespace", "uid"):
-                if isinstance(meta, dict) and meta.get(immutable, current["metadata"][immutable]) \
-                        != current["metadata"][immutable]:
-                    raise ApiError(422, "Invalid", f"metadata.{immutable} is immutable")
-            return self._commit(resource, "MODIFIED", current, merge_patch(current, body))
+            merged = strategic_merge_patch(current, body) if strategic else merge_patch(current, body)
+            return self._write(resource, current, merged, subresource)
 
     def patch_annotations(self, namespace: str, name: str, changes: Mapping[str, str | None]) -> dict[str, Any]:
         """An unconditional annotation patch (how ClusterD writes ProcessConfirmFault)."""
@@ -328,32 +456,74 @@ class PodGroupStore:
     def patch_labels(self, namespace: str, name: str, changes: Mapping[str, str | None]) -> dict[str, Any]:
         return self.patch(namespace, name, {"metadata": {"labels": dict(changes)}})
 
-    def update(self, obj: Mapping[str, Any], resource: str = PODGROUPS) -> dict[str, Any]:
-        """PUT: the whole object; a non-empty ``metadata.resourceVersion`` must be current."""
+    def update(self, obj: Mapping[str, Any], resource: str = PODGROUPS, subresource: str = "") -> dict[str, Any]:
+        """PUT: the whole object (or its status); a non-empty ``metadata.resourceVersion`` must be current."""
         meta = obj.get("metadata") or {}
-        namespace, name = meta.get("namespace", ""), meta.get("name", "")
+        namespace, name = meta.get("namespace", "") or "", meta.get("name", "")
         with self._lock:
             current = self._current(resource, namespace, name)
             if meta.get("resourceVersion"):
                 self._check_rv(resource, current, meta["resourceVersion"], name)
-            new = copy.deepcopy(dict(obj))
-            for immutable in ("uid", "creationTimestamp"):
-                new["metadata"][immutable] = current["metadata"][immutable]
-            return self._commit(resource, "MODIFIED", current, new)
+            return self._write(resource, current, copy.deepcopy(dict(obj)), subresource)
 
-    def delete(self, namespace: str, name: str, resource: str = PODGROUPS) -> dict[str, Any]:
+    def bind(self, namespace: str, name: str, node: str) -> dict[str, Any]:
+        """``pods/{name}/binding``: what the scheduler does; the only way to set ``spec.nodeName``."""
+        with self._lock:
+            current = self._current(PODS, namespace, name)
+            if current["metadata"].get("deletionTimestamp"):
+                raise ApiError(409, "Conflict", f"Operation cannot be fulfilled on pods/binding \"{name}\": pod "
+                               f"{name} is being deleted, cannot be assigned to a host", _details("pods/binding", name))
+            if current["spec"].get("nodeName"):
+                raise ApiError(409, "Conflict", f"Operation cannot be fulfilled on pods/binding \"{name}\": pod "
+                               f"{name} is already assigned to node \"{current['spec']['nodeName']}\"",
+                               _details("pods/binding", name))
+            new = copy.deepcopy(current)
+            new["spec"]["nodeName"] = node
+            conditions = [c for c in new["status"].get("conditions") or [] if c.get("type") != "PodScheduled"]
+            new["status"]["conditions"] = [*conditions, {"type": "PodScheduled", "status": "True",
+                                                         "lastTransitionTime": _now_text()}]
+            return self._commit(PODS, "MODIFIED", current, new, "binding")
+
+    def delete(self, namespace: str, name: str, resource: str = PODGROUPS,
+               grace_seconds: int | None = None) -> dict[str, Any]:
+        """DELETE. A bound, running pod is deleted gracefully: ``deletionTimestamp`` set
+        (MODIFIED), removed by a later delete with ``grace_seconds=0`` or by :meth:`sweep`
+        once its grace period has passed. Anything else is removed at once (DELETED)."""
         with self._lock:
             current = self._current(resource, namespace, name)
-            del self._objects[(resource, namespace, name)]
-            self._rv += 1
-            gone_obj = copy.deepcopy(current)
-            gone_obj["metadata"]["resourceVersion"] = str(self._rv)
-            self._publish(resource, "DELETED", current, gone_obj)
-            return copy.deepcopy(gone_obj)
+            if resource == PODS:
+                grace = grace_seconds if grace_seconds is not None else int(
+                    current["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
+                phase = (current.get("status") or {}).get("phase")
+                if not current["spec"].get("nodeName") or phase in ("Succeeded", "Failed"):
+                    grace = 0
+                if grace > 0:
+                    meta = current["metadata"]
+                    if meta.get("deletionTimestamp") and int(meta.get("deletionGracePeriodSeconds") or 0) <= grace:
+                        return copy.deepcopy(current)  # already terminating, at least this soon
+                    new = copy.deepcopy(current)
+                    new["metadata"]["deletionTimestamp"] = _now_text(grace)
+                    new["metadata"]["deletionGracePeriodSeconds"] = grace
+                    self._deadlines[(namespace, name)] = time.monotonic() + grace
+                    return self._commit(resource, "MODIFIED", current, new)
+            return self._remove(resource, namespace, name)
+
+    def sweep(self, now: float | None = None) -> int:
+        """Remove every terminating pod whose grace period has passed (the kubelet and the
+        pod garbage collector of the real cluster); how many were removed."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            due = [key for key, deadline in self._deadlines.items() if deadline <= now]
+            for namespace, name in due:
+                if (PODS, namespace, name) in self._objects:
+                    self._remove(PODS, namespace, name)
+                else:
+                    self._deadlines.pop((namespace, name), None)
+            return len(due)
 
     # ----------------------------------------------------------------- watch control
 
-    def subscribe(self, namespace: str | None, selector: Selector, from_rv: str | None,
+    def subscribe(self, namespace: str | None, selector: LabelSelector, from_rv: str | None,
                   resource: str = PODGROUPS, fields: FieldSelector = FieldSelector()) -> Watcher:
         """A watcher fed from ``from_rv`` on (or ADDED for everything when it is None/"0")."""
         watcher = Watcher(namespace, selector, resource, fields)
@@ -362,10 +532,7 @@ class PodGroupStore:
                 for obj in self.list(namespace, selector, resource, fields)[0]:
                     watcher.events.put({"type": "ADDED", "object": obj})
             else:
-                try:
-                    start = int(from_rv)
-                except ValueError:
-                    raise ApiError(400, "BadRequest", f"invalid resourceVersion {from_rv!r}") from None
+                start = _resource_version(from_rv)
                 if start < self._oldest:
                     raise gone(from_rv)
                 for rv, kind_of, kind, old, new in self._history:
@@ -373,6 +540,12 @@ class PodGroupStore:
                         watcher.offer(kind_of, kind, old, new)
             self._watchers.append(watcher)
         return watcher
+
+    def bookmark(self, watcher: Watcher) -> str | None:
+        """The resourceVersion a BOOKMARK may carry now: the current one, when ``watcher``
+        has been sent everything up to it (nothing queued); else None."""
+        with self._lock:
+            return str(self._rv) if watcher.events.empty() else None
 
     def unsubscribe(self, watcher: Watcher) -> None:
         with self._lock:
@@ -408,7 +581,7 @@ class PodGroupStore:
     def _current(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
         obj = self._objects.get((resource, namespace, name))
         if obj is None:
-            raise ApiError(404, "NotFound", f'{_kind_name(resource)} "{name}" not found')
+            raise not_found(resource, name)
         return obj
 
     @staticmethod
@@ -417,15 +590,66 @@ class PodGroupStore:
             raise ApiError(409, "Conflict",
                            f'Operation cannot be fulfilled on {_kind_name(resource)} "{name}": '
                            "the object has been modified; please apply your changes to the latest "
-                           "version and try again")
+                           "version and try again", _details(resource, name))
 
-    def _commit(self, resource: str, kind: str, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    def _write(self, resource: str, current: dict[str, Any], new: dict[str, Any], subresource: str) -> dict[str, Any]:
+        """An update of ``current`` to ``new`` under the real server's rules: identity and
+        server-owned metadata kept; for a pod, its status only through the status
+        subresource, its spec and a deletion never through an update."""
+        name = current["metadata"]["name"]
+        if subresource not in ("", "status"):
+            raise not_found(resource, name)
+        meta = new.setdefault("metadata", {})
+        old_meta = current["metadata"]
+        for immutable in ("name", "namespace", "uid"):
+            if immutable in meta and meta[immutable] != old_meta.get(immutable, meta[immutable]) and meta[immutable]:
+                raise invalid(resource, name, [(f"metadata.{immutable}", "FieldValueInvalid",
+                                                "field is immutable")])
+        if meta.get("deletionTimestamp") and not old_meta.get("deletionTimestamp"):
+            raise invalid(resource, name, [("metadata.deletionTimestamp", "FieldValueInvalid",
+                                            "field is immutable; may only be changed via deletion")])
+        for owned in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace",
+                      "managedFields"):
+            if owned in old_meta:
+                meta[owned] = old_meta[owned]
+            else:
+                meta.pop(owned, None)
+        new["apiVersion"], new["kind"] = current["apiVersion"], current["kind"]
+        if resource == PODS:
+            if subresource == "status":
+                new = {**copy.deepcopy(current), "status": new.get("status") or {}}
+            else:
+                new["status"] = copy.deepcopy(current.get("status") or {})
+                spec = new.get("spec") if isinstance(new.get("spec"), dict) else {}
+                if _spec_without_mutable(spec) != _spec_without_mutable(current["spec"]):
+                    field_name = "spec.nodeName" if spec.get("nodeName") != current["spec"].get("nodeName") \
+                        else "spec"
+                    raise invalid(resource, name, [(field_name, "FieldValueForbidden",
+                                                    "Forbidden: pod updates may not change fields other than "
+                                                    "`spec.containers[*].image`, `spec.initContainers[*].image`, "
+                                                    "`spec.activeDeadlineSeconds`, `spec.tolerations` (only "
+                                                    "additions to existing tolerations)")])
+        return self._commit(resource, "MODIFIED", current, new, subresource)
+
+    def _remove(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        current = self._objects.pop((resource, namespace, name))
+        if resource == PODS:
+            self._deadlines.pop((namespace, name), None)
+        self._rv += 1
+        gone_obj = copy.deepcopy(current)
+        gone_obj["metadata"]["resourceVersion"] = str(self._rv)
+        self._publish(resource, "DELETED", current, gone_obj)
+        return copy.deepcopy(gone_obj)
+
+    def _commit(self, resource: str, kind: str, old: dict[str, Any] | None, new: dict[str, Any],
+                subresource: str = "") -> dict[str, Any]:
         if old is not None and _same(old, new):
             return copy.deepcopy(old)  # a no-op write: no new resourceVersion, no event
+        _record_manager(new, old, subresource)
         self._rv += 1
         new["metadata"]["resourceVersion"] = str(self._rv)
         meta = new["metadata"]
-        self._objects[(resource, meta["namespace"], meta["name"])] = new
+        self._objects[(resource, meta.get("namespace") or "", meta["name"])] = new
         self._publish(resource, kind, old, new)
         return copy.deepcopy(new)
 
@@ -436,10 +660,26 @@ class PodGroupStore:
             watcher.offer(resource, kind, old, snapshot)
 
 
+def _record_manager(new: dict[str, Any], old: Mapping[str, Any] | None, subresource: str) -> None:
+    """Add (or renew) the writing manager's entry in ``metadata.managedFields``."""
+    manager = getattr(_WRITER, "manager", "") or "sim"
+    touched = sorted(key for key in new if key not in ("apiVersion", "kind")
+                     and (old is None or new.get(key) != old.get(key)))
+    entry: dict[str, Any] = {"manager": manager, "operation": "Update", "apiVersion": new.get("apiVersion", "v1"),
+                             "time": _now_text(), "fieldsType": "FieldsV1",
+                             "fieldsV1": {f"f:{key}": {} for key in touched}}
+    if subresource:
+        entry["subresource"] = subresource
+    entries = [e for e in new["metadata"].get("managedFields") or []
+               if (e.get("manager"), e.get("subresource", "")) != (manager, subresource)]
+    new["metadata"]["managedFields"] = [*entries, entry]
+
+
 def _same(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     def strip(obj: Mapping[str, Any]) -> dict[str, Any]:
         out = copy.deepcopy(dict(obj))
         out.get("metadata", {}).pop("resourceVersion", None)
+        out.get("metadata", {}).pop("managedFields", None)
         for key in ("annotations", "labels"):
             if not out.get("metadata", {}).get(key):
                 out.get("metadata", {}).pop(key, None)
@@ -449,6 +689,16 @@ def _same(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 
 # --------------------------------------------------------------------------- HTTP
+
+_VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+
+
+@dataclass(frozen=True)
+class Route:
+    resource: str
+    namespace: str | None  # None: every namespace (or a cluster-scoped resource)
+    name: str | None
+    subresource: str = ""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -462,6 +712,9 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.server.owner._track(self.connection, add=True)
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.settimeout(self.timeout)
+            self.connection.do_handshake()
 
     def finish(self) -> None:
         try:
@@ -491,66 +744,165 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         owner.requests.append((method, url.path, query))
+        try:
+            raw = self._read_body()  # always, first: an early error must not leave it on the connection
+        except (ConnectionError, OSError, ValueError):
+            self.close_connection = True
+            return
         if owner.delay > 0 and owner._closing.wait(owner.delay):
             self.close_connection = True
             return
         try:
-            resource, namespace, name = _route(url.path)
-            api_version, kind, _ = RESOURCES[resource]
-            body = self._body() if method in ("PATCH", "PUT", "POST") else None
-            hook = owner.before_write
-            if hook is not None and method in ("PATCH", "PUT") and namespace and name:
-                hook(namespace, name, body)
-            if method == "GET" and name is None:
-                fields = FieldSelector.parse(query.get("fieldSelector"))
-                if query.get("watch") in ("1", "true", "True"):
-                    self._watch(resource, namespace, query, fields)
-                    return
-                items, rv = owner.store.list(namespace, Selector.parse(query.get("labelSelector")), resource, fields)
-                self._send(200, {"apiVersion": api_version, "kind": f"{kind}List",
-                                 "metadata": {"resourceVersion": rv}, "items": items})
-            elif method == "GET" and name is not None and namespace is not None:
-                self._send(200, owner.store.get(namespace, name, resource))
-            elif method == "POST" and name is None and namespace is not None:
-                if not isinstance(body, dict):
-                    raise ApiError(400, "BadRequest", f"the body must be a {kind}")
-                meta = body.setdefault("metadata", {})
-                if meta.get("namespace", namespace) != namespace:
-                    raise ApiError(400, "BadRequest", "the namespace of the object does not match the request")
-                meta["namespace"] = namespace
-                self._send(201, owner.store.create_object(resource, body))
-            elif method == "PATCH" and name is not None and namespace is not None:
-                content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-                if content_type != "application/merge-patch+json" and not (
-                        resource != PODGROUPS and content_type == "application/strategic-merge-patch+json"):
-                    raise ApiError(415, "UnsupportedMediaType",
-                                   f"the body of the request was in an unknown format - accepted media types "
-                                   f"include: application/json-patch+json, application/merge-patch+json, "
-                                   f"application/apply-patch+yaml (got {content_type!r})")
-                if not isinstance(body, dict):
-                    raise ApiError(400, "BadRequest", "a merge patch must be a JSON object")
-                self._send(200, owner.store.patch(namespace, name, body, resource))
-            elif method == "PUT" and name is not None and namespace is not None:
-                if not isinstance(body, dict):
-                    raise ApiError(400, "BadRequest", f"the body must be a {kind}")
-                body.setdefault("metadata", {}).update(namespace=namespace, name=name)
-                self._send(200, owner.store.update(body, resource))
-            elif method == "DELETE" and name is not None and namespace is not None:
-                self._send(200, owner.store.delete(namespace, name, resource))
-            else:
-                raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {url.path}")
+            user = self._authenticate()
+            route = _route(url.path)
+            watching = query.get("watch") in ("1", "true", "True")
+            self._authorize(user, method, route, watching)
+            body = _json_body(raw) if method in ("PATCH", "PUT", "POST") else None
+            _WRITER.manager = (self.headers.get("User-Agent") or "unknown").split("/")[0]
+            try:
+                self._serve(method, route, query, body, raw, watching)
+            finally:
+                _WRITER.manager = ""
         except ApiError as error:
             self._send(error.code, error.status())
+        except SelectorError as error:
+            self._send(400, bad_request(str(error)).status())
         except (ConnectionError, OSError):
             self.close_connection = True
 
-    def _body(self) -> Any:
+    def _serve(self, method: str, route: Route, query: Mapping[str, str], body: Any, raw: bytes,
+               watching: bool) -> None:
+        owner = self.server.owner
+        resource, namespace, name, sub = route.resource, route.namespace, route.name, route.subresource
+        api_version, kind, _ = RESOURCES[resource]
+        hook = owner.before_write
+        if hook is not None and method in ("PATCH", "PUT") and namespace and name:
+            hook(namespace, name, body)
+        if method == "GET" and name is None:
+            fields = FieldSelector.parse(query.get("fieldSelector"), resource)
+            selector = LabelSelector.parse(query.get("labelSelector"))
+            if watching:
+                self._watch(resource, namespace, query, selector, fields)
+                return
+            if query.get("resourceVersion"):
+                _resource_version(query["resourceVersion"])
+            limit = _int_param(query, "limit")
+            items, metadata = owner.store.page(namespace, selector, resource, fields, limit,
+                                               query.get("continue") or "")
+            if resource in BUILT_IN:
+                for item in items:
+                    item.pop("kind", None)
+                    item.pop("apiVersion", None)
+            self._send(200, {"apiVersion": api_version, "kind": f"{kind}List", "metadata": metadata,
+                             "items": items})
+        elif method == "GET" and name is not None and not sub:
+            self._send(200, owner.store.get(namespace or "", name, resource))
+        elif method == "GET" and name is not None and sub == "status" and resource == PODS:
+            self._send(200, owner.store.get(namespace or "", name, resource))
+        elif method == "POST" and name is None and (namespace is not None or resource in CLUSTER_SCOPED):
+            if not isinstance(body, dict):
+                raise bad_request(f"the body must be a {kind}")
+            meta = body.setdefault("metadata", {})
+            if resource not in CLUSTER_SCOPED:
+                if meta.get("namespace", namespace) != namespace:
+                    raise bad_request("the namespace of the provided object does not match the namespace sent on "
+                                      "the request")
+                meta["namespace"] = namespace
+            self._send(201, owner.store.create_object(resource, body))
+        elif method == "POST" and resource == PODS and sub == "binding" and namespace and name:
+            if not isinstance(body, dict) or not isinstance(body.get("target"), dict):
+                raise invalid(PODS, name, [("target", "FieldValueRequired", "Required value")])
+            target = body["target"]
+            if target.get("kind") not in (None, "", "Node") or not target.get("name"):
+                raise invalid(PODS, name, [("target.kind", "FieldValueNotSupported",
+                                            'Unsupported value: must be empty or "Node"')])
+            owner.store.bind(namespace, name, str(target["name"]))
+            self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                             "code": 201})
+        elif method == "PATCH" and name is not None and sub in ("", "status"):
+            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            if content_type == "application/json-patch+json":
+                raise ApiError(415, "UnsupportedMediaType", "json-patch is not supported by this stand-in")
+            if content_type != "application/merge-patch+json" and not (
+                    resource in BUILT_IN and content_type == "application/strategic-merge-patch+json"):
+                raise ApiError(415, "UnsupportedMediaType",
+                               f"the body of the request was in an unknown format - accepted media types "
+                               f"include: application/json-patch+json, application/merge-patch+json, "
+                               f"application/apply-patch+yaml (got {content_type!r})")
+            if not isinstance(body, dict):
+                raise bad_request("a merge patch must be a JSON object")
+            self._send(200, owner.store.patch(namespace or "", name, body, resource, sub,
+                                              strategic=content_type == "application/strategic-merge-patch+json"))
+        elif method == "PUT" and name is not None and sub in ("", "status"):
+            if not isinstance(body, dict):
+                raise bad_request(f"the body must be a {kind}")
+            meta = body.setdefault("metadata", {})
+            if meta.get("name", name) != name:
+                raise bad_request("the name of the object does not match the name on the URL")
+            meta.update(namespace=namespace or "", name=name)
+            self._send(200, owner.store.update(body, resource, sub))
+        elif method == "DELETE" and name is not None and not sub:
+            options = _json_body(raw) if raw else None
+            grace: int | None = None
+            if isinstance(options, dict) and options.get("gracePeriodSeconds") is not None:
+                grace = int(options["gracePeriodSeconds"])
+            if query.get("gracePeriodSeconds"):
+                grace = _int_param(query, "gracePeriodSeconds")
+            self._send(200, owner.store.delete(namespace or "", name, resource, grace))
+        else:
+            raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested "
+                                                    f"resource ({method} {self.path})")
+
+    # ----------------------------------------------------------------- auth
+
+    def _authenticate(self) -> str:
+        """The user the request's bearer token names ("" when the server checks no tokens)."""
+        tokens = self.server.owner.tokens
+        if tokens is None:
+            return ""
+        header = self.headers.get("Authorization") or ""
+        scheme, _, token = header.partition(" ")
+        user = tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if user is None:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        return user
+
+    def _authorize(self, user: str, method: str, route: Route, watching: bool) -> None:
+        rbac = self.server.owner.rbac
+        if rbac is None:
+            return
+        if method == "GET":
+            verb = "watch" if watching else "get" if route.name is not None else "list"
+        else:
+            verb = _VERBS.get(method, method.lower())
+        resource = route.resource + (f"/{route.subresource}" if route.subresource else "")
+        group = _group(route.resource)
+        for rule in rbac.get(user, []):
+            if (group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", [])) \
+                    and (resource in rule.get("resources", []) or "*" in rule.get("resources", [])) \
+                    and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", [])) \
+                    and (not rule.get("resourceNames") or route.name in rule["resourceNames"]):
+                return
+        scope = f'in the namespace "{route.namespace}"' if route.namespace else "at the cluster scope"
+        named = f'{resource} "{route.name}"' if route.name else resource
+        raise ApiError(403, "Forbidden", f'{named} is forbidden: User "{user}" cannot {verb} resource '
+                                         f'"{resource}" in API group "{group}" {scope}',
+                       _details(route.resource, route.name or ""))
+
+    # ----------------------------------------------------------------- bodies
+
+    def _read_body(self) -> bytes:
+        if (self.headers.get("Transfer-Encoding") or "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
         length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        try:
-            return json.loads(raw or b"null")
-        except ValueError:
-            raise ApiError(400, "BadRequest", "the body is not JSON") from None
+        return self.rfile.read(length) if length else b""
 
     def _send(self, code: int, payload: Mapping[str, Any]) -> None:
         data = json.dumps(payload).encode()
@@ -562,13 +914,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ----------------------------------------------------------------- watch
 
-    def _watch(self, resource: str, namespace: str | None, query: Mapping[str, str], fields: FieldSelector) -> None:
+    def _watch(self, resource: str, namespace: str | None, query: Mapping[str, str], selector: LabelSelector,
+               fields: FieldSelector) -> None:
         owner = self.server.owner
-        selector = Selector.parse(query.get("labelSelector"))
         rv = query.get("resourceVersion")
+        bookmarks = query.get("allowWatchBookmarks") in ("1", "true", "True")
         try:
-            if rv not in (None, "", "0") and owner._take_expiry():
-                raise gone(rv)
+            if rv not in (None, "", "0"):
+                _resource_version(rv)
+                if owner._take_expiry():
+                    raise gone(rv)
             watcher = owner.store.subscribe(namespace, selector, rv, resource, fields)
         except ApiError as error:
             if error.code != 410 or owner.expire_mode == "http":
@@ -579,6 +934,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         timeout = float(query.get("timeoutSeconds") or 0) or None
         deadline = None if timeout is None else time.monotonic() + timeout
+        api_version, kind, _ = RESOURCES[resource]
+        next_bookmark = time.monotonic() + owner.bookmark_interval
         # A watch that ends cleanly (its timeout, an ERROR event) leaves the connection open for
         # the next request, as the real apiserver's Go server does; a client's pooled connection
         # closed under it would fail its next GET (urllib3 does not retry a read).
@@ -586,8 +943,15 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self._start_stream()
             while not owner._closing.is_set():
-                if deadline is not None and time.monotonic() >= deadline:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
                     break
+                if bookmarks and now >= next_bookmark:
+                    next_bookmark = now + owner.bookmark_interval
+                    version = owner.store.bookmark(watcher)
+                    if version is not None:
+                        self._chunk({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version,
+                                                                    "metadata": {"resourceVersion": version}}})
                 try:
                     event = watcher.events.get(timeout=0.05)
                 except queue.Empty:
@@ -623,18 +987,41 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def _route(path: str) -> tuple[str, str | None, str | None]:
-    """(resource, namespace or None for cluster-wide, name or None) for a served path."""
+def _json_body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw or b"null")
+    except ValueError:
+        raise bad_request("the body is not JSON") from None
+
+
+def _int_param(query: Mapping[str, str], name: str) -> int:
+    text = query.get(name) or "0"
+    try:
+        return int(text)
+    except ValueError:
+        raise bad_request(f"{name}: invalid value {text!r}: not an integer") from None
+
+
+def _route(path: str) -> Route:
+    """The resource, namespace, name and subresource a served path names."""
     for resource, (_, _, prefix) in RESOURCES.items():
         if path.rstrip("/") == f"{prefix}/{resource}":
-            return resource, None, None
-        if path.startswith(prefix + "/namespaces/"):
+            return Route(resource, None, None)
+        if resource in CLUSTER_SCOPED and path.startswith(f"{prefix}/{resource}/"):
             parts = path[len(prefix) + 1:].rstrip("/").split("/")
-            if len(parts) == 3 and parts[2] == resource:
-                return resource, unquote(parts[1]), None
-            if len(parts) == 4 and parts[2] == resource:
-                return resource, unquote(parts[1]), unquote(parts[3])
-    raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+            if len(parts) == 2:
+                return Route(resource, None, unquote(parts[1]))
+        elif path.startswith(prefix + "/namespaces/"):
+            parts = path[len(prefix) + 1:].rstrip("/").split("/")
+            if len(parts) >= 3 and parts[2] == resource:
+                if len(parts) == 3:
+                    return Route(resource, unquote(parts[1]), None)
+                if len(parts) == 4:
+                    return Route(resource, unquote(parts[1]), unquote(parts[3]))
+                if len(parts) == 5 and resource == PODS and parts[4] in ("status", "binding"):
+                    return Route(resource, unquote(parts[1]), unquote(parts[3]), parts[4])
+    raise ApiError(404, "NotFound", "the server could not find the requested resource", {"causes": [
+        {"reason": "UnexpectedServerResponse", "message": "404 page not found"}]})
 
 
 class _HttpServer(ThreadingHTTPServer):
@@ -645,16 +1032,29 @@ class _HttpServer(ThreadingHTTPServer):
         self.owner = owner
         super().__init__(address, _Handler)
 
+    def get_request(self) -> tuple[socket.socket, Any]:
+        conn, address = super().get_request()
+        context = self.owner._tls
+        if context is not None:  # the handshake runs on the connection's own thread (setup)
+            conn = context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, address
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hung up mid-request (a watch closed, a timeout) is not news."""
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
 class StandInApiServer:
-    """The HTTP front of a :class:`PodGroupStore` on loopback; start/stop (a restart is both)."""
+    """The HTTP(S) front of a :class:`PodGroupStore` on loopback; start/stop (a restart is both).
+
+    ``certfile``/``keyfile``: serve HTTPS with that certificate. ``tokens``: bearer token ->
+    user name, every request authenticated (401 otherwise). ``rbac``: user name -> RBAC
+    rules, every request authorised (403 otherwise)."""
 
     def __init__(self, store: PodGroupStore | None = None, host: str = "127.0.0.1", port: int = 0,
-                 expire_mode: str = "event") -> None:
+                 expire_mode: str = "event", *, certfile: str | None = None, keyfile: str | None = None,
+                 tokens: Mapping[str, str] | None = None,
+                 rbac: Mapping[str, list[Mapping[str, Any]]] | None = None) -> None:
         self.store = store if store is not None else PodGroupStore()
         self.host = host
         self.port = port
@@ -663,12 +1063,24 @@ class StandInApiServer:
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         #: Seconds every request is held before it is answered (a slow or overloaded server).
         self.delay = 0.0
+        #: Seconds between BOOKMARKs on a watch that asked for them (the real server: about a minute).
+        self.bookmark_interval = 1.0
+        #: How often terminating pods whose grace period has passed are removed.
+        self.sweep_interval = 0.1
         #: Called as ``hook(namespace, name, body)`` before an HTTP PATCH or PUT is applied
         #: (tests use it to make a concurrent change, so the write meets a really stale
         #: resourceVersion). The simulated ClusterD writes to the store directly, unhooked.
         self.before_write: Callable[[str, str, Any], None] | None = None
+        self.tokens = dict(tokens) if tokens is not None else None
+        self.rbac = {user: [dict(rule) for rule in rules] for user, rules in rbac.items()} \
+            if rbac is not None else None
+        self._tls: ssl.SSLContext | None = None
+        if certfile:
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(certfile, keyfile)
         self._server: _HttpServer | None = None
         self._thread: threading.Thread | None = None
+        self._sweeper: threading.Thread | None = None
         self._closing = threading.Event()
         self._connections: set[socket.socket] = set()
         self._conn_lock = threading.Lock()
@@ -676,7 +1088,7 @@ class StandInApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{self.host}:{self.port}"
 
     def start(self) -> StandInApiServer:
         self._closing.clear()
@@ -685,7 +1097,13 @@ class StandInApiServer:
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name=f"standin-apiserver:{self.port}", daemon=True)
         self._thread.start()
+        self._sweeper = threading.Thread(target=self._sweep, name=f"standin-apiserver-gc:{self.port}", daemon=True)
+        self._sweeper.start()
         return self
+
+    def _sweep(self) -> None:
+        while not self._closing.wait(self.sweep_interval):
+            self.store.sweep()
 
     def stop(self) -> None:
         """Stop listening and drop every connection (watches included)."""
@@ -702,9 +1120,10 @@ class StandInApiServer:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        for thread in (self._thread, self._sweeper):
+            if thread is not None:
+                thread.join(timeout=5)
+        self._thread = self._sweeper = None
 
     def expire_next_watch(self) -> None:
         """Answer the next watch from a resourceVersion with 410, as a server whose watch
@@ -732,4 +1151,3 @@ class StandInApiServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-

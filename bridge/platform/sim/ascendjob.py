@@ -12,7 +12,11 @@ and ``PROCESS_RECOVER=on`` only for a job with a ``recover-strategy``. ``TTP_POR
 
 :class:`SimJobs` creates, binds, ends, deletes and reschedules those pods the way the
 scheduler, the kubelet and ascend-operator change them, so tests and the chaos runner
-drive the node service through the API server alone.
+drive the node service through the API server alone: ascend-operator creates a pod
+without a node or a status (the server sets ``phase: Pending``), the scheduler binds it
+(``pods/x/binding``), the kubelet of that node writes its status through ``pods/x/status``
+(``hostIP``, ``podIP``, ``Running``), and a deletion is graceful (``deletionTimestamp``)
+until the kubelet, its containers ended, deletes it for good.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .apiserver import PODS, PodGroupStore
+from .apiserver import NODES, PODS, ApiError, PodGroupStore
 
 OPT_IN = {"tft-bridge/enabled": "true"}
 
@@ -56,8 +60,8 @@ def pod_name(job: SimJob, index: int) -> str:
     return f"{job.name}-worker-{index - 1}"
 
 
-def pod_object(job: SimJob, index: int, node: str, host_ip: str) -> dict[str, Any]:
-    """Pod ``index`` of ``job`` bound to ``node`` (hostIP ``host_ip``), Pending as bound."""
+def pod_manifest(job: SimJob, index: int) -> dict[str, Any]:
+    """Pod ``index`` of ``job`` as ascend-operator creates it: no node, no status."""
     size = job.size()
     env: list[dict[str, Any]] = [
         {"name": "MINDX_TASK_ID", "value": job.uid},
@@ -95,44 +99,88 @@ def pod_object(job: SimJob, index: int, node: str, host_ip: str) -> dict[str, An
             "ownerReferences": [{"apiVersion": "mindxdl.gitee.com/v1", "kind": "AscendJob", "name": job.name,
                                  "uid": job.uid, "controller": True, "blockOwnerDeletion": True}],
         },
-        "spec": {"nodeName": node, "hostNetwork": host_network,
+        "spec": {"hostNetwork": host_network,
                  "containers": [{"name": "ascend", "image": "training:latest", "env": env}]},
-        "status": {"phase": "Pending", "hostIP": host_ip,
-                   "podIP": host_ip if host_network else f"10.244.0.{index + 2}"},
     }
 
 
+def kubelet_status(job: SimJob, index: int, host_ip: str, phase: str = "Running") -> dict[str, Any]:
+    """The status the kubelet of the pod's node writes once it runs the pod."""
+    pod_ip = host_ip if job.host_network else f"10.244.0.{index + 2}"
+    return {"phase": phase, "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip,
+            "podIPs": [{"ip": pod_ip}], "startTime": "2026-01-01T00:00:00Z"}
+
+
+def pod_object(job: SimJob, index: int, node: str, host_ip: str) -> dict[str, Any]:
+    """Pod ``index`` of ``job`` as the API server shows it once bound to ``node`` and
+    started by its kubelet (hostIP ``host_ip``; "" = the kubelet has written no status yet)."""
+    pod = pod_manifest(job, index)
+    pod["spec"]["nodeName"] = node
+    pod["status"] = kubelet_status(job, index, host_ip) if host_ip else {"phase": "Pending"}
+    return pod
+
+
 class SimJobs:
-    """The job lifecycle on a :class:`PodGroupStore`, as the cluster changes it."""
+    """The job lifecycle on a :class:`PodGroupStore`, as the cluster changes it: every
+    write goes through the store's API rules (create, binding, status, graceful delete)."""
 
     def __init__(self, store: PodGroupStore, nodes: Mapping[str, str]) -> None:
         self.store = store
         self.nodes = dict(nodes)  # node name -> host IP
+        for node, ip in self.nodes.items():  # each node's kubelet registers its Node
+            try:
+                store.create_object(NODES, {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
+                                            "status": {"addresses": [{"type": "InternalIP", "address": ip},
+                                                                     {"type": "Hostname", "address": node}]}})
+            except ApiError as error:
+                if error.code != 409:
+                    raise
 
-    def create(self, job: SimJob, placement: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
-        """Every pod of ``job``, pod i on ``placement[i]`` (default: the first node)."""
+    def create(self, job: SimJob, placement: Mapping[int, str] | None = None,
+               run: bool = True) -> list[dict[str, Any]]:
+        """Every pod of ``job``: created, bound to ``placement[i]`` (default: the first node),
+        and (``run``) started by that node's kubelet; the pods as they are now."""
         first = next(iter(self.nodes))
-        return [self.store.create_object(PODS, pod_object(job, i, (placement or {}).get(i, first),
-                                                            self.nodes[(placement or {}).get(i, first)]))
-                for i in range(job.pods)]
+        pods = []
+        for i in range(job.pods):
+            node = (placement or {}).get(i, first)
+            self.store.create_object(PODS, pod_manifest(job, i))
+            pods.append(self.place(job, i, node, run))
+        return pods
+
+    def place(self, job: SimJob, index: int, node: str, run: bool = True) -> dict[str, Any]:
+        """The scheduler binds pod ``index`` to ``node``; its kubelet starts it (``run``)."""
+        pod = self.store.bind(job.namespace, pod_name(job, index), node)
+        return self.run(job, index) if run else pod
+
+    def run(self, job: SimJob, index: int = 0, phase: str = "Running") -> dict[str, Any]:
+        """The kubelet of the pod's node writes its status (hostIP, podIP, ``phase``)."""
+        node = self.pod(job, index)["spec"]["nodeName"]
+        return self.store.patch(job.namespace, pod_name(job, index),
+                                {"status": kubelet_status(job, index, self.nodes[node], phase)}, PODS, "status")
 
     def pod(self, job: SimJob, index: int = 0) -> dict[str, Any]:
         return self.store.get(job.namespace, pod_name(job, index), PODS)
 
     def set_phase(self, job: SimJob, phase: str, index: int = 0) -> dict[str, Any]:
-        return self.store.patch(job.namespace, pod_name(job, index), {"status": {"phase": phase}}, PODS)
+        return self.store.patch(job.namespace, pod_name(job, index), {"status": {"phase": phase}}, PODS, "status")
 
-    def delete(self, job: SimJob, index: int | None = None) -> None:
+    def delete(self, job: SimJob, index: int | None = None, finish: bool = True) -> None:
+        """A graceful delete of the pods (``deletionTimestamp``); with ``finish``, the
+        kubelet's final delete once their containers ended (the pods gone)."""
         for i in range(job.pods) if index is None else [index]:
-            try:
-                self.store.delete(job.namespace, pod_name(job, i), PODS)
-            except Exception:  # already gone
-                pass
+            for grace in ((None, 0) if finish else (None,)):
+                try:
+                    self.store.delete(job.namespace, pod_name(job, i), PODS, grace)
+                except ApiError as error:  # already gone
+                    if error.code != 404:
+                        raise
 
     def reschedule(self, job: SimJob, node: str, index: int = 0) -> dict[str, Any]:
         """Pod ``index`` deleted and made again on ``node`` (a new pod UID, the same job)."""
         self.delete(job, index)
-        return self.store.create_object(PODS, pod_object(job, index, node, self.nodes[node]))
+        self.store.create_object(PODS, pod_manifest(job, index))
+        return self.place(job, index, node)
 
     def restart(self, job: SimJob) -> list[dict[str, Any]]:
         """The whole job made again under the same UID (ascend-operator's reschedule:
