@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bridge.platform.sim.apiserver import StandInApiServer  # noqa: E402
+from bridge.platform.sim.ascendjob import SimJobs  # noqa: E402
 from bridge.ports import free_port  # noqa: E402
 from tests.systemd.sdns import OPT_VENV, Systemd, ensure_venv, missing  # noqa: E402
 
@@ -66,6 +67,7 @@ def main() -> int:
     systemd = Systemd(work / "systemd-ns")
     load_before = os.getloadavg()
     with StandInApiServer() as server:
+        SimJobs(server.store, {"node-1": "127.0.0.1"})  # the node's kubelet registers its Node
         try:
             systemd.boot(ensure_venv())
             systemd.write("/etc/tft-bridge/node.toml", f'[node]\nname = "node-1"\n[kubernetes]\nserver = "{server.url}"\n'

@@ -7,8 +7,8 @@ Needs root, ``../shared/systemd`` (the systemd tier's ``systemd-ns.sh``) and a b
 as ``tests/systemd`` does. One systemd 252 is booted as PID 1 of a namespace of its own,
 ``tft-bridge-node.service`` installed verbatim with the default launcher (transient
 units), the stand-in API server and one simulated ClusterD on the host. Each job's
-pods (the same job id each time: a new incarnation) are created as the API server sees them (no status), then pod 0 and 1 are given
-``phase: Running`` and ``hostIP`` at once, as the kubelet writes them; the clock runs from
+pods (the same job id each time: a new incarnation) are created and bound as the API
+server sees them (no status), then their kubelet writes ``phase: Running`` and ``hostIP``; the clock runs from
 that write to the first TCP connect that the controller's port accepts (polled every
 5 ms). The job's pods are then deleted and its unit awaited gone before the next.
 
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bridge.node.launcher import unit_name  # noqa: E402
-from bridge.platform.sim.apiserver import PODS, StandInApiServer  # noqa: E402
-from bridge.platform.sim.ascendjob import SimJob, pod_name, pod_object  # noqa: E402
+from bridge.platform.sim.apiserver import StandInApiServer  # noqa: E402
+from bridge.platform.sim.ascendjob import SimJob, SimJobs  # noqa: E402
 from bridge.ports import free_port  # noqa: E402
 from tests.systemd.sdns import Systemd, ensure_venv, missing  # noqa: E402
 
@@ -91,20 +91,15 @@ def direct_start(job: SimJob, address: str, work: Path) -> float:
             process.wait(timeout=90)
 
 
-def node_start(systemd: Systemd, server: StandInApiServer, job: SimJob) -> float:
-    """Pods created without status, then Running with hostIP: that write -> listening."""
-    for index in range(job.pods):
-        pod = pod_object(job, index, NODE, "127.0.0.1")
-        status = pod.pop("status")
-        server.store.create_object(PODS, pod)
-        pod["status"] = status
+def node_start(systemd: Systemd, cluster: SimJobs, job: SimJob) -> float:
+    """Pods created and bound, without status; then their kubelet's status write (Running,
+    hostIP): that write -> listening."""
+    cluster.create(job, run=False)
     began = time.monotonic()
     for index in range(job.pods):
-        server.store.patch(job.namespace, pod_name(job, index), {"status": {"phase": "Running", "hostIP": "127.0.0.1",
-                                                                            "podIP": "127.0.0.1"}}, PODS)
+        cluster.run(job, index)
     took = listening(job.ttp_port, began + 60) - began
-    for index in range(job.pods):
-        server.store.delete(job.namespace, pod_name(job, index), PODS)
+    cluster.delete(job)
     unit = unit_name(job.uid)
     wait(lambda: systemd.show(unit, "ActiveState")["ActiveState"] in ("inactive", "failed"), 120, f"{unit} gone")
     return took
@@ -132,6 +127,7 @@ def main() -> int:
     uid = "0b7e5c9a-start-latency"
     process, address = clusterd(SimJob("lat", uid=uid), work / "clusterd.log")
     with StandInApiServer() as server:
+        cluster = SimJobs(server.store, {NODE: "127.0.0.1"})  # the node's kubelet registers its Node
         try:
             systemd.boot(ensure_venv())
             systemd.write("/etc/tft-bridge/node.toml", f"""log_level = "INFO"
@@ -156,7 +152,7 @@ destroy_timeout = 10.0
                 # new incarnation, started once the previous bridge is gone.
                 job = SimJob("lat", uid=uid, pods=2, devices_per_pod=4, ttp_port=free_port(), version=number)
                 direct_times.append(direct_start(job, address, work))
-                node_times.append(node_start(systemd, server, job))
+                node_times.append(node_start(systemd, cluster, job))
                 print(f"job {number:2d}: node service + systemd {node_times[-1]:.3f} s, "
                       f"direct {direct_times[-1]:.3f} s", flush=True)
         finally:

@@ -47,9 +47,9 @@ def test_a_hung_node_service_is_restarted_by_its_watchdog_and_two_bridges_stay(
     job_a, clusterd, _ = job_and_clusterd
     job_b = SimJob("job-b", pods=2, devices_per_pod=4, ttp_port=free_port())
     systemd.drop_in(NODE_UNIT, "watchdog", "[Service]\nWatchdogSec=5s\n")
+    cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})  # the node's kubelet registers its Node
     systemd.write("/etc/tft-bridge/node.toml", node_toml(server.url, clusterd, free_port()))
     systemd.run("systemctl", "start", NODE_UNIT, timeout=120)
-    cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})
     cluster.create(job_a)
     cluster.create(job_b)
     a, b = wait_job_active(systemd, job_a), wait_job_active(systemd, job_b)
@@ -80,8 +80,9 @@ def test_a_bridge_unit_that_keeps_failing_is_given_up_with_an_event(
                                                                 "restart_delay = 0.5\nstart_limit_burst = 3")
     systemd.write("/etc/tft-bridge/node.toml", text)
     systemd.run("systemctl", "daemon-reload")
+    cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})  # the node's kubelet registers its Node
     systemd.run("systemctl", "start", NODE_UNIT, timeout=120)
-    pod = SimJobs(server.store, {"node-1": "127.0.0.1"}).create(job)[0]
+    pod = cluster.create(job)[0]
     refused = eventually_sync(lambda: [e for e in events(server, pod, "TftBridgeRefused")
                                        if "bridge_failing" in e["message"]], 90, "the refusal Event", interval=0.5)
     assert refused
@@ -99,9 +100,10 @@ def test_a_hung_bridge_under_the_node_service_is_killed_by_its_watchdog_and_star
     job, clusterd, _ = job_and_clusterd
     systemd.write("/etc/systemd/system/tft-bridge-job-.service.d/watchdog.conf", "[Service]\nWatchdogSec=5s\n")
     systemd.run("systemctl", "daemon-reload")
+    cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})  # the node's kubelet registers its Node
     systemd.write("/etc/tft-bridge/node.toml", node_toml(server.url, clusterd, free_port()))
     systemd.run("systemctl", "start", NODE_UNIT, timeout=120)
-    SimJobs(server.store, {"node-1": "127.0.0.1"}).create(job)
+    cluster.create(job)
     first = wait_job_active(systemd, job)
     assert first["WatchdogUSec"] == "5s", first
     systemd.run("systemctl", "kill", "--kill-who=main", "-s", "SIGSTOP", unit_name(job.uid))

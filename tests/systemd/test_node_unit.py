@@ -123,8 +123,9 @@ def test_a_bridge_the_node_service_starts_lives_on_its_own_pings_and_recovers_a_
         systemd: Systemd, server: StandInApiServer, job_and_clusterd: tuple) -> None:
     """On the shipped WatchdogSec (30 s): three periods, the bridge's pings seen."""
     job, clusterd, sim = job_and_clusterd
+    cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})  # the node's kubelet registers its Node
     metrics_port = start_node(systemd, server, clusterd)
-    SimJobs(server.store, {"node-1": "127.0.0.1"}).create(job)
+    cluster.create(job)
     first = wait_job_active(systemd, job)
     period = usec(first["WatchdogUSec"])
     assert period == 30, first  # the shipped value, no drop-in
@@ -150,8 +151,8 @@ def test_a_bridge_the_node_service_starts_lives_on_its_own_pings_and_recovers_a_
 def test_a_restart_or_a_kill_of_the_node_service_leaves_the_bridge_and_adopts_it_before_ready(
         systemd: Systemd, server: StandInApiServer, job_and_clusterd: tuple) -> None:
     job, clusterd, sim = job_and_clusterd
+    cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})  # the node's kubelet registers its Node
     start_node(systemd, server, clusterd)
-    cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})
     cluster.create(job)
     first = wait_job_active(systemd, job)
     active_since = time.monotonic()
