@@ -250,6 +250,17 @@ def sandbox_problems(paths: Mapping[str, str | os.PathLike[str]]) -> list[str]:
     return problems
 
 
+#: The service's own notification variables: never handed to systemctl or systemd-run,
+#: whose messages on the service's socket systemd would take for the service's (or
+#: refuse, logging "Got notification message from PID ...").
+OWN_NOTIFY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+
+def tool_env() -> dict[str, str]:
+    """The environment for systemctl and systemd-run: the service's, less ``OWN_NOTIFY_ENV``."""
+    return {key: value for key, value in os.environ.items() if key not in OWN_NOTIFY_ENV}
+
+
 class SystemdBridge:
     def __init__(self, directory: Path, record: Record, systemctl: str) -> None:
         self.directory = directory
@@ -259,7 +270,7 @@ class SystemdBridge:
     def poll(self) -> int | None:
         try:
             result = subprocess.run([self._systemctl, "is-active", self.record.unit], capture_output=True,
-                                    text=True, timeout=SYSTEMCTL_TIMEOUT)
+                                    env=tool_env(), text=True, timeout=SYSTEMCTL_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as error:
             log.warning("systemctl is-active %s failed (%s); taken as running", self.record.unit, error)
             return None
@@ -271,7 +282,7 @@ class SystemdBridge:
     def terminate(self) -> None:
         try:
             subprocess.run([self._systemctl, "stop", "--no-block", self.record.unit], capture_output=True,
-                           timeout=SYSTEMCTL_TIMEOUT)
+                           env=tool_env(), timeout=SYSTEMCTL_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as error:
             log.error("systemctl stop %s failed: %s", self.record.unit, error)
 
@@ -310,10 +321,10 @@ class SystemdLauncher:
         _clear(directory)
         record.launcher, record.unit = self.kind, unit_name(record.job_id)
         record.boot, record.started_at = boot_id(), time.time()
-        subprocess.run([self._systemctl, "reset-failed", record.unit], capture_output=True,
+        subprocess.run([self._systemctl, "reset-failed", record.unit], capture_output=True, env=tool_env(),
                        timeout=SYSTEMCTL_TIMEOUT)
         record.save(directory)
-        result = subprocess.run(self.command(directory, record, argv), capture_output=True, text=True,
+        result = subprocess.run(self.command(directory, record, argv), capture_output=True, text=True, env=tool_env(),
                                 timeout=SYSTEMCTL_TIMEOUT)
         if result.returncode != 0:
             raise OSError(f"systemd-run {record.unit} failed: {result.stderr.strip()[:300]}")

@@ -119,3 +119,5 @@ def test_a_hung_bridge_under_the_node_service_is_killed_by_its_watchdog_and_star
     assert second["MainPID"] != first["MainPID"]
     node_log = systemd.run("journalctl", "--no-pager", "-o", "cat", "-u", NODE_UNIT).stdout
     assert f"job {job.uid}: its bridge ended on its own with exit 134" in node_log, node_log[-2000:]
+    # Only the service itself notifies on its socket (systemctl and systemd-run get none of it).
+    assert "Got notification message from PID" not in node_log, node_log[-2000:]
