@@ -23,11 +23,11 @@ COMPONENT = "tft-bridge-node"
 
 class CoreV1Calls:
     """The core/v1 calls the service makes (list or watch pods, get a pod, get its Node,
-    create an Event), made through the ``ApiClient`` as the generated ``CoreV1Api`` makes them: the
-    same path, query parameters, ``Accept``/``Content-Type``, ``BearerToken`` auth and,
-    with ``_preload_content=False``, the same raw response or ``ApiException``. The
-    generated class's module alone is about 21 MiB of resident memory in a process that
-    makes five calls (docs/operations.md). Unknown keyword arguments raise ``KeyError``."""
+    create an Event), made through the ``ApiClient`` as the generated ``CoreV1Api`` makes
+    them: the same path, query parameters, ``Accept``/``Content-Type``, ``BearerToken`` auth
+    and, with ``_preload_content=False``, the same raw response or ``ApiException``; without
+    loading the generated class's module, the largest share of the service's memory
+    (docs/operations.md). Unknown keyword arguments raise ``KeyError``."""
 
     QUERY = {"field_selector": "fieldSelector", "label_selector": "labelSelector",
              "resource_version": "resourceVersion", "timeout_seconds": "timeoutSeconds", "watch": "watch",
