@@ -59,6 +59,12 @@ BENCHMARKS = (
               "wall clock): the controller's `do action` line just before each callback, ClusterD's `receive` "
               "line as each handler starts; both peers' logging is inside every hop, on both ways alike. Read "
               "beside the fast server's figures above, which leave the real server's share out."),
+    Benchmark("fault after a recovery", "fault -> ClusterD received for a UCE 0-5 s after a recovery's stream "
+              "ended, the bridge against a synchronous client on the simulated ClusterD",
+              ("bench_refault.py",), ("bench_refault.py", "--quick"),
+              "The simulated ClusterD with its real 5 s keep-alive (its other delays a hundred times shorter) and "
+              "the stub controller, both clients in the same process in turns; each point is a fault x seconds "
+              "after the stream's end, the time from the controller's callback to ClusterD's journal entry."),
     Benchmark("fault codec", "ns per rank of the fault-map codec (C and Python) and of the per-item protobuf "
               "baseline", ("bench_faults.py",), ("bench_faults.py", "--quick")),
     Benchmark("relay", "callback block time up to 100 000 ranks, callback -> simulated ClusterD, signal -> notify",

@@ -256,6 +256,12 @@ SignalScreen = Callable[[pb.ProcessManageSignal, bytes], "tuple[str, str] | None
 UNTRACKED_TYPES = frozenset({"preExitProcess"})
 
 
+#: Seconds a Subscribe request gets before fault reports may follow it on the report
+#: channel (docs/architecture.md, "A fault right after a recovery"): far above a LAN's
+#: delivery and ClusterD's handler start, far below what a fault may wait (50 ms).
+SUBSCRIBE_HEAD_START = 0.02
+
+
 class Session:
     """Init -> Register -> Subscribe, forever: the job's only ClusterD subscriber.
 
@@ -297,6 +303,11 @@ class Session:
         self._catch_up = catch_up
         self.state = SessionState.CONNECTING
         self.live = asyncio.Event()  # set while a subscription is live
+        # The Subscribe request had its head start and its stream has not ended: ClusterD's
+        # handler resets the job before anything else (docs/architecture.md), so fault
+        # reports may leave from here on, without waiting for the stream's first message.
+        self.subscribe_sent = False
+        self._heard = False  # the stream that ended delivered a message
         self.init_answered = asyncio.Event()
         self.process_recover: bool | None = None  # None until Init answered
         self.current_uuid: str | None = None  # the running cycle as the stream shows it
@@ -314,6 +325,12 @@ class Session:
             log.info("ClusterD session: %s -> %s", self.state.value, state.value)
         self.state = state
         self.on_state(state)
+
+    @property
+    def end_reason(self) -> str:
+        """Why the previous stream ended (``cycle_end``: ClusterD closed it after a cycle
+        or a reset; ``start`` before the first; otherwise a loss, a freeze or a request)."""
+        return self._end_reason
 
     def stream_token(self) -> str:
         return f"stream:{self.stream_count}"
@@ -396,6 +413,10 @@ class Session:
                 break
             if reason == "cycle_end":
                 backoff.reset()  # routine: ClusterD closes the stream after every cycle
+                if self._heard:
+                    # At once, as MindCluster's client does: a fault in the moment after a
+                    # recovery must find the next subscription without a back-off's delay.
+                    continue
             self._set_state(SessionState.BACKOFF)
             if await self._sleep(backoff.next()):
                 break
@@ -407,9 +428,20 @@ class Session:
         self.stream_count += 1
         call = self.client.subscribe(self.job_id, self.config.role)
         self._call = call
+        self._heard = False
         silence = self.config.keepalive_interval * self.config.watchdog_intervals
         reason = "cycle_end"
         try:
+            # A head start for the Subscribe: its request leaves on the signal channel
+            # (connected: Init and Register just answered on it), and ClusterD's handler
+            # resets the job as its first act; nothing ClusterD sends says when (no header,
+            # no message before the first keep-alive). A report sent on the report
+            # channel after this lands after that reset unless the handler is later than
+            # the head start; then the fault is reported again (refault.py, reports.py).
+            if await self._sleep(SUBSCRIBE_HEAD_START):
+                return "stopped"
+            self.subscribe_sent = True
+            self._on_cycles()
             while True:
                 try:
                     item = await asyncio.wait_for(call.read(), silence)
@@ -421,6 +453,7 @@ class Session:
                 if item is grpc.aio.EOF:
                     reason = "cycle_end"
                     break
+                self._heard = True
                 if not self.live.is_set():
                     self.live.set()
                     self._on_cycles()
@@ -447,6 +480,7 @@ class Session:
             self._call = None
             self._catch_up()
             self._end_cycle()
+            self.subscribe_sent = False
             self.live.clear()
             self._on_cycles()
             self.metrics.subscription_up.set(0)

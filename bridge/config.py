@@ -106,6 +106,10 @@ class ClusterDConfig:
     reconnect_max: float = 10.0  # at most half the controller's wait: see the module docstring
     recheck_disabled: float = 60.0  # how often a 403 (process recovery off) is re-checked
     startup_wait: float = 10.0  # how long start-up waits for Init before starting the controller anyway
+    # ClusterD's fault centre: how long it keeps publishing a reported UCE/HCCL fault
+    # after the rank's last report, and how often it publishes (bridge/refault.py).
+    retry_record_hold: float = 10.0
+    fault_centre_period: float = 1.0
     tls: bool = False
     ca_file: str = ""
     cert_file: str = ""
@@ -220,6 +224,8 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "clusterd.reconnect_max": (0.01, 1800, "seconds, and at most half of controller.wait_mindx_time"),
     "clusterd.recheck_disabled": (0.1, 86_400, "seconds"),
     "clusterd.startup_wait": (0, 3600, "seconds; keep TimeoutStartSec above it"),
+    "clusterd.retry_record_hold": (0.001, 600, "seconds; ClusterD's own is 10 s"),
+    "clusterd.fault_centre_period": (0.001, 60, "seconds; ClusterD's own is 1 s"),
     "controller.port": (1024, 65535, "the controller's own limit; the unit grants no capabilities"),
     "controller.world_size": (1, 100_000, "training ranks"),
     "controller.wait_mindx_time": (1, 3600, "seconds; the controller's own limit"),

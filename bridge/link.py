@@ -39,6 +39,7 @@ from .hooks import NodeHooks
 from .metrics import BridgeMetrics
 from .realtime import LoopPriority
 from .recorder import NullRecorder
+from .refault import FaultCentreTimes
 from .reports import ReportPath
 from .reporttypes import ReportFields
 from .signals import SignalDispatcher, screen_signal
@@ -73,7 +74,11 @@ class Link:
                          pin=ControllerPin(config.controller.pin_cpu))
         self.reports = ReportPath(config.job_id, flow, self.wire, metrics, observer, recorder=self.recorder,
                                   fill=self.wire.fill, resubscribe=lambda reason: self.session.request_resubscribe(reason),
-                                  publish=self._publish)
+                                  publish=self._publish,
+                                  fault_centre=FaultCentreTimes(config.clusterd.retry_record_hold,
+                                                                config.clusterd.fault_centre_period),
+                                  cycle_running=lambda: self.session.current_uuid is not None,
+                                  stream_end_reason=lambda: self.session.end_reason)
         self.dispatcher = SignalDispatcher(
             config.job_id, PublishingFlow(flow, lambda: self._publish()), controller, hooks, metrics,  # type: ignore[arg-type]
             on_kill_master=on_kill_master, resume=self.reports.resume, repeats=self.reports.repeats,
@@ -119,6 +124,9 @@ class Link:
     def outcome_unknown(self, kind: str) -> None:
         self.reports.resume.outcome_unknown(kind)
 
+    def faults_delivered(self, faults: dict[int, int], at: float) -> None:
+        self.reports.faults_delivered(faults, at)
+
     def resubscribe(self, reason: str) -> None:
         self.session.request_resubscribe(reason)
 
@@ -133,7 +141,7 @@ class Link:
     def _publish(self) -> None:
         """The wire's snapshot of the loop's state, anew (on the loop)."""
         session, live = self.session, self.session.live.is_set()
-        self.wire.publish(Cycles(live=live, running=session.current_uuid,
+        self.wire.publish(Cycles(live=live, subscribed=session.subscribe_sent, running=session.current_uuid,
                                  stream=session.stream_token() if live else None, answering=self.flow.answering,
                                  narrowed=self.reports.resume.narrowed()))
 
@@ -181,6 +189,7 @@ class Link:
         self.wire.catch_up()
         await finish(self.tasks.values())
         self.dispatcher.close()
+        self.reports.follow_up.close()
         await self.client.close()
 
     def _session_state(self, state: SessionState) -> None:

@@ -52,6 +52,8 @@ RPC_METHODS = ("Init", "Register", *(METHODS[kind].rsplit("/", 1)[-1] for kind i
 RECOVERY_PHASES = ("fault_to_stop", "stop_to_strategy", "strategy_to_result")
 #: Why a signal or action was not forwarded (signals.py, clusterd.py, flow.py's gate; a
 #: test checks that every reason those modules use is listed here).
+#: why the bridge reported a fault once more (bridge/refault.py)
+REREPORT_REASONS = ("record_held", "as_process_fault")
 REFUSAL_REASONS = ("foreign_job", "duplicate", "malformed", "no_actions", "stale_cycle", "unexpected_step",
                    "clusterd_only_strategy", "unknown_strategy", "strategy_not_offered",
                    "unsupported_by_controller", "unknown_action", "too_many_actions", "bad_argument",
@@ -122,6 +124,12 @@ class BridgeMetrics:
             "tft_bridge_recovery_repeated_cycles",
             "Cycles ClusterD started again for ranks whose retry had just succeeded, with no new fault (ClusterD "
             "v7.3.2's fault centre); their result is counted with the outcome repeat_after_success", registry=r)
+        self.fault_rereports = Counter(
+            "tft_bridge_fault_rereports",
+            "Fault reports ClusterD answered OK without starting a recovery while the controller waited, reported "
+            "once more (reason: record_held = the same UCE/HCCL fault again once ClusterD's fault centre no longer "
+            "held its record; as_process_fault = as a process fault, when the controller's wait ends before that)",
+            ["reason"], registry=r)
         self.recovery_phase_seconds = Histogram(
             "tft_bridge_recovery_phase_duration_seconds",
             "Duration of each recovery phase (fault_to_stop, stop_to_strategy, strategy_to_result)",
@@ -236,6 +244,8 @@ class BridgeMetrics:
             self.clusterd_connection_lost.labels(channel)
         for signal_type in (*SIGNAL_TYPES, OTHER):
             self.signals_received.labels(signal_type)
+        for reason in REREPORT_REASONS:
+            self.fault_rereports.labels(reason)
         for reason in REFUSAL_REASONS:
             self.signals_refused.labels(reason)
         for method in RPC_METHODS:

@@ -37,6 +37,7 @@ from .flow import ControllerFlow, Step
 from .metrics import BridgeMetrics
 from .recorder import NullRecorder
 from .recoveryclock import RecoveryClock
+from .refault import RECORD_TYPES, FaultCentreTimes, FaultFollowUp
 from .repeats import RepeatedCycles
 from .reporttypes import Outbox
 from .resume import CycleResume
@@ -53,10 +54,17 @@ class ReportPath:
 
     def __init__(self, job_id: str, flow: ControllerFlow, outbox: Outbox, metrics: BridgeMetrics,
                  observer: Callable[[str], None] | None = None, *, recorder: NullRecorder | None = None,
-                 fill: Fill, resubscribe: Callable[[str], None], publish: Callable[[], None]) -> None:
+                 fill: Fill, resubscribe: Callable[[str], None], publish: Callable[[], None],
+                 fault_centre: FaultCentreTimes = FaultCentreTimes(),
+                 cycle_running: Callable[[], bool] = lambda: False,
+                 stream_end_reason: Callable[[], str] = lambda: "start") -> None:
         """``recorder``: the flight recorder, told of every callback and of a repeated retry
         cycle (O(1) hooks). ``fill``: the wire's, for a held strategies report.
-        ``resubscribe`` and ``publish``: the resume's (resume.py)."""
+        ``resubscribe`` and ``publish``: the resume's (resume.py). ``fault_centre`` and
+        ``cycle_running`` (whether ClusterD's stream shows a running cycle): the
+        re-report of a fault ClusterD skipped (refault.py). ``stream_end_reason``: why the
+        session's previous stream ended (``Session.end_reason``)."""
+        self._stream_end_reason = stream_end_reason
         self.job_id = job_id
         self.flow = flow
         self.outbox = outbox
@@ -71,6 +79,8 @@ class ReportPath:
         self.flow_faults: dict[int, int] = {}  # the controller's faults in the running flow
         # Remembers this flow's answers, to carry the recovery across a ClusterD restart (resume.py).
         self.resume = CycleResume(job_id, flow, outbox, metrics, resubscribe=resubscribe, publish=publish)
+        # A fault ClusterD answered 0 but starts no recovery for: reported once more (refault.py).
+        self.follow_up = FaultFollowUp(flow, outbox, metrics, fault_centre, cycle_running, recorder=self.recorder)
 
     # ------------------------------------------------------------------ intake
     def taken(self, reports: list[Taken]) -> None:
@@ -122,6 +132,11 @@ class ReportPath:
         if self._observed:
             self.observer(f"controller report_fault_ranks {codec.format_faults(faults) or '(none)'}")
         self.recorder.callback("report_fault_ranks", report.at, faults=faults, by_type=by_type)
+        self.follow_up.controller_fault(faults, report.at, first_of_flow)
+
+    def faults_delivered(self, faults: dict[int, int], at: float) -> None:
+        """ClusterD answered 0 to a fault report (the wire's ``WireListener.faults_delivered``)."""
+        self.follow_up.delivered(faults, at)
 
     def stop_complete(self, report: Taken) -> None:
         code, msg = report.args[0], str(report.args[1])
@@ -169,6 +184,13 @@ class ReportPath:
         if state is not SessionState.SUBSCRIBED:
             return
         if self.flow.step is Step.AWAIT_STOP and self.flow_faults:
+            if self._stream_end_reason() == "cycle_end" and set(self.flow_faults.values()) <= RECORD_TYPES:
+                # UCE/HCCL after ClusterD closed the stream: its fault centre, not the
+                # reset, decides, and a report now would only refresh a record it still
+                # holds (refault.py re-reports them once it does not). After a lost or
+                # frozen stream ClusterD may have restarted and forgotten its records:
+                # reported at once, as any fault.
+                return
             log.warning("re-reporting %d fault rank(s) on the new stream: ClusterD forgot them",
                         len(self.flow_faults))
             self.outbox.submit_faults(dict(self.flow_faults))

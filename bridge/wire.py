@@ -26,8 +26,11 @@ Delivery rules, each from a way the real ClusterD punishes a careless client:
   when the controller's callback runs. ClusterD keeps reports in one-slot buffers
   whatever its state, so a report whose cycle is gone is dropped and counted, never
   sent into the next.
-* **Fault reports wait for a live subscription** (ClusterD loses faults reported while
-  nobody is subscribed), survive reconnects and merge with ClusterD's rule while queued.
+* **Fault reports wait for a subscription**: they leave once the Subscribe request has
+  had its head start (``Cycles.subscribed``; ClusterD loses faults reported while nobody is
+  subscribed, and resets the job inside the Subscribe handler before anything else),
+  survive reconnects and merge with ClusterD's rule while queued. The loop hears of each
+  one ClusterD answered 0 (``faults_delivered``: refault.py).
 * **Code 0 is never resent; an unknown outcome is final.** A cycle-bound report is
   retried only when it provably did not reach ClusterD (``qps exceeded``, no connection
   when the call started): a second copy would sit in ClusterD's one-slot buffer.
@@ -97,6 +100,10 @@ class Cycles:
     thread."""
 
     live: bool = False  # a subscription is live (Session.live)
+    # A Subscribe request is on its way and its stream has not ended (Session.subscribe_sent):
+    # ClusterD resets the job inside the Subscribe handler before anything else, so a
+    # fault report from then on reaches the new subscription's job (docs/architecture.md).
+    subscribed: bool = False
     running: str | None = None  # the running cycle's uuid as the stream shows it
     stream: str | None = None  # the live stream's token (the cycle of uuid-less signals)
     answering: str | None = None  # the cycle the controller answers now (ControllerFlow.answering)
@@ -132,6 +139,8 @@ class WireListener(Protocol):
     def dropped(self, kind: str, cycle: str | None, reason: str) -> None: ...
 
     def outcome_unknown(self, kind: str) -> None: ...
+
+    def faults_delivered(self, faults: dict[int, int], at: float) -> None: ...
 
     def resubscribe(self, reason: str) -> None: ...
 
@@ -503,7 +512,7 @@ class Wire:
         if not self._outbox or self._stopping or time.monotonic() < self._retry_at:
             return None
         head = self._outbox[0]
-        if head.held or (head.kind == "fault" and not self._cycles.live):
+        if head.held or (head.kind == "fault" and not (self._cycles.live or self._cycles.subscribed)):
             return None
         return head
 
@@ -553,6 +562,7 @@ class Wire:
             return
         self._metrics.reports_sent.labels("fault").inc()
         head.resolve(Code.OK)
+        self._tell(self._listener.faults_delivered, dict(head.faults), time.monotonic())
 
     def _cycle_outcome(self, head: Pending, code: int | None, failure: RpcFailure | None) -> None:
         if failure is not None and failure.delivery is Delivery.NOT_DELIVERED:

@@ -321,3 +321,49 @@ def test_resource_growth_fails_on_a_leaked_thread() -> None:
     assert invariants.resource_growth({"warm": before, "end": invariants.resources()}) == []
     grown = invariants.Resources(before.threads, before.fds, before.rss_kb + invariants.RSS_GROWTH_KB + 1)
     assert "RSS grew" in invariants.resource_growth({"warm": before, "end": grown})[0]
+
+
+# --------------------------------------------------------------------------- a fault right after a recovery
+
+@pytest.mark.parametrize("entry", ["daemon", "seed"])
+@pytest.mark.parametrize("of", ["same", "other"])
+async def test_a_second_uce_right_after_a_recovery_is_recovered(entry: str, of: str) -> None:
+    """The chaos vocabulary's ``refault``: a UCE on rank 5, retried; the same fault again
+    (ClusterD's fault centre still holds its record and skips it) or one on rank 9,
+    moments after ClusterD wrote the first result. Every invariant holds, ``no-silent-wait``
+    among them: the job recovers both."""
+    rank = "5" if of == "same" else "9"
+    schedule = judged(Schedule(0, entry, (
+        Event("fault", 0.1, "start", {"ranks": {"5": 0}}),
+        Event("refault", 0.02, "annotation:ProcessRecoverStatus", {"ranks": {rank: 0}, "of": of}))))
+    outcome = await run_schedule(schedule)
+    assert not outcome.failed, f"{entry}/{of}: {outcome.violations}"
+    assert outcome.injected == {"fault": 1, "refault": 1}
+
+
+def test_the_ci_seeds_draw_a_second_fault_after_a_recovery_on_both_ranks() -> None:
+    drawn = [e for entry, seed in FIXED if entry != "node" for e in generate(seed, entry).events if e.kind == "refault"]
+    assert {e.args["of"] for e in drawn} == {"same", "other"}
+    assert all(e.trigger == "annotation:ProcessRecoverStatus" for e in drawn)
+
+
+def test_no_silent_wait_fails_on_a_wait_for_stop_train_run_out() -> None:
+    waited = [Record(1.0, "callback", "report_fault_ranks", ({5: 0}, {})),
+              Record(5.0, "note", "wait timed out", ("stop_train", 4.0))]
+    problems = invariants.no_silent_wait(observation(records=waited))
+    assert problems and "silent wait" in problems[0] and "4.000 s after its report_fault_ranks" in problems[0]
+    assert invariants.no_silent_wait(observation(records=waited, stop_requested_at=3.0)) == []
+    other_wait = [Record(5.0, "note", "wait timed out", ("change_strategy", 4.0))]
+    assert invariants.no_silent_wait(observation(records=other_wait)) == []
+
+
+async def test_no_silent_wait_names_a_bridge_that_does_not_report_a_skipped_fault_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from bridge.refault import FaultFollowUp
+
+    monkeypatch.setattr(FaultFollowUp, "_fire", lambda self: None)  # the sabotage: never reports again
+    schedule = judged(Schedule(0, "daemon", (
+        Event("fault", 0.1, "start", {"ranks": {"5": 0}}),
+        Event("refault", 0.02, "annotation:ProcessRecoverStatus", {"ranks": {"5": 0}, "of": "same"}))))
+    outcome = await run_schedule(schedule)
+    assert "no-silent-wait" in outcome.violations, outcome.violations

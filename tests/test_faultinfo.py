@@ -91,6 +91,27 @@ async def test_the_npu_and_code_of_a_recovered_fault_are_in_its_record(
                      what="the fault cleared")
 
 
+async def test_a_retried_uce_names_the_fault_centres_record_as_its_cause(
+        jobs: list[SimulatedJob], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No device-plugin report: the controller's UCE report alone becomes ClusterD's
+    fault-centre record (80E01801 RestartBusiness on the rank's NPU), published by the
+    Fault service before the cycle it starts; the recorded cycle names it."""
+    job = await recorded_recovery(jobs, tmp_path)
+    job.training.inject_fault({5: 0})  # rank 5: node-1, NPU 1 (4 NPUs per node)
+    await annotation(job, "retry-success")
+    assert job.bridge is not None
+    writer = job.bridge.recording.writer
+    assert writer is not None
+    await eventually(lambda: writer.closed >= 1, 10, what="the cycle written")
+    listing = json.loads(history(tmp_path, capsys, "--json"))
+    (cycle,) = [c for c in listing["cycles"] if c["outcome"] == "success"]
+    cause = cycle["summary"]["clusterd_faults"]
+    assert cause["devices"] == [{"node": "node-1", "device": "1", "type": "NPU", "codes": ["80E01801"],
+                                 "levels": ["RestartBusiness"]}]
+    assert "cause     ClusterD: node-1 NPU 1: 80E01801 (RestartBusiness)" in history(
+        tmp_path, capsys, "--cycle", cycle["key"])
+
+
 def test_the_seed_api_logs_the_npu_and_code_of_a_recovered_fault(
         server: ServerThread, training: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The seed API reads the same Fault service: the fault centre's device and code

@@ -30,7 +30,9 @@ STOP_DELAY = 8.0
 async def test_a_stop_train_after_a_pause_is_forwarded_while_the_controller_still_waits() -> None:
     job = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4), wait_time=1,
                        controller_timings=FAST_TIMINGS,
-                       clusterd_timings=FAST.scaled(1.0, retry_report_delay=(STOP_DELAY, STOP_DELAY)))
+                       # the fault centre publishes its record for the hold: it must outlast the delay
+                       clusterd_timings=FAST.scaled(1.0, retry_report_delay=(STOP_DELAY, STOP_DELAY),
+                                                    retry_record_hold=STOP_DELAY + 2.0))
     try:
         await job.start()
         await job.subscribed()

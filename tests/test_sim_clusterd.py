@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
-from bridge._proto import config_pb2, config_pb2_grpc
+from bridge._proto import config_pb2, config_pb2_grpc, fault_pb2, fault_pb2_grpc
 from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc as pb_grpc
 from bridge.sim import clusterd_rules as rules
@@ -569,7 +569,7 @@ async def test_retry_reports_during_the_fault_centre_delay_start_one_cycle(
     await client.stop_complete()
     assert (await stream.next()).signalType == "globalFault"
     assert len(sim.journal.signals("stopTrain")) == 1
-    assert len(sim.journal.select("fault-centre", job_id=JOB)) == 1
+    assert len(sim.journal.select("fault-centre", "retry-fault", JOB)) == 1
 
 
 async def test_signals_keep_order_and_actions_order(sim: SimClusterD, client: Client) -> None:
@@ -1558,3 +1558,105 @@ async def test_v7_0_has_neither_recover_in_place_nor_hot_switch() -> None:
         assert (await sim.sub_health_fault(JOB, 3)).startswith("skipped: hot switch off")
         _, global_fault = await run_to_strategy_wait(sim, client, stream, {3: 1})
         assert faults_of(global_fault) == {2: 1, 3: 1}  # widened to the pod as ever
+
+
+# --------------------------------------------------------------------------- the fault centre's retry records
+
+#: the record held long enough that a whole retry cycle fits inside it on a loaded machine
+RECORDS = replace(T, retry_record_hold=1.5, fault_centre_period=0.05, retry_report_delay=(0.05, 0.08))
+
+
+async def _retry_cycle(client: Client, stream: Stream, faults: dict[int, int]) -> None:
+    """One retry cycle after a UCE/HCCL report, to its end (the stream ends with OK)."""
+    assert await client.fault(faults) == 0
+    stop = await stream.next()
+    assert stop.signalType == "stopTrain"
+    await client.stop_complete()
+    assert (await stream.next()).signalType == "globalFault"
+    await client.strategies(["retry", "recover", "dump"])
+    assert (await stream.next()).changeStrategy == "retry"
+    await client.status(0, "retry")
+    assert await stream.ended() == grpc.StatusCode.OK
+
+
+async def test_a_repeated_uce_while_its_record_is_held_starts_no_cycle_until_the_record_expired() -> None:
+    async with own_sim(timings=RECORDS) as (sim, client):
+        await _retry_cycle(client, await client.session(sim), {2: 0})
+        stream = await client.session(sim)
+        second = asyncio.get_running_loop().time()
+        assert await client.fault({2: 0}) == 0  # answered OK: nothing tells the client it is skipped
+        skipped = await sim.journal.wait_for(lambda e: e.kind == "fault-list" and e.name == "no-new-faults"
+                                             and e.at > second)
+        assert skipped.detail["faults"] == {2: 0}
+        expired = await sim.journal.wait_for(lambda e: e.name == "retry-record-expired" and e.at > second, 5)
+        assert expired.at - second >= RECORDS.retry_record_hold  # the second report refreshed the record
+        assert not [s for s in sim.journal.signals("stopTrain") if s.at > second]
+        assert sim.state(JOB) == "INIT"
+        # Once a publication no longer holds the record, the same report is new again.
+        await sim.journal.wait_for(lambda e: e.kind == "fault-centre" and e.name == "fault-msg"
+                                   and e.detail["signalType"] == "normal" and e.at >= expired.at)
+        assert await client.fault({2: 0}) == 0
+        stop = await stream.next()
+        assert stop.signalType == "stopTrain" and faults_of(stop) == {2: 0}
+
+
+async def test_a_uce_on_another_rank_after_a_retry_starts_a_cycle_naming_the_held_record_too() -> None:
+    async with own_sim(timings=RECORDS) as (sim, client):
+        await _retry_cycle(client, await client.session(sim), {2: 0})
+        stream = await client.session(sim)
+        assert await client.fault({1: 0}) == 0
+        stop = await stream.next()
+        # saveCacheFault takes the whole published list: rank 2's record rides along
+        assert faults_of(stop) == {1: 0, 2: 0}
+        new = sim.journal.select("fault-list", "new-faults", JOB)[-1]
+        assert new.detail["faults"] == {1: 0}
+
+
+async def test_a_retry_record_is_published_by_the_fault_service_as_restart_business() -> None:
+    job = "job-records"  # the Fault service refuses job ids shorter than 8 characters
+    async with own_sim(SimJob(job, world_size=16, devices_per_pod=8), timings=RECORDS) as (sim, plain):
+        client = Client(plain.channel, job)
+        await client.session(sim)
+        stub = fault_pb2_grpc.FaultStub(client.channel)
+        assert await client.fault({5: 0}) == 0
+        await sim.journal.wait_for(lambda e: e.name == "fault-msg" and e.detail["signalType"] == "fault")
+        answer = await stub.GetFaultMsgSignal(fault_pb2.ClientInfo(jobId=job, role="test"), timeout=2)
+        (node,) = answer.faultSignal.nodeFaultInfo
+        (device,) = node.faultDevice
+        assert (node.nodeName, device.deviceId) == ("node-0", "5")  # 8 NPUs per pod: rank 5 is NPU 5 of pod 0
+        assert (list(device.faultCodes), list(device.faultLevels)) == (["80E01801"], ["RestartBusiness"])
+        await sim.journal.wait_for(lambda e: e.name == "retry-record-expired", 5)
+        answer = await stub.GetFaultMsgSignal(fault_pb2.ClientInfo(jobId=job, role="test"), timeout=2)
+        assert answer.faultSignal.signalType == "normal"
+
+
+async def test_a_uce_published_before_a_subscribe_is_lost_to_its_reset_until_the_record_expired() -> None:
+    async with own_sim(timings=RECORDS) as (sim, client):
+        first = await client.session(sim)
+        first.cancel()  # no subscriber: the cycle the record starts has nobody to notify
+        await sim.journal.wait_for(lambda e: e.kind == "stream-end")
+        reported = asyncio.get_running_loop().time()
+        assert await client.fault({3: 0}) == 0
+        lost = await sim.journal.wait_for(lambda e: e.kind == "fault-lost" and e.at > reported)
+        assert lost.name == "fault-centre"
+        stream = await client.subscribe(sim)
+        await stream.no_signal(0.3)  # held: every publication says no new faults
+        assert sim.journal.select("fault-list", "no-new-faults", JOB)
+        assert await client.fault({3: 0}) == 0  # reported again too early: refreshes the record
+        expired = await sim.journal.wait_for(lambda e: e.name == "retry-record-expired", 5)
+        await sim.journal.wait_for(lambda e: e.name == "fault-msg" and e.detail["signalType"] == "normal"
+                                   and e.at >= expired.at)
+        assert await client.fault({3: 0}) == 0
+        assert faults_of(await stream.next()) == {3: 0}
+
+
+async def test_a_uce_reported_before_a_subscribe_survives_when_the_subscribe_comes_before_the_tick() -> None:
+    slow_tick = replace(RECORDS, retry_report_delay=(0.5, 0.5))
+    async with own_sim(timings=slow_tick) as (sim, client):
+        first = await client.session(sim)
+        first.cancel()
+        await sim.journal.wait_for(lambda e: e.kind == "stream-end")
+        assert await client.fault({3: 0}) == 0
+        assert sim.journal.rpcs("ReportProcessFault")[-1].detail["outcome"] == "recorded"
+        stream = await client.subscribe(sim)  # its reset comes before the record's first publication
+        assert faults_of(await stream.next()) == {3: 0}

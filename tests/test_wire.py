@@ -100,6 +100,7 @@ class Listener:
     rpcs: list[tuple[str, object]] = field(default_factory=list)
     reports_before_rpc: list[int] = field(default_factory=list)  # how many reports the loop had at each RPC told
     reports_before_drop: list[int] = field(default_factory=list)  # ... at each drop told
+    delivered: list[dict[int, int]] = field(default_factory=list)  # fault reports ClusterD answered 0
 
     def taken_(self, reports: list[Taken]) -> None:
         self.taken.extend(reports)
@@ -114,6 +115,9 @@ class Listener:
     def resubscribe(self, reason: str) -> None:
         self.resubscribed.append(reason)
 
+    def faults_delivered(self, faults: dict[int, int], at: float) -> None:
+        self.delivered.append(faults)
+
     def rpc(self, method: str, code: int | str, started: float, seconds: float) -> None:
         self.rpcs.append((method, code))
         self.reports_before_rpc.append(len(self.taken))
@@ -126,6 +130,7 @@ class _Adapter:
         self.dropped = listener.dropped
         self.outcome_unknown = listener.outcome_unknown
         self.resubscribe = listener.resubscribe
+        self.faults_delivered = listener.faults_delivered
         self.rpc = listener.rpc
 
 

@@ -158,6 +158,7 @@ class NullRecorder:
     def session(self, state: str) -> None: ...
     def hook(self, action: str, result: str) -> None: ...
     def repeated(self) -> None: ...
+    def rereported(self, reason: str, faults: dict[int, int]) -> None: ...
     def clusterd_faults(self, info: dict[str, Any]) -> None: ...
     def tick(self) -> None: ...
     def close(self) -> None: ...
@@ -449,6 +450,17 @@ class Recorder(NullRecorder):
                 self._emit(cycle, self._clock(), "repeat", {"of": self._last_uuid or ""})
         except Exception as error:  # noqa: BLE001 - recording must never break the signal path
             self._guard("repeated", error)
+
+    def rereported(self, reason: str, faults: dict[int, int]) -> None:
+        """The bridge reported the flow's faults once more: ClusterD had answered the
+        controller's report OK and started no recovery (refault.py; ``reason`` as in
+        ``tft_bridge_fault_rereports_total``)."""
+        try:
+            cycle = self._cycle
+            if cycle is not None:
+                self._emit(cycle, self._clock(), "rereport", {"reason": reason, **summarise_faults(faults)})
+        except Exception as error:  # noqa: BLE001 - recording must never break its caller
+            self._guard("rereported", error)
 
     def clusterd_faults(self, info: dict[str, Any]) -> None:
         """What ClusterD's fault centre saw for the job (bridge/faultinfo.py: a bounded

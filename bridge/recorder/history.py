@@ -192,6 +192,8 @@ def timeline(row: CycleRow, now: float) -> str:
         f"  outcome   {row.outcome or 'open'}  strategy {_strategy(row, summary)}  duration {_seconds(ended - row.started)}",
         f"  faults    {faults_text(summary.get('faults'))}",
         f"  cause     {cause_text(summary.get('clusterd_faults'))}",
+        *([f"  re-report {', '.join(summary['rereports'])}: ClusterD skipped the fault report, the bridge "
+           "reported it once more"] if summary.get("rereports") else []),
         "  waited    " + ", ".join(f"{p} {_seconds(summary['waits'].get(p, 0.0))}" for p in PARTIES),
     ]
     if len(row.uuids) > 1:

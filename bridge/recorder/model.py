@@ -207,6 +207,7 @@ def summarise(events: list[dict[str, Any]], started: float, ended: float, opened
         "refusals": sum(1 for e in events if e["kind"] == "refused"),
         "drops": sum(1 for e in events if e["kind"] == "dropped"),
         "clusterd_faults": clusterd_cause(events),
+        "rereports": [e.get("reason") for e in events if e["kind"] == "rereport"],
     }
 
 
@@ -277,6 +278,10 @@ def describe(event: dict[str, Any]) -> str:
         return f"node hook {event.get('action')} -> {event.get('result')}"
     if kind == "clusterd_faults":
         return f"ClusterD fault centre: {clusterd_faults_text(event)}"
+    if kind == "rereport":
+        how = "again" if event.get("reason") == "record_held" else "as process faults"
+        return (f"RE-REPORTED {faults_text({**event, 'ranks': event.get('list')})} {how}: ClusterD had answered "
+                f"the fault report OK and started no recovery ({event.get('reason')})")
     if kind == "repeat":
         return (f"REPEAT of the retry cycle {event.get('of') or '-'} that succeeded: ClusterD runs it again "
                 f"(its fault centre kept the repaired fault), no new fault")

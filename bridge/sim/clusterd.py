@@ -34,7 +34,10 @@ Where it knowingly differs from the real server:
   those delays are not modelled (e.g. a retry report without ``retry`` configured just
   stays cached; the real one expires after ~10 s). :meth:`SimClusterD.start_clusterd_fault`
   is a shortcut the real server has no direct equivalent of (FaultOccur from the centre
-  at once); :meth:`SimClusterD.pre_exit` is the realistic device fault.
+  at once); :meth:`SimClusterD.pre_exit` is the realistic device fault. Master's retry
+  records of UCE/HCCL reports (clusterd_retry.py) are keyed by rank, published 0.7-1.0 s
+  after an idle centre's report and by the Fault service at once (docs/clusterd.md
+  section 9); :meth:`SimClusterD.delay_next_subscribe` starts a Subscribe handler late.
 * The hot switch (:meth:`SimClusterD.sub_health_fault`, bridge/sim/clusterd_hot_switch.py)
   has no pods: a test says when the backup pod runs (:meth:`SimClusterD.new_pod_running`)
   and the old pod is gone ``timings.old_pod_delete_delay`` after ClusterD asked (not
@@ -182,6 +185,7 @@ class SimClusterD:
         # Test instructions.
         self._fail_next = 0
         self._delay_next = 0.0
+        self._delay_subscribe = 0.0  # see delay_next_subscribe
         self._duplicate_next = False
         self.keepalives_silent_until = 0.0  # loop time; see silence_keepalives
         self._server: grpc.aio.Server | None = None
@@ -277,6 +281,10 @@ class SimClusterD:
         self.controllers[job_id] = JobController(self, self.inited[job_id])
         self.set_label(job_id, "process-recover-enable", "on")
 
+    def retry_records_changed(self, job_id: str, faults: list[tuple[str, str]]) -> None:
+        """The fault centre's retry records of a job changed: the Fault service publishes them."""
+        self.device_faults.set_records(job_id, faults)
+
     def state(self, job_id: str) -> str:
         ctl = self.controllers.get(job_id)
         return ctl.state if ctl is not None else "INIT"
@@ -347,6 +355,16 @@ class SimClusterD:
     def delay_next_signal(self, seconds: float) -> None:
         """Hold the next non-keep-alive signal ``seconds`` before writing it."""
         self._delay_next = seconds
+
+    def delay_next_subscribe(self, seconds: float) -> None:
+        """The next SubscribeProcessManageSignal handler starts ``seconds`` late, before
+        its reset: a report sent on another connection after the Subscribe request can
+        then reach ClusterD before that reset (two connections, two handlers, no order)."""
+        self._delay_subscribe = seconds
+
+    def take_subscribe_delay(self) -> float:
+        delay, self._delay_subscribe = self._delay_subscribe, 0.0
+        return delay
 
     def silence_keepalives(self, seconds: float) -> None:
         """Write no keep-alive on any stream for ``seconds`` (signals still go out), then

@@ -18,7 +18,9 @@ From ``application/fault/grpc_service.go`` and observed on the real-peers harnes
 Device faults come from :meth:`SimClusterD.device_fault` (the harness's
 ``POST /fault/device``: default code ``80C98000``, level ``RestartNPU``) and from the
 fault-centre injections (``pre_exit``: ``80C98000``/``RestartNPU``, or the UCE code
-``80E01801``/``RestartRequest`` read from ClusterD's constants, not observed). Nodes are
+``80E01801``/``RestartRequest`` read from ClusterD's constants, not observed), and the
+fault centre's records of business-reported UCE/HCCL faults (``80E01801``/
+``RestartBusiness`` on the rank's NPU while the record is held, clusterd_retry.py). Nodes are
 ``node-<pod>``, the device the rank's index in its pod. ClusterD releases without the
 service (``Release.fault_service`` false, e.g. the v7.3.2 harness) answer UNIMPLEMENTED.
 """
@@ -37,6 +39,7 @@ from bridge._proto import fault_pb2, fault_pb2_grpc
 
 from .clusterd_channels import next_item
 from .clusterd_job import SimJob
+from .clusterd_retry import RESTART_BUSINESS, record_code
 from .journal import Journal
 
 
@@ -100,6 +103,8 @@ class DeviceFaults:
     def __init__(self, sim: FaultHost) -> None:
         self.sim = sim
         self.faults: dict[str, list[DeviceFault]] = {}
+        #: the fault centre's business retry records (clusterd_retry.py), per job
+        self.records: dict[str, list[DeviceFault]] = {}
         self.publishers: dict[tuple[str, str], FaultPublisher] = {}
 
     def inject(self, job_id: str, ranks: Iterable[int | str], code: str = DEFAULT_CODE,
@@ -112,12 +117,25 @@ class DeviceFaults:
             faults.append(DeviceFault(f"node-{number // per_pod}", str(number % per_pod), code, level))
         self.publish(job_id)
 
+    def set_records(self, job_id: str, faults: Iterable[tuple[str, str]]) -> None:
+        """The NPUs of these (rank, type) carry a business-reported retry record
+        (``80E01801``/``RestartBusiness`` for a UCE, clusterd_retry.py); publish it."""
+        job = self.sim.jobs.get(job_id)
+        per_pod = job.devices_per_pod if job is not None else 8
+        self.records[job_id] = [DeviceFault(f"node-{int(rank) // per_pod}", str(int(rank) % per_pod),
+                                            record_code(kind), RESTART_BUSINESS) for rank, kind in faults]
+        self.publish(job_id)
+
+    def current(self, job_id: str) -> list[DeviceFault]:
+        """The job's device faults and retry records, as the service reports them."""
+        return [*self.faults.get(job_id, ()), *self.records.get(job_id, ())]
+
     def clear(self, job_id: str) -> None:
         if self.faults.pop(job_id, None):
             self.publish(job_id)
 
     def publish(self, job_id: str) -> None:
-        message = fault_signal(job_id, self.faults.get(job_id, ()))
+        message = fault_signal(job_id, self.current(job_id))
         self.sim.journal.record("fault-centre", "fault-msg", job_id, signalType=message.signalType,
                                 devices=sum(len(n.faultDevice) for n in message.nodeFaultInfo))
         for (job, _), publisher in self.publishers.items():
@@ -125,7 +143,8 @@ class DeviceFaults:
                 publisher.queue.put_nowait(message)
 
     def close(self) -> None:
-        """A server stop: every stream breaks."""
+        """A server stop: every stream breaks, and the in-memory retry records are gone."""
+        self.records.clear()
         for publisher in self.publishers.values():
             publisher.server_stopped = True
             publisher.stopped.set()
@@ -184,6 +203,6 @@ class FaultService(fault_pb2_grpc.FaultServicer):
         if not MIN_JOB_ID <= len(request.jobId) <= 128:
             self._record("GetFaultMsgSignal", request.jobId, INVALID_REQ_PARAM, grpc_status="UNKNOWN")
             await context.abort(grpc.StatusCode.UNKNOWN, f"job with jobId: {request.jobId} is invalid")
-        message = fault_signal(request.jobId, self.centre.faults.get(request.jobId, ()))
+        message = fault_signal(request.jobId, self.centre.current(request.jobId))
         self._record("GetFaultMsgSignal", request.jobId, SUCCESS_CODE, signalType=message.signalType)
         return fault_pb2.FaultQueryResult(code=SUCCESS_CODE, info="all info returned", faultSignal=message)

@@ -38,6 +38,7 @@ from .clusterd_hot_switch import HotSwitch
 from .clusterd_platform import Platform
 from .clusterd_rules import FaultCache, FaultPair
 from .clusterd_release import Release
+from .clusterd_retry import RetryRecords
 from .clusterd_timings import Timings
 from .clusterd_wire import faults_detail, make_signal
 
@@ -89,6 +90,7 @@ class Host(Protocol):
     def annotate(self, job_id: str, key: str, value: str) -> None: ...
     def podgroup(self, job_id: str) -> dict[str, str]: ...
     def set_label(self, job_id: str, key: str, value: str) -> None: ...
+    def retry_records_changed(self, job_id: str, faults: list[FaultPair]) -> None: ...
 
 
 class CycleEnded(Exception):
@@ -147,6 +149,11 @@ class JobController:
         self.in_place = False  # restartFaultProcess: this cycle restarts its faulty processes in place
         #: platform mode's PodGroup exchange (clusterd_platform.py), None outside it
         self.platform = Platform(host, self.job_id) if config.platform else None
+        #: master's fault-centre records of UCE/HCCL reports and its currentFaults
+        #: (clusterd_retry.py): they outlive every reset, as on the real server
+        self.retry_records = (RetryRecords(host, self.job_id, host.rng.uniform, self.spawn_detached, self._fault_centre_list,
+                                           lambda faults: host.retry_records_changed(self.job_id, faults))
+                              if host.release.retry_records else None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -206,6 +213,8 @@ class JobController:
     def shutdown(self) -> list[asyncio.Task[Any]]:
         """Server stop: close everything, start nothing; returns the tasks to await."""
         self.stopped = True
+        if self.retry_records is not None:
+            self.retry_records.close()
         tasks = list(self.all_tasks())
         self.reset("server stopped", start_new=False)
         for task in self.detached:
@@ -257,16 +266,27 @@ class JobController:
 
     def report_faults(self, pairs: list[FaultPair], source: str) -> str:
         """Faults from ReportProcessFault or the fault centre. Returns what happened:
-        ``lost``, ``cached``, ``scheduled`` (a retry cycle starts shortly), ``started``
-        or ``joined``."""
+        ``lost``, ``cached``, ``scheduled`` (a retry cycle starts shortly), ``recorded``
+        (master: the fault centre's record starts a cycle at its next publication if it
+        is new, clusterd_retry.py), ``started`` or ``joined``."""
+        has_normal = any(fault_type == rules.NORMAL for _, fault_type in pairs)
+        recorded = False
+        if (source == "ReportProcessFault" and self.retry_records is not None and not has_normal
+                and rules.RETRY in self.config.strategies):
+            # giveSoftFault2FaultCenter: whoever is subscribed, and whatever the state
+            recorded = bool(self.retry_records.report(pairs))
         if not self.live:
+            if recorded:
+                self.host.record("fault-list", "retry-record", self.job_id, **faults_detail(pairs),
+                                 reason="no live subscriber: the record starts a cycle only if one subscribes "
+                                        "before the fault centre publishes it")
+                return "recorded"
             self.host.record("fault-lost", source, self.job_id, **faults_detail(pairs),
                              reason="no live subscriber: ClusterD's event loop cannot notify")
             return "lost"
         self.gen.faults.save(pairs)
         if source == "ReportProcessFault" and rules.RECOVER_IN_PLACE in self.config.strategies:
             self._note_soft_fault_pods(pairs)
-        has_normal = any(fault_type == rules.NORMAL for _, fault_type in pairs)
         if has_normal:
             self.unhealthy = True
         if source == "ReportProcessFault":
@@ -277,6 +297,8 @@ class JobController:
                 self.schedule_pre_exit(unknown, self.host.timings.unknown_type_pre_exit_delay,
                                        "unknown fault type in ReportProcessFault")
             if not has_normal:
+                if recorded:
+                    return "scheduled" if self._idle() else "joined"
                 return self._retry_report(any(t in rules.RETRY_TYPES for _, t in pairs))
         if self._idle():
             if self.host.release.slow_fault_centre:
@@ -322,6 +344,27 @@ class JobController:
                              reason="UCE/HCCL report turned into a retry fault")
             self.spawn(self._start_retry_cycle(delay), "retry-fault")
         return "scheduled"
+
+    def _fault_centre_list(self, faults: list[FaultPair], added: list[FaultPair]) -> None:
+        """``notifyFaultInfoForJob`` for a published list of business retry records:
+        the cache takes the whole list (saveCacheFault), a cycle starts only for a key
+        the previous publication did not hold (getAdditionFault)."""
+        self.gen.faults.save(faults)
+        if not added:
+            self.host.record("fault-list", "no-new-faults", self.job_id, **faults_detail(faults),
+                             reason="no new faults added, skip additional processing")
+            return
+        self.host.record("fault-list", "new-faults", self.job_id, **faults_detail(added),
+                         reason="new faults detected, enter additional processing")
+        if not self.live:
+            self.host.record("fault-lost", "fault-centre", self.job_id, **faults_detail(added),
+                             reason="no live subscriber: the cycle it starts is aborted by the next Subscribe's reset")
+            return
+        if self._idle():
+            self._start(self._fault_cycle(), "fault-cycle")
+        else:
+            self.host.record("fault-list", "event-add-fail", self.job_id, state=self.state,
+                             reason="event add fail, order mix: the faults stay in this cycle's cache")
 
     async def _start_retry_cycle(self, delay: float) -> None:
         await self._sleep(delay)

@@ -133,6 +133,8 @@ class RecoverService(OmService, pb_grpc.RecoverServicer):
                                            context: grpc.aio.ServicerContext) -> None:
         job_id = request.jobId
         journal = self.sim.journal
+        if delay := self.sim.take_subscribe_delay():
+            await asyncio.sleep(delay)
         ctl = self.sim.controllers.get(job_id)
         if ctl is None:
             message = f"jobId={job_id} not registed"

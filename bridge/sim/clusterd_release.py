@@ -79,14 +79,19 @@ class Release:
     hot_switch_and_in_place: bool = True  #: the hot switch and recover-in-place exist
     fault_service: bool = True  #: the Fault service (fault.Fault) is served (not by the v7.3.2 harness)
     fault_retry_dump_exit: bool = True  #: FaultRetry sends the dump_exit notice before it resets
+    #: UCE/HCCL reports become fault-centre records that start a cycle only when new
+    #: (master's ``getAdditionFault``, clusterd_retry.py); the older profiles keep their
+    #: observed fault centres (``repeats_retry_cycle``, ``slow_fault_centre``)
+    retry_records: bool = True
 
 
 MASTER = Release("master", "master (and branch v26.0.0)", MASTER_PING_POLICY)
 V7_3 = Release("7.3", "v7.3.2 (v7.2.RC1-v7.3.2 share its protocol)", DEFAULT_PING_POLICY,
-               repeats_retry_cycle=True, fault_service=False, fault_retry_dump_exit=False)
+               repeats_retry_cycle=True, fault_service=False, fault_retry_dump_exit=False, retry_records=False)
 V7_0 = Release("7.0", "v7.0.RC1", DEFAULT_PING_POLICY, slow_fault_centre=True,
                signal_fields_7_to_9=False, isolate_rank_ids=False, health_check=False,
-               hot_switch_and_in_place=False, fault_service=False, fault_retry_dump_exit=False)
+               hot_switch_and_in_place=False, fault_service=False, fault_retry_dump_exit=False,
+               retry_records=False)
 
 RELEASES: dict[str, Release] = {release.name: release for release in (MASTER, V7_3, V7_0)}
 

@@ -23,6 +23,13 @@ class Timings:
     #: the report into a retry fault and stopTrain follows this long after it (observed
     #: 0.70-1.00 s; drawn uniformly from the range with the simulator's seeded RNG).
     retry_report_delay: tuple[float, float] = (0.7, 1.0)
+    #: master: how long the fault centre publishes a business-reported UCE/HCCL record
+    #: after the last report of that rank (JobReportInfoExpiredTimeout, 10 s; read from
+    #: the code, clusterd_retry.py) ...
+    retry_record_hold: float = 10.0
+    #: ... and its tick: it publishes the job's fault list every second while it holds a
+    #: record (faultProcessCenter.Work's ticker).
+    fault_centre_period: float = 1.0
     #: v7.3.2 only (clusterd_release.py): after a retry cycle that succeeded, the fault
     #: centre starts a second cycle for the same fault this long after the first ended:
     #: a UCE ("0") ...

@@ -29,11 +29,14 @@ from typing import Any
 #: Kubernetes operation ClusterD asked for that the simulation has no pods to perform (a
 #: hot switch's backup pod, an old pod's or the first pod's deletion). ``stuck``: a flow
 #: that moves nowhere until the next reset, as the real one does. ``platform``: a step of
-#: platform mode's PodGroup exchange (bridge/sim/clusterd_platform.py).
+#: platform mode's PodGroup exchange (bridge/sim/clusterd_platform.py). ``fault-list``:
+#: a publication of the fault centre's retry records and what the Recover service made of
+#: it (``new-faults``, ``no-new-faults``, ``event-add-fail``, ``retry-record``,
+#: ``retry-record-expired``; bridge/sim/clusterd_retry.py).
 KINDS: frozenset[str] = frozenset(
     {"rpc", "signal", "stream-open", "stream-end", "state", "fault-lost", "violation",
      "annotation", "report-late", "report-blocked", "fault-centre", "kube", "stuck",
-     "om", "om-stream-open", "om-stream-end", "om-notify", "om-response", "platform"}
+     "om", "om-stream-open", "om-stream-end", "om-notify", "om-response", "platform", "fault-list"}
 )
 
 Predicate = Callable[["JournalEntry"], bool]

@@ -64,7 +64,10 @@ class SimulatedJob:
             "job_id": self.job.job_id,
             "clusterd": {"address": self._clusterd_address, "keepalive_interval": keepalive_interval,
                          "rpc_timeout": 2.0, "reconnect_initial": 0.02, "reconnect_max": 0.5,
-                         "startup_wait": 2.0, "recheck_disabled": 0.5},
+                         "startup_wait": 2.0, "recheck_disabled": 0.5,
+                         # the simulated fault centre's own times (clusterd_retry.py)
+                         "retry_record_hold": self.sim.timings.retry_record_hold,
+                         "fault_centre_period": self.sim.timings.fault_centre_period},
             "controller": {"module": "stub", "bind_ip": "127.0.0.1", "port": free_port(),
                            "world_size": self.job.world_size, "enable_arf": enable_arf,
                            "enable_zit": enable_zit, "wait_mindx_time": max(1, int(wait_time)),

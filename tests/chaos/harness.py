@@ -245,7 +245,8 @@ def scaled_seed_config(config: Any) -> Any:
 
     clusterd = replace(config.clusterd, keepalive_interval=CLUSTERD_TIMINGS.keepalive_interval,
                        watchdog_intervals=WATCHDOG_INTERVALS, reconnect_initial=0.02, reconnect_max=0.5,
-                       rpc_timeout=RPC_TIMEOUT)
+                       rpc_timeout=RPC_TIMEOUT, retry_record_hold=CLUSTERD_TIMINGS.retry_record_hold,
+                       fault_centre_period=CLUSTERD_TIMINGS.fault_centre_period)
     return replace(config, clusterd=clusterd)
 
 

@@ -440,9 +440,30 @@ def stub_clean(obs: Observation) -> list[str]:
     return [f"the controller recorded a violation: {v}" for v in obs.stub_violations]
 
 
+def no_silent_wait(obs: Observation) -> list[str]:
+    """Every fault the controller reported leads to a recovery or a clean exit, never to
+    a silent wait: while the schedule leaves a recovery path and the bridge runs, the
+    controller never waits out its MindX wait for the stop_train of a fault it reported
+    (ClusterD answered the report and started nothing: a fault its fault centre skipped,
+    or one lost to a Subscribe's reset, that the bridge did not report again)."""
+    if not obs.schedule.recoverable:
+        return []
+    problems = []
+    for record in obs.records:
+        if record.kind == "note" and record.name == "wait timed out" and record.args[:1] == ("stop_train",) \
+                and record.t < obs.stop_at and not any(kill <= record.t for kill in obs.kills):
+            reported = [r.t for r in obs.records if r.kind == "callback" and r.name == "report_fault_ranks"
+                        and r.t <= record.t]
+            since = f"{record.t - reported[-1]:.3f} s after its report_fault_ranks" if reported else "with no report"
+            problems.append(f"silent wait: the controller waited out its wait for stop_train at {record.t:.3f}, "
+                            f"{since}")
+    return problems
+
+
 #: Every per-schedule invariant, by the name a report prints.
 CHECKS = {
     "never-killed": never_killed,
+    "no-silent-wait": no_silent_wait,
     "global-ranks-forwarded": global_ranks_forwarded,
     "reports-in-cycle": reports_in_cycle,
     "documented-exit": documented_exit,

@@ -72,6 +72,8 @@ rpc_timeout = {RPC_TIMEOUT}
 reconnect_initial = 0.02
 reconnect_max = 0.5
 startup_wait = 2.0
+retry_record_hold = {CLUSTERD_TIMINGS.retry_record_hold}
+fault_centre_period = {CLUSTERD_TIMINGS.fault_centre_period}
 [controller]
 module = "stub"
 bind_ip = "127.0.0.1"

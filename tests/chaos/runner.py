@@ -95,7 +95,7 @@ class Run:
         """Do ``event``; False when it could not apply (a rank already down, no stream)."""
         h, sim, a = self.h, self.h.sim, event.args
         kind = event.kind
-        if kind == "fault":
+        if kind in ("fault", "refault"):
             faults = {int(r): int(t) for r, t in a["ranks"].items() if h.connected(int(r))}
             if not faults:
                 return False

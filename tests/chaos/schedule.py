@@ -35,10 +35,18 @@ ENTRIES = ("daemon", "seed", "process", "node")
 #: Journal triggers: a schedule event fires ``at`` seconds after the first matching entry.
 TRIGGERS = ("start", "signal:stopTrain", "rpc:ReportStopComplete", "signal:globalFault",
             "rpc:ReportRecoverStrategy", "signal:changeStrategy", "rpc:ReportRecoverStatus",
-            "rpc:ReportProcessFault")
+            "rpc:ReportProcessFault", "annotation:ProcessRecoverStatus")
 
 #: Event kinds, by the side they act on.
 FAULT_KINDS = ("fault", "pod_fault", "burst")
+#: A second fault right after a recovery (its trigger: ClusterD writing the first
+#: recovery's result), on the first fault's rank or another one. Drawn apart from the
+#: other kinds (``refault_event``), so adding it left every other seed's events as they were.
+REFAULT_KINDS = ("refault",)
+#: How long after the first recovery's result the second fault may come: ClusterD's
+#: fault-centre hold (10 s) scaled like its other delays (tests/chaos/harness.py), and a
+#: little more, so both sides of the hold are drawn.
+REFAULT_WINDOW = 0.3
 CLUSTERD_KINDS = ("clusterd_restart", "clusterd_freeze", "refuse", "drop_stream", "keepalive_silence",
                   "slow_signal", "duplicate_signal", "replay_signal", "rank_table")
 CONTROLLER_KINDS = ("slow_notify", "slow_destroy")
@@ -46,7 +54,7 @@ BRIDGE_KINDS = ("sigterm", "sigkill_restart")
 #: The node service's entry point has its own kinds (tests/chaos/node.py), and only those.
 from .node import NODE_KINDS  # noqa: E402 - beside the other kinds on purpose
 
-KINDS = FAULT_KINDS + CLUSTERD_KINDS + CONTROLLER_KINDS + BRIDGE_KINDS + NODE_KINDS
+KINDS = FAULT_KINDS + REFAULT_KINDS + CLUSTERD_KINDS + CONTROLLER_KINDS + BRIDGE_KINDS + NODE_KINDS
 #: Kinds that end the job's bridge for good: nothing after them runs.
 TERMINAL_KINDS = frozenset({"sigterm"})
 #: Kinds only a real bridge process can take.
@@ -144,7 +152,7 @@ def pod_of(rank: int) -> list[int]:
 
 def _event(rng: random.Random, entry: str) -> Event:
     kinds = [k for k in KINDS
-             if k not in NODE_KINDS
+             if k not in NODE_KINDS and k not in REFAULT_KINDS
              and not (k in PROCESS_ONLY_KINDS and entry != "process")
              and not (k in DAEMON_ONLY_KINDS and entry == "seed")]
     # faults are what a schedule is about: weight them up
@@ -181,10 +189,30 @@ def _event(rng: random.Random, entry: str) -> Event:
     return Event(kind, at, trigger, args)
 
 
+def refault_event(seed: int, events: list[Event]) -> Event | None:
+    """For about half the seeds, a second fault inside ``REFAULT_WINDOW`` after the first
+    recovery's result: a UCE or HCCL fault on the first timed fault's rank (ClusterD's
+    fault centre may still hold that rank's record and skip it) or on another rank. Its
+    own random stream: the seed's other events are drawn as before."""
+    rng = random.Random(f"refault-{seed}")
+    if rng.random() < 0.5:
+        return None
+    first = next((e for e in events if e.kind == "fault" and e.trigger == "start"), None)
+    if first is None:
+        return None
+    rank = int(next(iter(first.args["ranks"])))
+    same = rng.random() < 0.5
+    if not same:
+        rank = rng.choice([r for r in range(WORLD_SIZE) if r != rank])
+    return Event("refault", round(rng.uniform(0, REFAULT_WINDOW), 3), "annotation:ProcessRecoverStatus",
+                 {"ranks": {str(rank): rng.choice((0, 2))}, "of": "same" if same else "other"})
+
+
 def generate(seed: int, entry: str | None = None) -> Schedule:
     """The schedule of ``seed``: 1-6 events, at least one fault on a timer (the other
-    triggers need a cycle to start); a ``sigterm``, if drawn, is moved last (nothing
-    happens to a job after its bridge stopped)."""
+    triggers need a cycle to start), for about half the seeds a second fault right after
+    the first recovery (``refault_event``); a ``sigterm``, if drawn, is moved last
+    (nothing happens to a job after its bridge stopped)."""
     rng = random.Random(seed)
     entry = entry or rng.choice(("daemon", "daemon", "seed", "process"))
     if entry == "node":
@@ -195,6 +223,8 @@ def generate(seed: int, entry: str | None = None) -> Schedule:
     if not any(e.kind in FAULT_KINDS and e.trigger == "start" for e in events):
         events.insert(0, Event("fault", round(rng.uniform(0, 1.0), 3), "start",
                                {"ranks": {str(rng.randrange(WORLD_SIZE)): rng.choice((0, 1, 2))}}))
+    if (refault := refault_event(seed, events)) is not None:
+        events.append(refault)
     terminal = [e for e in events if e.kind in TERMINAL_KINDS][:1]
     events = [e for e in events if e.kind not in TERMINAL_KINDS] + terminal
     return judged(Schedule(seed, entry, tuple(events)))
