@@ -88,6 +88,20 @@ BENCHMARKS = (
               "reads nothing from it."),
     Benchmark("soak", "consecutive recovery cycles: memory, descriptors and threads", ("soak.py", "--cycles", "200"),
               ("soak.py", "--cycles", "40")),
+    Benchmark("start latency", "a job's bridge under the node service on a real systemd (transient units): pod 0 "
+              "Running with its host IP -> the controller listening on TTP_PORT, against tft-bridge run started "
+              "directly", ("bench_start_latency.py", "--jobs", "24"), ("bench_start_latency.py", "--jobs", "20"),
+              "systemd 252 booted as PID 1 of a namespace of its own (`../shared/systemd`), "
+              "`tft-bridge-node.service` installed verbatim; the stand-in API server and the simulated ClusterD "
+              "on the host. The clock starts at the kubelet's status write (phase Running, hostIP) and stops at "
+              "the first connect the controller's port accepts; each start is a new incarnation of one job, after "
+              "the previous bridge is gone. The anchor is the same bridge forked directly, interleaved job by job."),
+    Benchmark("node footprint", "the node service's own CPU, memory, threads and descriptors, idle with its pod "
+              "watch open, under its shipped unit on a real systemd", ("bench_node_footprint.py",),
+              ("bench_node_footprint.py", "--window", "20", "--settle", "5"),
+              "The anchor is the same venv's interpreter with the same modules imported (the Kubernetes client, "
+              "grpc, prometheus_client, the service's own), asleep: the difference is what the service itself "
+              "holds and spends."),
 )
 
 

@@ -62,7 +62,7 @@ def test_a_bad_bridge_template_is_refused_with_the_bridges_own_words() -> None:
     assert "bridge: clusterd.rpc_timeout: must be in 0.1..300" in str(caught.value)
 
 
-def test_a_transient_bridge_unit_is_named_for_its_job_and_runs_the_keeper(tmp_path: Path) -> None:
+def test_a_transient_bridge_unit_is_named_for_its_job_and_runs_the_bridge_itself(tmp_path: Path) -> None:
     from bridge.node.launcher import Record, SystemdLauncher, unit_name
 
     record = Record(job_id="0f6c-uid", pod_uid="p", namespace="ns", pod_name="job-master-0", bind_ip="10.0.0.21",
@@ -72,9 +72,39 @@ def test_a_transient_bridge_unit_is_named_for_its_job_and_runs_the_keeper(tmp_pa
     assert command[:4] == ["systemd-run", "--no-block", "--collect", "--unit=tft-bridge-job-0f6c-uid.service"]
     assert "--property=Restart=no" in command  # the node service decides, by the exit code
     assert "--property=KillMode=mixed" in command and "--setenv=PYTHONUNBUFFERED=1" in command
-    tail = command[command.index("--") + 1:]
-    assert tail[1:5] == ["-m", "bridge.node.keeper", "--dir", str(tmp_path)]
-    assert tail[-4:] == ["tft-bridge", "run", "--config", "x.toml"]
+    # The bridge is the main process: the one systemd watches, and the only one whose
+    # notifications count; its exit is recorded after it by the keeper's --record-exit.
+    assert command[command.index("--") + 1:] == ["tft-bridge", "run", "--config", "x.toml"]
+    assert "--property=NotifyAccess=main" in command
+    stop_post = [c for c in command if c.startswith("--property=ExecStopPost=")]
+    assert len(stop_post) == 1 and stop_post[0].endswith(f"-m bridge.node.keeper --dir {tmp_path} --record-exit")
+
+
+def test_the_exit_systemd_reports_is_recorded_as_the_keeper_would(tmp_path: Path) -> None:
+    from bridge.node.keeper import main
+    from bridge.node.launcher import read_exit
+
+    cases = [({"EXIT_CODE": "exited", "EXIT_STATUS": "75"}, 75), ({"EXIT_CODE": "killed", "EXIT_STATUS": "KILL"}, 137),
+             ({"EXIT_CODE": "dumped", "EXIT_STATUS": "ABRT"}, 134), ({}, -1)]
+    for env, code in cases:
+        (tmp_path / "exit.json").unlink(missing_ok=True)
+        with pytest.MonkeyPatch.context() as patch:
+            for key in ("EXIT_CODE", "EXIT_STATUS"):
+                patch.delenv(key, raising=False)
+            for key, value in env.items():
+                patch.setenv(key, value)
+            assert main(["--dir", str(tmp_path), "--record-exit"]) == 0
+        assert read_exit(tmp_path) == code, env
+
+
+def test_paths_the_units_sandbox_hides_are_named_with_the_setting() -> None:
+    from bridge.node.launcher import sandbox_problems
+
+    problems = sandbox_problems({"node.state_root": "/tmp/state", "the Python environment": "/root/venv",
+                                 "node.bridge_command": "/opt/tft-bridge/venv/bin/tft-bridge"})
+    assert len(problems) == 2
+    assert problems[0].startswith("node.state_root /tmp/state is hidden from the units by PrivateTmp=yes")
+    assert problems[1].startswith("the Python environment /root/venv is hidden from the units by ProtectHome=yes")
 
 
 @needs_systemd_analyze
@@ -82,7 +112,7 @@ def test_the_transient_units_properties_are_valid_unit_keys(tmp_path: Path) -> N
     """systemd-run takes the same keys as a unit file: one written from them verifies clean."""
     from bridge.node.launcher import UNIT_PROPERTIES
 
-    lines = ["[Service]", f"ExecStart={systemd_quote(sys.executable)} -m bridge.node.keeper --dir /tmp -- /bin/true",
+    lines = ["[Service]", f"ExecStart={systemd_quote(sys.executable)} -m bridge.cli run --config /tmp/x.toml",
              *UNIT_PROPERTIES]
     path = tmp_path / "tft-bridge-job-x.service"
     path.write_text("\n".join(lines) + "\n")

@@ -99,11 +99,23 @@ def cmd_node(args: argparse.Namespace) -> int:
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     for line in warnings:
         log.warning("%s", line)
+    from .launcher import choose_launcher, sandbox_problems
+
+    launcher = choose_launcher(config.node.launcher, child_env())
+    if launcher.kind == "systemd" or os.environ.get("INVOCATION_ID"):
+        paths: dict[str, str] = {"node.state_root": config.node.state_root, "the Python environment": sys.prefix,
+                                 "the bridge package": str(Path(__file__).resolve().parent.parent)}
+        if config.node.bridge_command:
+            paths["node.bridge_command"] = config.node.bridge_command[0]
+        problems = sandbox_problems(paths)
+        if problems:
+            for line in problems:
+                log.error("%s", line)
+            return 2
     from ..metrics_http import MetricsServer
     from ..platform.kube import MissingClient, api_client
     from ..systemd import Notifier
     from .kube import PodApi
-    from .launcher import choose_launcher
     from .metrics import BridgeSeries, NodeMetrics
     from .service import NodeService
 
@@ -132,8 +144,9 @@ def cmd_node(args: argparse.Namespace) -> int:
     metrics = NodeMetrics()
     env = child_env()
     Path(config.node.state_root).mkdir(parents=True, exist_ok=True)
-    service = NodeService(config, api, choose_launcher(config.node.launcher, env), metrics,
-                          bridge_argv=bridge_argv_for(config.node.bridge_command), env=env)
+    notifier = Notifier()
+    service = NodeService(config, api, launcher, metrics,
+                          bridge_argv=bridge_argv_for(config.node.bridge_command), env=env, notifier=notifier)
     series = BridgeSeries(lambda: service.targets, timeout=config.metrics.scrape_timeout,
                           served=lambda: service.served)
     metrics.registry.register(series)  # type: ignore[arg-type]
@@ -148,13 +161,11 @@ def cmd_node(args: argparse.Namespace) -> int:
             return 1
         log.info("metrics on %s://%s:%d/metrics", "https" if config.metrics.certfile else "http",
                  config.metrics.address, server.port)
-    notifier = Notifier()
     log.info("node service for node %s (selector %s, launcher %s, state %s)", config.node_name,
              config.node.selector, service.launcher.kind, config.node.state_root)
 
     async def main() -> int:
         with capture_signals(service.request_stop):
-            notifier.ready(f"node {config.node_name}")
             return await asyncio.to_thread(service.run)
 
     try:

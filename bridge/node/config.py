@@ -55,6 +55,7 @@ class NodeSection:
     resolve_timeout: float = 2.0  # a MINDX_SERVER_IP name lookup
     tick: float = 0.5  # how often children and the pending stops are looked at
     refusal_retry: float = 600.0  # a job given up (bridge_config, bridge_failing) is tried again after this; 0 = never
+    retention: float = 7 * 86400.0  # a finished job's directory is removed this long after its end; 0 = never
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,62 @@ from ..platform.kube import BoundedApi, WatchStream, _kubernetes, classify, open
 COMPONENT = "tft-bridge-node"
 
 
+class CoreV1Calls:
+    """The core/v1 calls the service makes (list or watch pods, get a pod, get its Node,
+    create an Event), made through the ``ApiClient`` as the generated ``CoreV1Api`` makes
+    them: the same path, query parameters, ``Accept``/``Content-Type``, ``BearerToken`` auth
+    and, with ``_preload_content=False``, the same raw response or ``ApiException``; without
+    loading the generated class's module, the largest share of the service's memory
+    (docs/operations.md). Unknown keyword arguments raise ``KeyError``."""
+
+    QUERY = {"field_selector": "fieldSelector", "label_selector": "labelSelector",
+             "resource_version": "resourceVersion", "timeout_seconds": "timeoutSeconds", "watch": "watch",
+             "allow_watch_bookmarks": "allowWatchBookmarks"}
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def _call(self, method: str, path: str, path_params: dict[str, str], body: Any = None, *,
+              _preload_content: bool = False, _request_timeout: Any = None, **params: Any) -> Any:
+        assert not _preload_content, "raw responses only: the callers decode the JSON themselves"
+        query = [(self.QUERY[key], value) for key, value in params.items() if value is not None]
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        request = self._client.param_serialize(method=method, resource_path=path, path_params=path_params,
+                                               query_params=query, header_params=headers, body=body,
+                                               auth_settings=["BearerToken"])
+        response = self._client.call_api(*request, _request_timeout=_request_timeout)
+        if not 200 <= response.status <= 299:
+            response.read()
+            raise _kubernetes().client.exceptions.ApiException.from_response(http_resp=response, body=None,
+                                                                             data=None)
+        return response.response
+
+    def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
+        return self._call("GET", "/api/v1/pods", {}, **kwargs)
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
+        return self._call("GET", "/api/v1/namespaces/{namespace}/pods", {"namespace": namespace}, **kwargs)
+
+    def read_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> Any:
+        return self._call("GET", "/api/v1/namespaces/{namespace}/pods/{name}", {"namespace": namespace,
+                                                                                "name": name}, **kwargs)
+
+    def read_node(self, name: str, **kwargs: Any) -> Any:
+        return self._call("GET", "/api/v1/nodes/{name}", {"name": name}, **kwargs)
+
+    def create_namespaced_event(self, namespace: str, body: dict[str, Any], **kwargs: Any) -> Any:
+        return self._call("POST", "/api/v1/namespaces/{namespace}/events", {"namespace": namespace}, body, **kwargs)
+
+
 class PodApi(BoundedApi):
     """List, watch and get the pods bound to one node; post Events. Every call bounded."""
 
     def __init__(self, client: Any, node_name: str, request_timeout: float = 10.0,
                  connect_timeout: float = 5.0) -> None:
         super().__init__(client, request_timeout, connect_timeout)
-        self._core = _kubernetes().client.CoreV1Api(client)
+        self._core = CoreV1Calls(client)
         self.node_name = node_name
         self.field_selector = f"spec.nodeName={node_name}"
 

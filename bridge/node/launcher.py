@@ -2,17 +2,21 @@
 
 The controller cannot adopt running ranks (docs/mindio-controller.md section 4), so a
 bridge that died with the node service would leave its job without fault tolerance.
-Every bridge therefore runs outside the service's process tree, under the keeper
-(``keeper.py``), and is described by a record in its job's state directory
-(``node.json``), which the next start of the service reads to adopt it:
+Every bridge therefore runs outside the service's process tree, and is described by a
+record in its job's state directory (``node.json``), which the next start of the service
+reads to adopt it:
 
 * ``systemd`` (where systemd runs and the service is root): a transient unit
-  ``tft-bridge-job-<job id>.service`` per bridge (``systemd-run``): its own cgroup, so a
-  stop, restart or crash of ``tft-bridge-node.service`` leaves it alone; its output in
-  the journal under its own identifier; systemd's watchdog on the bridge's pings.
-* ``session`` (no systemd: containers, tests): a process in its own session, output
-  appended to ``bridge.log`` in the state directory, identified by its pid *and* its
-  start time (a pid alone is reused), with the boot id: after a reboot nothing is adopted.
+  ``tft-bridge-job-<job id>.service`` per bridge (``systemd-run``) whose main process is
+  the bridge itself, sandboxed as ``tft-bridge@.service`` is: its own cgroup, so a stop,
+  restart or crash of ``tft-bridge-node.service`` leaves it alone; its output in the
+  journal under its own identifier; systemd's watchdog on the bridge's own pings; its
+  exit recorded by the unit's ``ExecStopPost=`` (``keeper.py --record-exit``).
+* ``session`` (no systemd: containers, tests): the bridge under the keeper
+  (``keeper.py``), a process in its own session, output appended to ``bridge.log`` in the
+  state directory (set aside as ``bridge.log.1`` at a start that finds it over
+  ``LOG_LIMIT``), identified by its pid *and* its start time (a pid alone is reused), with
+  the boot id: after a reboot nothing is adopted.
 
 Neither restarts a bridge by itself: the service decides (docs/node-service.md), and a
 start of the service never restarts a running bridge.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -41,6 +46,9 @@ log = logging.getLogger("tft_bridge.node.launcher")
 
 RECORD_FILE = "node.json"
 LOG_FILE = "bridge.log"
+#: A session bridge's log at its start past this size is kept as ``bridge.log.1`` (the one
+#: before is dropped), so a job's directory holds at most two runs' worth beyond the limit.
+LOG_LIMIT = 16 * 1024 * 1024
 #: poll()'s answer for a bridge that ended without a recorded exit (killed with its keeper).
 UNKNOWN_EXIT = -1
 SYSTEMCTL_TIMEOUT = 10.0
@@ -155,6 +163,15 @@ class SessionBridge:
                 return
 
 
+def rotate_log(path: Path, limit: int = LOG_LIMIT) -> None:
+    """``path`` set aside as ``<path>.1`` when it is over ``limit`` bytes."""
+    try:
+        if path.stat().st_size > limit:
+            os.replace(path, path.with_name(path.name + ".1"))
+    except FileNotFoundError:
+        pass
+
+
 class SessionLauncher:
     """Bridges as processes in their own sessions (no systemd)."""
 
@@ -165,6 +182,7 @@ class SessionLauncher:
 
     def start(self, directory: Path, record: Record, argv: Sequence[str]) -> SessionBridge:
         _clear(directory)
+        rotate_log(directory / LOG_FILE)
         with open(directory / LOG_FILE, "ab") as output:
             popen = subprocess.Popen(keeper_argv(directory, argv), stdin=subprocess.DEVNULL, stdout=output,
                                      stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
@@ -185,14 +203,62 @@ def unit_name(job_id: str) -> str:
     return f"tft-bridge-job-{safe_component(job_id)}.service"
 
 
-#: The transient unit's properties: the per-job unit contract of systemd/tft-bridge@.service
-#: that still applies when the node service decides about restarts (Restart=no).
+#: The transient unit's properties: systemd/tft-bridge@.service's contract (notify, the
+#: watchdog on the bridge's own pings, the stop bound, the limits) and its sandbox, less
+#: what the node service decides itself (Restart=no: it restarts by the exit code) and the
+#: directories it names per job (``SystemdLauncher.command``). The bridge is the unit's
+#: main process, as in tft-bridge@.service, so ``NotifyAccess=main`` lets it, and only it,
+#: report READY and feed the watchdog.
 UNIT_PROPERTIES = (
-    "Type=notify", "NotifyAccess=all", "WatchdogSec=30s", "TimeoutStartSec=90s", "TimeoutStopSec=75s",
+    "Type=notify", "NotifyAccess=main", "WatchdogSec=30s", "TimeoutStartSec=90s", "TimeoutStopSec=75s",
     "KillMode=mixed", "KillSignal=SIGTERM", "Restart=no", "LimitNOFILE=131072", "LimitRTPRIO=1",
-    "NoNewPrivileges=yes", "CapabilityBoundingSet=", "ProtectSystem=strict", "ProtectHome=yes",
-    "PrivateTmp=yes", "PrivateDevices=yes", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
+    "Environment=PYTHONUNBUFFERED=1", "DynamicUser=yes", "User=tft-bridge", "UMask=0077",
+    "NoNewPrivileges=yes", "CapabilityBoundingSet=", "AmbientCapabilities=", "ProtectSystem=strict",
+    "ProtectHome=yes", "PrivateTmp=yes", "PrivateMounts=yes", "PrivateDevices=yes", "PrivateUsers=yes",
+    "ProtectKernelTunables=yes", "ProtectKernelModules=yes", "ProtectKernelLogs=yes", "ProtectControlGroups=yes",
+    "ProtectClock=yes", "ProtectHostname=yes", "ProtectProc=invisible",
+    "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6", "RestrictNamespaces=yes", "RestrictRealtime=no",
+    "RestrictSUIDSGID=yes", "LockPersonality=yes", "RemoveIPC=yes", "SystemCallArchitectures=native",
+    "SystemCallFilter=@system-service", "SystemCallFilter=~@privileged @resources",
+    "SystemCallFilter=sched_setscheduler sched_setaffinity", "SystemCallErrorNumber=EPERM",
 )
+#: Paths a transient unit's sandbox hides from the bridge: the setting, and what it hides.
+HIDDEN_BY_SANDBOX = (("PrivateTmp=yes", ("/tmp", "/var/tmp")), ("ProtectHome=yes", ("/root", "/home", "/run/user")))
+
+
+def hidden_by(path: str | os.PathLike[str], hidden: Sequence[tuple[str, Sequence[str]]] = HIDDEN_BY_SANDBOX) -> str:
+    """The sandbox setting under which ``path`` (resolved) is not the host's, or ""."""
+    resolved = os.path.realpath(path)
+    for setting, prefixes in hidden:
+        for prefix in prefixes:
+            if resolved == prefix or resolved.startswith(prefix + "/"):
+                return f"{setting} (it hides {prefix})"
+    return ""
+
+
+def sandbox_problems(paths: Mapping[str, str | os.PathLike[str]]) -> list[str]:
+    """One line per path a bridge's unit (and the node service's own) cannot see as the
+    host's: ``paths`` maps what the path is (``node.state_root``) to the path."""
+    problems = []
+    for what, path in paths.items():
+        setting = hidden_by(path)
+        if setting:
+            problems.append(f"{what} {path} is hidden from the units by {setting}: a bridge there would fail to "
+                            f"start (status=226/NAMESPACE or 203/EXEC) with no message of its own; use a path "
+                            f"outside /tmp, /var/tmp, /root, /home and /run/user (for example "
+                            f"/var/lib/tft-bridge/node for the state, /opt/tft-bridge/venv for the venv)")
+    return problems
+
+
+#: The service's own notification variables: never handed to systemctl or systemd-run,
+#: whose messages on the service's socket systemd would take for the service's (or
+#: refuse, logging "Got notification message from PID ...").
+OWN_NOTIFY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+
+def tool_env() -> dict[str, str]:
+    """The environment for systemctl and systemd-run: the service's, less ``OWN_NOTIFY_ENV``."""
+    return {key: value for key, value in os.environ.items() if key not in OWN_NOTIFY_ENV}
 
 
 class SystemdBridge:
@@ -204,7 +270,7 @@ class SystemdBridge:
     def poll(self) -> int | None:
         try:
             result = subprocess.run([self._systemctl, "is-active", self.record.unit], capture_output=True,
-                                    text=True, timeout=SYSTEMCTL_TIMEOUT)
+                                    env=tool_env(), text=True, timeout=SYSTEMCTL_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as error:
             log.warning("systemctl is-active %s failed (%s); taken as running", self.record.unit, error)
             return None
@@ -216,7 +282,7 @@ class SystemdBridge:
     def terminate(self) -> None:
         try:
             subprocess.run([self._systemctl, "stop", "--no-block", self.record.unit], capture_output=True,
-                           timeout=SYSTEMCTL_TIMEOUT)
+                           env=tool_env(), timeout=SYSTEMCTL_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as error:
             log.error("systemctl stop %s failed: %s", self.record.unit, error)
 
@@ -233,23 +299,32 @@ class SystemdLauncher:
         self._systemctl = systemctl
 
     def command(self, directory: Path, record: Record, argv: Sequence[str]) -> list[str]:
-        # --collect: the unit is unloaded when it ends, failed or not (exit.json keeps the code).
+        """The bridge itself is the unit's main process (systemd watches it, signals it and
+        reaps it); ``ExecStopPost=`` records its exit in ``exit.json`` (the unit is unloaded
+        when it ends: ``--collect``). The job directory is handed to the unit's dynamic
+        user as it starts (``+``: that one command runs as root, outside the sandbox)."""
+        name = safe_component(record.job_id)
+        where = shlex.quote(str(directory))
         command = [self._systemd_run, "--no-block", "--collect", f"--unit={record.unit}",
                    f"--description=tft-bridge for job {record.job_id} ({record.namespace}/{record.pod_name})",
                    f"--property=WorkingDirectory={directory}", f"--property=ReadWritePaths={directory}",
-                   f"--property=SyslogIdentifier=tft-bridge-job-{safe_component(record.job_id)}"]
+                   f"--property=RuntimeDirectory=tft-bridge/job-{name}",
+                   f"--property=SyslogIdentifier=tft-bridge-job-{name}",
+                   f"--property=ExecStartPre=+/bin/chown -R tft-bridge:tft-bridge {where}",
+                   "--property=ExecStopPost=" + shlex.join([sys.executable, "-m", "bridge.node.keeper", "--dir",
+                                                            str(directory), "--record-exit"])]
         command += [f"--property={p}" for p in UNIT_PROPERTIES]
         command += [f"--setenv={k}={v}" for k, v in sorted(self._env.items())]
-        return [*command, "--", *keeper_argv(directory, argv)]
+        return [*command, "--", *argv]
 
     def start(self, directory: Path, record: Record, argv: Sequence[str]) -> SystemdBridge:
         _clear(directory)
         record.launcher, record.unit = self.kind, unit_name(record.job_id)
         record.boot, record.started_at = boot_id(), time.time()
-        subprocess.run([self._systemctl, "reset-failed", record.unit], capture_output=True,
+        subprocess.run([self._systemctl, "reset-failed", record.unit], capture_output=True, env=tool_env(),
                        timeout=SYSTEMCTL_TIMEOUT)
         record.save(directory)
-        result = subprocess.run(self.command(directory, record, argv), capture_output=True, text=True,
+        result = subprocess.run(self.command(directory, record, argv), capture_output=True, text=True, env=tool_env(),
                                 timeout=SYSTEMCTL_TIMEOUT)
         if result.returncode != 0:
             raise OSError(f"systemd-run {record.unit} failed: {result.stderr.strip()[:300]}")

@@ -24,7 +24,9 @@ whole, never mutated). Each pass of the loop (``reconcile``):
 4. starts the bridges of served jobs that have none, from the pod alone.
 
 A start of the service adopts every bridge recorded under ``node.state_root``
-(``launcher.py``); a stop of the service (SIGTERM, an upgrade, a crash) leaves them
+(``launcher.py``) before it reports READY to systemd, and every pass of the loop feeds the
+service's own watchdog (a loop that hangs gets the service restarted, which adopts the
+bridges again); a stop of the service (SIGTERM, an upgrade, a crash) leaves them
 running: nothing restarts a bridge under a running job but its own exit code.
 """
 
@@ -34,6 +36,7 @@ import dataclasses
 import errno
 import logging
 import queue
+import shutil
 import socket
 import threading
 import time
@@ -48,6 +51,7 @@ from ..platform.kube import KubeError, NotFound
 from ..platform.watcher import Changed, Delivery, Listed, PodGroupWatcher
 from ..ports import free_port, release
 from ..state import safe_component
+from ..systemd import Notifier
 from .config import NodeConfig
 from .jobconfig import job_raw, validated, write_job_config
 from .kube import PodApi
@@ -65,6 +69,7 @@ RANKS_GAUGE = "tft_bridge_controller_ranks_connected"
 POD_SOURCES = {"controller.wait_mindx_time": "MINDIO_WAIT_MINDX_TIME", "controller.world_size": "WORLD_SIZE or "
                "MS_WORKER_NUM", "controller.port": "TTP_PORT", "clusterd.address": "MINDX_SERVER_IP"}
 CONFIRM_INTERVAL = 5.0  # a pod that left the view is asked about at most this often
+SWEEP_INTERVAL = 60.0  # finished jobs' directories are looked at this often
 EVENT_QUEUE = 256
 
 
@@ -170,8 +175,10 @@ class NodeService:
     def __init__(self, config: NodeConfig, api: PodApi, launcher: Launcher, metrics: NodeMetrics, *,
                  bridge_argv: Callable[[Path], list[str]], env: Mapping[str, str] | None = None,
                  resolve: Callable[[str], str | None] | None = None,
-                 port_check: Callable[[str, int], str | None] = port_problem) -> None:
+                 port_check: Callable[[str, int], str | None] = port_problem,
+                 notifier: Notifier | None = None) -> None:
         self.config = config
+        self._notifier = notifier or Notifier({})  # {}: no systemd, every call a no-op
         self.api = api
         self.launcher = launcher
         self.metrics = metrics
@@ -190,6 +197,7 @@ class NodeService:
         self._given_up: dict[str, str] = {}  # pod uid -> why no bridge is started for it again
         self._given_up_at: dict[str, float] = {}  # pod uid -> when (monotonic), for node.refusal_retry
         self._kept_warned: set[str] = set()
+        self._swept = 0.0  # monotonic time of the last retention sweep
         self.targets: list[Target] = []  # read by the metrics thread: replaced whole, never mutated
         #: job id -> whether it has a running bridge, for every job whose controller pod is
         #: served here (refused ones too); read by the metrics thread: replaced whole
@@ -209,8 +217,14 @@ class NodeService:
         """Until ``request_stop``; the bridges are left running."""
         self.adopt()
         self.watcher.start()
+        self._notifier.ready(f"node {self.config.node_name}: {len(self.jobs)} bridge(s) adopted")
+        interval = self._notifier.watchdog_interval
+        pinged = time.monotonic()
         try:
             while not self._stop.is_set():
+                if interval is not None and time.monotonic() - pinged >= min(1.0, interval / 4):
+                    self._notifier.watchdog()
+                    pinged = time.monotonic()
                 self._drain(self.config.node.tick)
                 try:
                     self.reconcile()
@@ -325,6 +339,38 @@ class NodeService:
         served = {refusal.job_id: False for refusal in refused.values() if refusal.job_id}
         served.update({job_id: job_id in self.jobs and self.jobs[job_id].exit_code is None for job_id in desired})
         self.served = served
+        if self.config.node.retention and now - self._swept >= SWEEP_INTERVAL:
+            self._swept = now
+            self.sweep(set(desired) | {refusal.job_id for refusal in refused.values()}, time.time())
+
+    # ------------------------------------------------------------------ retention
+
+    def sweep(self, in_view: set[str], wall: float) -> list[Path]:
+        """Remove the directories under the state root of jobs that have no bridge here
+        (none running, none adopted, none waiting for a restart) and no pod in view, whose
+        newest file is older than ``node.retention``; the removed ones."""
+        keep = {safe_component(job_id) for job_id in self.jobs} | {safe_component(j) for j in in_view if j}
+        removed = []
+        if not self.state_root.is_dir():
+            return removed
+        for directory in self.state_root.iterdir():
+            if not directory.is_dir() or directory.is_symlink() or directory.name in keep:
+                continue
+            try:
+                newest = max((entry.stat().st_mtime for entry in directory.iterdir()),
+                             default=directory.stat().st_mtime)
+            except OSError:
+                continue
+            if wall - newest < self.config.node.retention:
+                continue
+            try:
+                shutil.rmtree(directory)
+            except OSError as error:
+                log.warning("%s: the finished job's directory could not be removed: %s", directory, error)
+                continue
+            log.info("%s: removed, %.0f s after the job's last write (node.retention)", directory, wall - newest)
+            removed.append(directory)
+        return removed
 
     def _look_after(self, job_id: str, served: Served, spec: JobSpec | None, now: float) -> None:
         if served.exit_code is None:
