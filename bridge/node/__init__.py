@@ -161,11 +161,12 @@ def cmd_node(args: argparse.Namespace) -> int:
             return 1
         log.info("metrics on %s://%s:%d/metrics", "https" if config.metrics.certfile else "http",
                  config.metrics.address, server.port)
-    log.info("node service for node %s (selector %s, launcher %s, state %s)", config.node_name,
-             config.node.selector, service.launcher.kind, config.node.state_root)
 
     async def main() -> int:
         with capture_signals(service.request_stop):
+            # logged once SIGTERM asks for a graceful stop: a stop sent after this line exits 0
+            log.info("node service for node %s (selector %s, launcher %s, state %s)", config.node_name,
+                     config.node.selector, service.launcher.kind, config.node.state_root)
             return await asyncio.to_thread(service.run)
 
     try:
