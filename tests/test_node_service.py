@@ -150,6 +150,7 @@ def test_a_graceful_api_server_restart_touches_no_bridge(server: StandInApiServe
         cluster.create(job)
         pid = rig.wait_running(job)["pid"]
         eventually_sync(lambda: rig.metrics.watch_up._value.get() == 1, 20, "the pod watch open")
+        eventually_sync(lambda: rig.metrics.starts.labels("job")._value.get() == 1, 20, "the start counted")
         starts = rig.scrape()["tft_bridge_node_bridge_starts_total"]
         errors = rig.metrics.watch_restarts.labels("error")._value.get()
         server.terminate(1.0)
