@@ -355,7 +355,8 @@ NODE_ROW = "Node service (node mode: tft-bridge node)"
 
 def node_row_targets(dashboard: dict[str, Any]) -> set[tuple[str, str]]:
     """The node service's panels: the demo runs no node service, so they may be empty here
-    (Prometheus must still accept their expressions)."""
+    (Prometheus must still accept their expressions); test_node_row_against_a_real_prometheus
+    gives them data."""
     found: set[tuple[str, str]] = set()
     in_row = False
     for panel in dashboard.get("panels", []):
@@ -410,7 +411,7 @@ class DemoBridge:
 class PrometheusServer:
     """A throw-away Prometheus on loopback."""
 
-    def __init__(self, workdir: Path, targets: dict[str, int]) -> None:
+    def __init__(self, workdir: Path, targets: dict[str, int], job_name: str = "tft-bridge-demo") -> None:
         binary = required_binary("prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -421,7 +422,7 @@ class PrometheusServer:
             f"global:\n  scrape_interval: {SCRAPE_INTERVAL:g}s\n  scrape_timeout: {SCRAPE_INTERVAL:g}s\n"
             f"  evaluation_interval: {SCRAPE_INTERVAL:g}s\n"
             f"rule_files: ['{RULES_FILE}']\n"
-            f"scrape_configs:\n  - job_name: tft-bridge-demo\n    static_configs:\n{static}\n",
+            f"scrape_configs:\n  - job_name: {job_name}\n    static_configs:\n{static}\n",
             encoding="utf-8")
         self.log = workdir / "prometheus.log"
         with self.log.open("wb") as log:
@@ -618,3 +619,124 @@ def test_dashboard_against_a_real_prometheus(
     instances = prometheus.get("/api/v1/label/instance/values", **{"match[]": 'tft_bridge_build_info{job=~".*"}'},
                                start=started, end=end)
     assert sorted(instances["data"]) == sorted(f"127.0.0.1:{demo.port}" for demo in demos)
+
+
+# --------------------------------------------------------------------------- the node row, on a real node
+#
+# The node row's panels against a real `tft-bridge node` process (the stand-in API server,
+# the session launcher, real bridges with the stub controller, as tests/nodesim.py runs
+# them), scraped by a real Prometheus. The run: a job served (a bridge started), a job
+# refused (its pod not on the host network: a refusal and its Event), a graceful restart
+# of the API server (the watch cut at its end, lists refused, then back), a restart of the
+# node service (the running bridge adopted), the served job deleted (its bridge stopped).
+
+NODE_JOB = "tft-bridge-node"
+#: Node-row counters this run does not move; the test checks that they stayed at 0.
+NODE_NEVER_MOVED: dict[tuple[str, str], str] = {
+    ("Refusals, Events, adoptions and internal errors", "D"): "nothing fails inside a clean node service",
+}
+#: Node-row counters whose label values are open-ended (not pre-created): the series is
+#: born at its first event already at 1, so increase() shows 0 for it. The test checks
+#: that the series exists (the panel draws it at 0).
+NODE_BORN_AT_FIRST_EVENT: dict[tuple[str, str], str] = {
+    ("Bridge starts, exits and stops", "B"): "the one bridge exit of the run is its exit code's first",
+}
+
+
+@pytest.mark.timeout(300)
+def test_node_row_against_a_real_prometheus(tmp_path: Path, dashboard: dict[str, Any]) -> None:
+    pytest.importorskip("kubernetes")
+    from bridge.platform.sim.apiserver import StandInApiServer
+    from bridge.platform.sim.ascendjob import SimJob, SimJobs
+
+    from .nodesim import LoggedProcess, NodeRig, rigs
+
+    required_binary("prometheus")
+    started = time.time()
+    served = SimJob("served", pods=2, devices_per_pod=4, ttp_port=free_port())
+    refused = SimJob("refused", ttp_port=free_port(), host_network=False)
+    clusterd_port, metrics_port = free_port(), free_port()
+    clusterd = LoggedProcess([sys.executable, "-m", "bridge.cli", "sim-clusterd", "--listen",
+                              f"127.0.0.1:{clusterd_port}", "--job", served.uid, "--world-size", "8",
+                              "--devices-per-pod", "4", "--keepalive", "0.5", "--phase-delay", "0.1"],
+                             tmp_path / "clusterd.log")
+    server = StandInApiServer().start()
+    prometheus = PrometheusServer(tmp_path, {"node-1": metrics_port}, job_name=NODE_JOB)
+    try:
+        clusterd.wait_for("simulated ClusterD")
+        cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})
+        with rigs(NodeRig(server, tmp_path / "state", f"127.0.0.1:{clusterd_port}")) as (rig,):
+            rig.config_path.write_text(rig.config_path.read_text().replace(
+                "[metrics]\nport = 0", f"[metrics]\nport = {metrics_port}"))
+            rig.spawn()
+            eventually_sync(prometheus.ready, timeout=60, what="prometheus ready")
+
+            def scraped_since(moment: float) -> bool:
+                return prometheus.scalar(f"count(timestamp(tft_bridge_node_build_info) > {moment})") == 1
+
+            at = time.time()  # every counter stored at 0 before anything happens
+            eventually_sync(lambda: scraped_since(at), timeout=60, what="a scrape of the node service")
+            cluster.create(served)
+            cluster.create(refused)
+            pid = rig.wait_running(served)["pid"]
+            eventually_sync(lambda: prometheus.scalar(f'tft_bridge_node_job_scrape_up{{tft_job="{served.uid}"}}')
+                            == 1, timeout=60, what="the bridge's series relayed and stored")
+            eventually_sync(lambda: prometheus.scalar('sum(tft_bridge_node_refused_jobs)') == 1, timeout=60,
+                            what="the refusal stored")
+            server.terminate(0.5)  # the API server restarted gracefully, down until the test brings it back
+            assert server.wait_stopped(10)
+            failed = 'tft_bridge_node_watch_restarts_total{reason="error"}'  # born at 1: stored, then seen rising
+            first = eventually_sync(lambda: prometheus.scalar(failed), timeout=60, what="a watch error stored")
+            eventually_sync(lambda: (prometheus.scalar(failed) or 0) > first, timeout=60,
+                            what="the retries while the API server is down stored")
+            server.start()
+            eventually_sync(lambda: prometheus.scalar("tft_bridge_node_watch_up") == 1, timeout=60,
+                            what="the watch back, stored")
+            assert rig.process is not None
+            rig.process.send_signal(signal.SIGTERM)  # the node service restarted: its bridge keeps running
+            rig.process.wait(timeout=30)
+            rig.spawn()
+            eventually_sync(lambda: prometheus.scalar("tft_bridge_node_bridges_adopted_total") == 1, timeout=60,
+                            what="the adoption stored")
+            assert rig.running() == {served.uid: pid}
+            cluster.delete(served)
+            rig.wait_stopped(served)
+            eventually_sync(lambda: prometheus.scalar("sum(tft_bridge_node_bridge_stops_total)") == 1
+                            and prometheus.scalar("sum(tft_bridge_node_bridge_exits_total)"), timeout=60,
+                            what="the stop and the exit stored")
+            settled = time.time() + 2 * SCRAPE_INTERVAL  # the end state in two scrapes (rate() needs two)
+            eventually_sync(lambda: scraped_since(settled), timeout=30, what="scrapes after the run")
+            end = time.time()
+            variables = grafana_variables(started, end)
+            step = variables["$__interval"]
+            row = node_row_targets(dashboard)
+            errors: list[str] = []
+            empty: list[tuple[str, str]] = []
+            for title, target in panel_targets(dashboard):
+                if (title, target["refId"]) not in row:
+                    continue
+                expr = substitute(target["expr"], variables)
+                if target.get("instant"):
+                    body = prometheus.get("/api/v1/query", query=expr, time=end)
+                else:
+                    body = prometheus.get("/api/v1/query_range", query=expr, start=started, end=end, step=step)
+                moved = bool(RATE_ARG.search(expr)) and (title, target["refId"]) not in \
+                    NODE_NEVER_MOVED.keys() | NODE_BORN_AT_FIRST_EVENT.keys()
+                if body.get("status") != "success":
+                    errors.append(f"{title} {target['refId']}: {body.get('errorType')}: {body.get('error')}")
+                elif not has_data(body["data"]["result"], moved=moved):
+                    empty.append((title, target["refId"]))
+            assert not errors, "node-row expressions Prometheus rejects:\n" + "\n".join(errors)
+            assert not empty, f"node-row panels without data after a node-mode run: {empty}"
+            exprs_by_target = {(title, target["refId"]): target["expr"] for title, target in panel_targets(dashboard)}
+            for key in NODE_NEVER_MOVED:
+                series = METRIC.findall(exprs_by_target[key])[0]
+                moved_at_all = prometheus.get("/api/v1/query", query=f"{series} > 0", time=end)["data"]["result"]
+                assert moved_at_all == [], f"{key} is listed as never moved, but it did: {moved_at_all}"
+            jobs = prometheus.get("/api/v1/label/tft_job/values",
+                                  **{"match[]": f'tft_bridge_build_info{{job="{NODE_JOB}"}}'}, start=started, end=end)
+            assert jobs["data"] == [served.uid]  # the $tft_job variable's values: the served job only
+    finally:
+        prometheus.stop()
+        server.stop()
+        clusterd.close()

@@ -138,6 +138,41 @@ def test_a_clusterd_name_the_host_cannot_resolve_is_refused(server: StandInApiSe
         assert not rig.records()
 
 
+def test_a_graceful_api_server_restart_touches_no_bridge(server: StandInApiServer, tmp_path: Path,
+                                                         clusterd: tuple) -> None:
+    """The API server restarted as systemd or the kubelet restarts it (SIGTERM: new
+    connections refused, the open watch held until the process ends, then cut; the same
+    port again): the pod watch comes back on its own and the bridge is not touched."""
+    address, job, _ = clusterd
+    cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})
+    with rigs(NodeRig(server, tmp_path / "state", address)) as (rig,):
+        rig.start()
+        cluster.create(job)
+        pid = rig.wait_running(job)["pid"]
+        eventually_sync(lambda: rig.metrics.watch_up._value.get() == 1, 20, "the pod watch open")
+        eventually_sync(lambda: rig.metrics.starts.labels("job")._value.get() == 1, 20, "the start counted")
+        starts = rig.scrape()["tft_bridge_node_bridge_starts_total"]
+        errors = rig.metrics.watch_restarts.labels("error")._value.get()
+        server.terminate(1.0)
+        assert server.store.watcher_count == 1 and rig.metrics.watch_up._value.get() == 1  # held, not cut
+        eventually_sync(lambda: rig.metrics.watch_restarts.labels("error")._value.get() > errors, 20,
+                        "the watch cut at the end of the graceful stop")
+        assert server.wait_stopped(10)
+        lists_before = len(server.requests_matching("GET", "/api/v1/pods"))
+        server.start()  # the same port, the same data
+        eventually_sync(lambda: rig.metrics.watch_up._value.get() == 1 and server.store.watcher_count == 1
+                        and len(server.requests_matching("GET", "/api/v1/pods")) > lists_before, 30,
+                        "the pod watch back on the restarted server")
+        assert rig.running() == {job.uid: pid}
+        samples = rig.scrape()
+        assert samples["tft_bridge_node_bridge_starts_total"] == starts
+        assert not any(samples["tft_bridge_node_bridge_stops_total"].values())
+        assert not samples.get("tft_bridge_node_bridge_exits_total")
+        cluster.delete(job)  # the watch is live: the deletion reaches the service through it
+        rig.wait_stopped(job)
+        assert rig.metrics.stops.labels("deleted")._value.get() == 1
+
+
 def test_two_jobs_share_a_node_and_one_metrics_endpoint(server: StandInApiServer, tmp_path: Path,
                                                         clusterd: tuple) -> None:
     address, job_a, _ = clusterd
@@ -199,7 +234,8 @@ def test_the_api_server_down_or_slow_stops_nothing(server: StandInApiServer, tmp
         rig.start()
         cluster.create(job)
         pid = rig.wait_running(job)["pid"]
-        server.stop()
+        server.terminate(0.5)  # a restart: SIGTERM, its watches held, then the process ends
+        assert server.wait_stopped(10)
         cluster.delete(job)  # in etcd; nobody can tell the node while the server is down
         eventually_sync(lambda: rig.metrics.watch_restarts.labels("error")._value.get() >= 2, 20,
                         "the watch failing against the down server")

@@ -307,16 +307,20 @@ async def test_http_410_on_rewatch_relists(rig: Rig) -> None:
     assert report.statuses == ["retry-success"]
 
 
-async def test_api_server_restart_during_a_cycle(rig: Rig) -> None:
+@pytest.mark.parametrize("how", ["killed", "graceful"])
+async def test_api_server_restart_during_a_cycle(rig: Rig, how: str) -> None:
     rig.podgroup()
     agent = await rig.start()
     await eventually(lambda: rig.annotations().get(STRATEGY) == "dump")
     sim = rig.clusterd(wait=4.0)
-    await asyncio.to_thread(rig.server.stop)  # the API server goes down, every connection dropped
+    if how == "killed":
+        await asyncio.to_thread(rig.server.stop)  # every connection dropped at once
+    else:  # SIGTERM: new requests refused, the open watch held (and fed) until the process ends
+        rig.server.terminate(1.0)
     fault = asyncio.create_task(asyncio.to_thread(sim.fault, {9: 1}))
     # ClusterD (in-process, not through HTTP) writes its confirm while the server is down
     await eventually(lambda: CONFIRM in rig.annotations(), what="the confirm written while the API server is down")
-    await asyncio.to_thread(rig.server.start)  # back on the same port
+    await asyncio.to_thread(rig.server.start)  # back on the same port (after a graceful stop: once it ended)
     report = await fault
     assert report.violations == [] and report.statuses == ["recover-success"]
     await eventually(settled(rig))

@@ -2,12 +2,15 @@
 changes, driven by the official ``kubernetes`` client (the way the node service and the
 agent talk to it): pod status and its subresource, binding, immutable fields, graceful
 deletion, bookmarks, selectors, validation, error bodies, paging, TLS with bearer
-tokens and RBAC, and a connection kept alive after an error."""
+tokens and RBAC, a connection kept alive after an error, and a graceful stop."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import socket
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -386,5 +389,101 @@ def test_no_or_a_wrong_token_is_401(secure: tuple[StandInApiServer, str], tmp_pa
         with pytest.raises(kube.RequestFailed) as caught:
             api.list(None, None)
         assert caught.value.status == 401
+    finally:
+        api.close()
+
+
+def open_watch(server: StandInApiServer) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    connection.request("GET", f"/api/v1/pods?watch=1&resourceVersion={server.store.resource_version}")
+    response = connection.getresponse()
+    assert response.status == 200
+    return connection, response
+
+
+def refused(server: StandInApiServer) -> bool:
+    try:
+        socket.create_connection((server.host, server.port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_a_graceful_stop_keeps_open_watches_until_its_timeout_and_accepts_nothing_new() -> None:
+    """kube-apiserver on SIGTERM (default settings): the listener closes, idle keep-alive
+    connections close, a request in flight is answered, open watches keep streaming until
+    the HTTP server's shutdown timeout, then the process exit cuts them mid-body."""
+    with StandInApiServer(shutdown_timeout=1.5) as server:
+        watch_conn, watch = open_watch(server)
+        idle = http.client.HTTPConnection(server.host, server.port, timeout=10)
+        idle.request("GET", "/api/v1/pods")
+        assert idle.getresponse().read() and idle.sock is not None
+        slow = http.client.HTTPConnection(server.host, server.port, timeout=10)
+        server.delay = 0.5  # requests from now on are held: this one is in flight at the stop
+        slow.request("GET", "/api/v1/pods")
+        eventually_sync(lambda: server.requests_matching("GET", "/api/v1/pods")[2:], 5, "the slow request received")
+        started = time.monotonic()
+        server.terminate()
+        assert refused(server), "a new connection was accepted after the graceful stop began"
+        idle.sock.settimeout(5)
+        assert idle.sock.recv(1) == b"", "an idle keep-alive connection was kept open"
+        answer = slow.getresponse()
+        assert answer.status == 200 and answer.getheader("Connection") == "close" and json.loads(answer.read())
+        server.store.create_object(PODS, a_pod("during-the-stop"))  # another apiserver's write reaches etcd
+        event = json.loads(watch.readline())
+        assert event["type"] == "ADDED" and event["object"]["metadata"]["name"] == "during-the-stop"
+        with pytest.raises(http.client.IncompleteRead):  # cut: no terminating chunk
+            watch.read()
+        assert time.monotonic() - started >= 1.4, "the watch was cut before the shutdown timeout"
+        assert server.wait_stopped(5) and not server.listening
+        watch_conn.close()
+        idle.close()
+        slow.close()
+        server.delay = 0.0
+        server.start()  # the same port, the same data
+        names = [p["metadata"]["name"] for p in json.loads(urllib.request.urlopen(f"{server.url}/api/v1/pods",
+                                                                                  timeout=5).read())["items"]]
+        assert names == ["during-the-stop"]
+
+
+def test_a_kill_cuts_open_watches_at_once() -> None:
+    with StandInApiServer() as server:  # the default shutdown timeout: 60 s, as the real server's
+        assert server.shutdown_timeout == 60.0
+        watch_conn, watch = open_watch(server)
+        server.terminate()
+        server.store.create_object(PODS, a_pod("still-served"))
+        assert json.loads(watch.readline())["object"]["metadata"]["name"] == "still-served"
+        started = time.monotonic()
+        server.kill()  # the supervisor's SIGKILL, long before the 60 s
+        with pytest.raises(http.client.IncompleteRead):
+            watch.read()
+        assert time.monotonic() - started < 5 and refused(server) and server.wait_stopped(5)
+        watch_conn.close()
+
+
+def test_the_product_watch_keeps_its_stream_through_a_graceful_stop(server: StandInApiServer) -> None:
+    """The node service's watch (the real client) receives what happens during the stop,
+    then fails as Unavailable when the stream is cut: the reflector lists again."""
+    server.shutdown_timeout = 1.0
+    api = PodApi(kube.api_client(server=server.url), "node-1", request_timeout=3, connect_timeout=1)
+    try:
+        _, rv = api.list(None, None)
+        stream = iter(api.watch(None, None, rv, 30))
+        server.terminate()
+        pod = server.store.create_object(PODS, a_pod("late"))
+        server.store.bind(pod["metadata"]["namespace"], "late", "node-1")  # the scheduler, via another apiserver
+        seen: list[dict[str, Any]] = []
+        for event in stream:
+            if event["type"] != "BOOKMARK":
+                seen.append(event)
+                break
+        assert seen and seen[0]["object"]["metadata"]["name"] == "late"
+        with pytest.raises(kube.Unavailable):
+            for _ in stream:  # BOOKMARKs still come until the cut
+                pass
+        with pytest.raises(kube.Unavailable):
+            api.list(None, None)
+        server.start()
+        assert [p["metadata"]["name"] for p in api.list(None, None)[0]] == ["late"]
     finally:
         api.close()

@@ -50,9 +50,17 @@ client talks to it unmodified, and it refuses what the real server refuses:
   ``expire_mode="http"``); :meth:`PodGroupStore.expire_watches` ends every open watch
   with that ``ERROR`` event; :meth:`StandInApiServer.expire_next_watch` refuses the
   next watch request that way.
-* A restart is :meth:`StandInApiServer.stop` (every connection dropped, new ones
-  refused) then :meth:`StandInApiServer.start`, which listens again on the same port with
-  the same data (etcd survives). The caller decides how long it stays down.
+* A graceful stop, :meth:`StandInApiServer.terminate`, is kube-apiserver's SIGTERM with
+  its default settings: the listener closes at once (new connections refused), idle
+  keep-alive connections are closed, a request in flight is answered (then its
+  connection closed), and open watches stay open and keep streaming until
+  ``shutdown_timeout`` (60 s, the real server's ``--request-timeout``) has passed or
+  :meth:`StandInApiServer.kill` comes (the supervisor's SIGKILL); then they are cut
+  without the end of their chunked body, as the process exit cuts them.
+  :meth:`StandInApiServer.kill` (and :meth:`StandInApiServer.stop`, its name for
+  teardowns) cuts every connection at once. A restart is one of them then
+  :meth:`StandInApiServer.start`, which listens again on the same port with the same
+  data (etcd survives). The caller decides how long it stays down.
 * A slow server: :attr:`StandInApiServer.delay` holds every request that long before
   it is answered (a watch's events are not delayed once it is open).
 
@@ -60,8 +68,9 @@ Every write records its manager in ``metadata.managedFields`` (the request's Use
 to its first ``/``; ``sim`` for direct store writes), with coarse field sets.
 
 Not simulated: other resources, server-side apply, exact ``managedFields`` field sets, a ``continue``
-served from the snapshot of its first page (later pages read the current objects), a
-graceful stop that keeps open watches until it is killed.
+served from the snapshot of its first page (later pages read the current objects), the
+``--shutdown-delay-duration`` window (0 by default) and the 503/429 answers of the
+non-default shutdown modes.
 """
 
 from __future__ import annotations
@@ -105,6 +114,8 @@ CLUSTER_SCOPED = frozenset({NODES})
 #: Built-in resources: typed lists whose items carry no kind/apiVersion.
 BUILT_IN = frozenset({PODS, EVENTS, NODES})
 DEFAULT_GRACE_SECONDS = 30
+#: kube-apiserver's http.Server.Shutdown bound: ShutdownTimeout = --request-timeout (60 s).
+DEFAULT_SHUTDOWN_TIMEOUT = 60.0
 
 Selector = LabelSelector  # the name the tests and the agent's helpers know
 
@@ -722,6 +733,22 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.server.owner._track(self.connection, add=False)
 
+    def parse_request(self) -> bool:
+        """A request line arrived: the connection is busy until its answer is sent."""
+        self.server.owner._mark_busy(self.connection, True)
+        return super().parse_request()
+
+    def handle_one_request(self) -> None:
+        super().handle_one_request()
+        owner = self.server.owner
+        owner._mark_busy(self.connection, False)
+        if owner._terminating.is_set():
+            self.close_connection = True  # no keep-alive once a graceful stop began
+
+    def _closing_header(self) -> None:
+        if self.server.owner._terminating.is_set():
+            self.send_header("Connection", "close")
+
     # ----------------------------------------------------------------- dispatch
 
     def do_GET(self) -> None:
@@ -909,6 +936,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        self._closing_header()
         self.end_headers()
         self.wfile.write(data)
 
@@ -968,12 +996,13 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         finally:
             owner.store.unsubscribe(watcher)
-            self.close_connection = not ended_cleanly
+            self.close_connection = not ended_cleanly or owner._terminating.is_set()
 
     def _start_stream(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
+        self._closing_header()
         self.end_headers()
         self.wfile.flush()
 
@@ -1024,6 +1053,14 @@ def _route(path: str) -> Route:
         {"reason": "UnexpectedServerResponse", "message": "404 page not found"}]})
 
 
+def _cut(conn: socket.socket) -> None:
+    """End a connection as a process exit does: both directions, no more bytes."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -1049,12 +1086,14 @@ class StandInApiServer:
 
     ``certfile``/``keyfile``: serve HTTPS with that certificate. ``tokens``: bearer token ->
     user name, every request authenticated (401 otherwise). ``rbac``: user name -> RBAC
-    rules, every request authorised (403 otherwise)."""
+    rules, every request authorised (403 otherwise). ``shutdown_timeout``: how long
+    :meth:`terminate` keeps open watches."""
 
     def __init__(self, store: PodGroupStore | None = None, host: str = "127.0.0.1", port: int = 0,
                  expire_mode: str = "event", *, certfile: str | None = None, keyfile: str | None = None,
                  tokens: Mapping[str, str] | None = None,
-                 rbac: Mapping[str, list[Mapping[str, Any]]] | None = None) -> None:
+                 rbac: Mapping[str, list[Mapping[str, Any]]] | None = None,
+                 shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
         self.store = store if store is not None else PodGroupStore()
         self.host = host
         self.port = port
@@ -1071,6 +1110,8 @@ class StandInApiServer:
         #: (tests use it to make a concurrent change, so the write meets a really stale
         #: resourceVersion). The simulated ClusterD writes to the store directly, unhooked.
         self.before_write: Callable[[str, str, Any], None] | None = None
+        #: How long a graceful stop keeps open watches before it cuts them.
+        self.shutdown_timeout = shutdown_timeout
         self.tokens = dict(tokens) if tokens is not None else None
         self.rbac = {user: [dict(rule) for rule in rules] for user, rules in rbac.items()} \
             if rbac is not None else None
@@ -1081,8 +1122,15 @@ class StandInApiServer:
         self._server: _HttpServer | None = None
         self._thread: threading.Thread | None = None
         self._sweeper: threading.Thread | None = None
+        #: Set by kill (and a graceful stop's end): watches end, delayed requests are dropped.
         self._closing = threading.Event()
+        #: Set by terminate and kill: no keep-alive, answers carry ``Connection: close``.
+        self._terminating = threading.Event()
+        self._terminator: threading.Thread | None = None
+        self._listening = False
+        # The handler threads add and remove their connections; terminate/kill read them.
         self._connections: set[socket.socket] = set()
+        self._busy: set[socket.socket] = set()  # connections with a request being answered
         self._conn_lock = threading.Lock()
         self._expire_next = False
 
@@ -1091,9 +1139,14 @@ class StandInApiServer:
         return f"{'https' if self._tls else 'http'}://{self.host}:{self.port}"
 
     def start(self) -> StandInApiServer:
+        """Listen (again: the same port, the same data). After :meth:`terminate`, waits
+        until that stop has ended, as a restart waits for the old process to exit."""
+        self.wait_stopped()
         self._closing.clear()
+        self._terminating.clear()
         self._server = _HttpServer((self.host, self.port), self)
         self.port = self._server.server_address[1]
+        self._listening = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name=f"standin-apiserver:{self.port}", daemon=True)
         self._thread.start()
@@ -1105,25 +1158,83 @@ class StandInApiServer:
         while not self._closing.wait(self.sweep_interval):
             self.store.sweep()
 
-    def stop(self) -> None:
-        """Stop listening and drop every connection (watches included)."""
+    def terminate(self, shutdown_timeout: float | None = None) -> None:
+        """A graceful stop (kube-apiserver's SIGTERM, default settings); returns at once.
+
+        The listener closes now (new connections refused) and idle keep-alive connections
+        are closed; a request in flight is answered with ``Connection: close``; open
+        watches keep streaming until ``shutdown_timeout`` (default: the constructor's)
+        has passed or :meth:`kill` is called, then every connection is cut. Called from
+        the test's thread; the cut runs on a thread of its own."""
+        if self._server is None or self._terminating.is_set():
+            return
+        grace = self.shutdown_timeout if shutdown_timeout is None else shutdown_timeout
+        self._terminating.set()
+        self._stop_listening()
+        with self._conn_lock:
+            idle = [conn for conn in self._connections if conn not in self._busy]
+        for conn in idle:
+            _cut(conn)
+        self._terminator = threading.Thread(target=self._end_after, args=(grace,),
+                                            name=f"standin-apiserver-term:{self.port}", daemon=True)
+        self._terminator.start()
+
+    def _end_after(self, grace: float) -> None:
+        if not self._closing.wait(grace):
+            self.kill()
+
+    def kill(self) -> None:
+        """Cut every connection now (watches included) and stop listening: the process
+        killed, or a graceful stop's end. Safe to call at any time, more than once."""
+        self._terminating.set()
         self._closing.set()
         self.store.close_watches()
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        self._stop_listening()
         with self._conn_lock:
             connections = list(self._connections)
         for conn in connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _cut(conn)
+        server, self._server = self._server, None
+        if server is not None:
+            server.server_close()  # joins the handler threads, which the cut connections end
         for thread in (self._thread, self._sweeper):
-            if thread is not None:
+            if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=5)
         self._thread = self._sweeper = None
+
+    def stop(self) -> None:
+        """Stop listening and drop every connection (watches included): :meth:`kill`."""
+        self.kill()
+        self.wait_stopped()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Wait for a graceful stop to end (no stop under way: at once); True when it has."""
+        terminator = self._terminator
+        if terminator is not None and terminator is not threading.current_thread():
+            terminator.join(timeout)
+            if terminator.is_alive():
+                return False
+        self._terminator = None
+        return True
+
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
+    def _stop_listening(self) -> None:
+        with self._conn_lock:
+            server = self._server if self._listening else None
+            self._listening = False
+        if server is not None:
+            server.shutdown()
+            server.socket.close()
+
+    def _mark_busy(self, conn: socket.socket, busy: bool) -> None:
+        with self._conn_lock:
+            if busy:
+                self._busy.add(conn)
+            else:
+                self._busy.discard(conn)
 
     def expire_next_watch(self) -> None:
         """Answer the next watch from a resourceVersion with 410, as a server whose watch
@@ -1142,6 +1253,7 @@ class StandInApiServer:
                 self._connections.add(conn)
             else:
                 self._connections.discard(conn)
+                self._busy.discard(conn)
 
     def requests_matching(self, method: str, contains: str = "") -> list[tuple[str, str, dict[str, str]]]:
         return [r for r in list(self.requests) if r[0] == method and contains in r[1]]
