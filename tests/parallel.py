@@ -132,7 +132,9 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
             if node.shutting_down:
                 return
             if self.workqueue:
-                if self._pending_of(self.assigned_work[node]) <= 2:
+                # A worker runs a test only once it holds the next one (or is told to end):
+                # keep two pending on each, as xdist's own schedulers do.
+                while self.workqueue and self._pending_of(self.assigned_work[node]) < 2:
                     self._assign_work_unit(node)
                 return
             if self.held_back is None:

@@ -21,7 +21,7 @@ def record(name):
     with open(os.environ["SCHEDULE_LOG"], "a") as log:
         log.write(json.dumps([name, "start", time.monotonic(), os.environ.get("PYTEST_XDIST_WORKER")]) + "\\n")
     # a fixed time spent inside the test, so that overlapping tests would be seen overlapping
-    time.sleep(0.3)
+    time.sleep(0.5)
     with open(os.environ["SCHEDULE_LOG"], "a") as log:
         log.write(json.dumps([name, "end", time.monotonic(), os.environ.get("PYTEST_XDIST_WORKER")]) + "\\n")
 
@@ -69,6 +69,10 @@ def test_serial_tests_run_alone_after_the_others_and_a_group_on_one_worker(tmp_p
     others = {name: run for name, run in runs.items() if not name.startswith("alone")}
     assert len({run["worker"] for name, run in others.items() if name.startswith("free")}) > 1, \
         "the free tests ran on one worker: the suite is not side by side"
+    # free tests ran beside the group, not only once the others were told to end (a worker
+    # runs a test only once it holds the next one)
+    first_free_start = min(run["start"] for name, run in others.items() if name.startswith("free"))
+    assert first_free_start < max(run["end"] for name, run in others.items() if name.startswith("grouped")), runs
     assert len({run["worker"] for name, run in runs.items() if name.startswith("grouped")}) == 1
     last_other_end = max(run["end"] for run in others.values())
     for name in ("alone0", "alone1"):
