@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from bridge import ports
+
 from . import parallel
 
 if TYPE_CHECKING:
@@ -58,11 +60,16 @@ SUITE_STATE_ENV = "TFT_BRIDGE_SUITE_STATE_DIRECTORY"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Bridges the suite starts keep their flight record (bridge/recorder/) in
+    """Each xdist worker, and the processes it starts, pick listening ports from a slice of
+    their own (bridge/ports.py). Bridges the suite starts keep their flight record (bridge/recorder/) in
     $STATE_DIRECTORY, else /var/lib/tft-bridge/<job>: point it at a directory of the
     process's own (each xdist worker its own), so a suite run as root leaves nothing on the
     machine and no two workers share a store. Each test then gets a fresh one of its own
     (``state_directory_per_test``); this one serves module-scoped fixtures."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):  # a worker's own slice of the ports the simulations pick (bridge/ports.py)
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        os.environ[ports.SLICE_ENV] = f"{int(worker[2:]) % count + 1}/{count}"
     given = os.environ.get("STATE_DIRECTORY")
     if given is None or given == os.environ.get(SUITE_STATE_ENV):
         directory = tempfile.mkdtemp(prefix=f"tft-bridge-suite-state-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
