@@ -1,6 +1,7 @@
 """The suite's own scheduling (tests/parallel.py), run as the suite runs: a nested pytest
-with the suite's conftest as a plugin and the project's addopts (xdist workers), on a
-scratch test file that logs when each test ran and where."""
+with the suite's conftest as a plugin and the project's ini (xdist, --dist loadgroup), on
+a scratch test file that logs when each test ran and where. The nested run must not take
+this worker's identity (PYTEST_XDIST_* in the environment)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def nested_pytest(tmp_path: Path, source: str, *options: str) -> tuple[subproces
                            "-p", "no:cacheprovider", "-q",
                            *options, str(tmp_path / "test_scratch.py")],
                           cwd=ROOT, capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "SCHEDULE_LOG": str(log), "PYTHONPATH": str(ROOT)})
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")},
+                               "SCHEDULE_LOG": str(log), "PYTHONPATH": str(ROOT)})
     return done, log
 
 
@@ -61,7 +63,7 @@ def intervals(log: Path) -> dict[str, dict[str, Any]]:
 
 
 def test_serial_tests_run_alone_after_the_others_and_a_group_on_one_worker(tmp_path: Path) -> None:
-    done, log = nested_pytest(tmp_path, SCRATCH)
+    done, log = nested_pytest(tmp_path, SCRATCH, "-n", "3")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "13 passed" in done.stdout, done.stdout
     runs = intervals(log)
