@@ -112,6 +112,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     return result
 
 
+#: xdist workers of a plain ``pytest`` run (tests/parallel.py; docs/testing.md says how the
+#: number was chosen). ``-n N`` chooses another; ``-n 0`` or ``-p no:xdist``, none.
+DEFAULT_WORKERS = 4
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Any:
+    """The suite runs side by side unless the command line said otherwise: decided before
+    xdist reads its options, whichever plugin was registered first."""
+    parallel.default_to_workers(config, DEFAULT_WORKERS)
+    return (yield)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist controller, for each worker it starts (tests/parallel.py)."""

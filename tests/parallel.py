@@ -1,7 +1,7 @@
 """How the suite runs side by side (pytest-xdist), and how a test that cannot runs alone.
 
-The suite's default (pyproject.toml's ``addopts``) is several xdist workers with
-``--dist loadgroup``, scheduled by ``GroupedSerialLastScheduling``:
+The suite's default (``default_to_workers``, called by tests/conftest.py) is several
+xdist workers with ``--dist loadgroup``, scheduled by ``GroupedSerialLastScheduling``:
 
 * tests are handed out one at a time, to whichever worker is free;
 * tests marked ``@pytest.mark.xdist_group("name")`` go to one worker together (a
@@ -10,13 +10,14 @@ The suite's default (pyproject.toml's ``addopts``) is several xdist workers with
   measure the machine, or hold a resource by name): they are held back until every other
   test has run, and one worker runs them, one after another, while the others have ended.
 
-With ``-n 0`` (no workers) every test runs in place, in order.
+With ``-n 0`` or ``-p no:xdist`` every test runs in place, in order (and a venv without
+pytest-xdist runs the suite so too).
 
 xdist's own ``loadgroup`` learns a test's group from its node id, to which workers append
 ``@name``; pytest 9.2 node ids no longer take that suffix, so here each worker writes the
 groups it collected to a file the controller reads when it schedules (a directory named
-in ``workerinput``). Runs in the xdist controller (``make_scheduler``,
-``configure_node``) and in each worker (``mark_items``, ``write_groups``).
+in ``workerinput``). Runs in the xdist controller (``default_to_workers``,
+``make_scheduler``, ``configure_node``) and in each worker (``mark_items``, ``write_groups``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,22 @@ def write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     partial = target.with_suffix(".partial")
     partial.write_text(json.dumps(groups), encoding="utf-8")
     os.replace(partial, target)
+
+
+def default_to_workers(config: pytest.Config, workers: int) -> None:
+    """Controller, before xdist reads its options (tests/conftest.py wraps its hook):
+    ``--dist loadgroup`` unless the command line chose a ``--dist`` or ``--tx``, with
+    ``workers`` workers unless it chose ``-n``; nothing with ``-n 0``, ``-p no:xdist``,
+    ``--pdb``, ``--collect-only`` or in a worker."""
+    if not config.pluginmanager.has_plugin("xdist") or hasattr(config, "workerinput"):
+        return
+    option = config.option
+    if option.tx or option.dist != "no" or option.collectonly or getattr(option, "usepdb", False):
+        return
+    if option.numprocesses is None:
+        option.numprocesses = workers
+    if option.numprocesses:
+        option.dist = "loadgroup"
 
 
 def make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -83,12 +83,20 @@ def test_serial_tests_run_alone_after_the_others_and_a_group_on_one_worker(tmp_p
 
 
 def test_with_no_workers_every_test_runs_in_place(tmp_path: Path) -> None:
-    done, log = nested_pytest(tmp_path, SCRATCH, "-n", "0")
+    for option in (("-n", "0"), ("-p", "no:xdist")):
+        done, log = nested_pytest(tmp_path, SCRATCH, *option)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert {run["worker"] for run in intervals(log).values()} == {None}, option
+        log.unlink()
+
+
+def test_a_plain_run_is_side_by_side(tmp_path: Path) -> None:
+    done, log = nested_pytest(tmp_path, SCRATCH)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert {run["worker"] for run in intervals(log).values()} == {None}
+    assert len({run["worker"] for run in intervals(log).values()}) > 1, done.stdout
 
 
 def test_a_serial_mark_without_a_reason_is_refused(tmp_path: Path) -> None:
-    done, _ = nested_pytest(tmp_path, "import pytest\n@pytest.mark.serial\ndef test_x():\n    pass\n", "-n", "0")
+    done, _ = nested_pytest(tmp_path, "import pytest\n@pytest.mark.serial\ndef test_x():\n    pass\n", "-p", "no:xdist")
     assert done.returncode == 4, done.stdout + done.stderr
     assert "needs a reason" in done.stdout + done.stderr
