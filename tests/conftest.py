@@ -114,7 +114,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 #: xdist workers of a plain ``pytest`` run (tests/parallel.py; docs/testing.md says how the
 #: number was chosen). ``-n N`` chooses another; ``-n 0`` or ``-p no:xdist``, none.
-DEFAULT_WORKERS = 4
+DEFAULT_WORKERS = 6
 
 
 @pytest.hookimpl(wrapper=True)
