@@ -164,6 +164,9 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
                 for other in self.nodes:
                     if other is not node and not other.shutting_down:
                         other.shutdown()
+            elif node is not self.runner:
+                node.shutdown()  # a worker xdist started after the choice (in place of a crashed one)
+                return
             self._release_if_alone()
 
         def _release_if_alone(self) -> None:
@@ -175,9 +178,20 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
             self.runner.shutdown()  # after what it was just sent
 
         def remove_node(self, node: Any) -> str | None:
-            crashed = super().remove_node(node)
+            """A worker ended (or crashed): its unfinished tests go back to the queue, but
+            for the one it crashed in, which xdist reports failed once (xdist's own scope
+            schedulers put it back too, and it crashed every worker started in its place)."""
+            workload = self.assigned_work.pop(node)
+            crashed = next((nodeid for unit in workload.values() for nodeid, done in unit.items() if not done), None)
+            if crashed is not None:
+                for unit in workload.values():
+                    if crashed in unit:
+                        unit[crashed] = True
+                self.workqueue.update({scope: unit for scope, unit in workload.items() if not all(unit.values())})
             if node is self.runner:
                 self.runner = None
+            for other in self.nodes:
+                self._reschedule(other)
             self._release_if_alone()
             return crashed
 

@@ -100,3 +100,13 @@ def test_a_serial_mark_without_a_reason_is_refused(tmp_path: Path) -> None:
     done, _ = nested_pytest(tmp_path, "import pytest\n@pytest.mark.serial\ndef test_x():\n    pass\n", "-p", "no:xdist")
     assert done.returncode == 4, done.stdout + done.stderr
     assert "needs a reason" in done.stdout + done.stderr
+
+
+def test_a_test_that_crashes_its_worker_fails_once_and_the_rest_still_run(tmp_path: Path) -> None:
+    """xdist's scope scheduling puts a crashed worker's tests back whole, the crashing one
+    included, so it crashed every worker xdist started in its place."""
+    source = SCRATCH + "\ndef test_crash():\n    os._exit(3)\n"
+    done, log = nested_pytest(tmp_path, source, "-n", "3")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 failed, 13 passed" in done.stdout, done.stdout
+    assert done.stdout.count("crashed while running") == 2, done.stdout  # the failure and its summary line
