@@ -4,8 +4,10 @@
 #
 #   bench/stress_suite.sh [N [BUSY]]   (defaults: N=5 runs, BUSY=2 busy processes)
 #
-# The pytest command is .ci/run's (compiled codec required); the venv is the repo's
-# .venv unless STRESS_VENV names another (e.g. STRESS_VENV=.venv-ci after .ci/run).
+# The pytest command is .ci/run's (compiled codec required), so the suite runs side by side
+# in its default xdist workers (docs/testing.md); PYTEST_ADDOPTS="-n 8" stresses it on
+# another number of workers. The venv is the repo's .venv unless STRESS_VENV names another
+# (e.g. STRESS_VENV=.venv-ci after .ci/run).
 # Each run's output goes to a log under STRESS_LOGS (default: a fresh mktemp dir); a
 # failed run's summary lines are printed. Exits 1 when any run failed, 2 on bad usage.
 #
@@ -70,7 +72,7 @@ for ((b = 0; b < busy; b++)); do
 done
 
 export BRIDGE_REQUIRE_EXTENSIONS=1
-echo "stress_suite: $runs full runs of the suite ($("$python" --version 2>&1), venv $venv), $busy busy process(es) (pids ${hogs[*]:-none}); logs in $logs"
+echo "stress_suite: $runs full runs of the suite ($("$python" --version 2>&1), venv $venv${PYTEST_ADDOPTS:+, PYTEST_ADDOPTS=$PYTEST_ADDOPTS}), $busy busy process(es) (pids ${hogs[*]:-none}); logs in $logs"
 passed=0
 failed=0
 started_all=$SECONDS

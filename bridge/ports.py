@@ -6,7 +6,9 @@ bridge's loopback metrics port before the bridge binds it (bridge/node/service.p
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import socket
 from pathlib import Path
 
@@ -17,6 +19,25 @@ _pick = random.Random()  # its own generator: seeded schedules must not see thes
 
 #: Linux's default ephemeral range, where /proc does not say.
 _EPHEMERAL_DEFAULT = (32768, 60999)
+
+#: ``K/N`` (1 <= K <= N): this process, and the processes it starts, pick only from the
+#: K-th of N equal slices of each span. The test suite gives each of its parallel workers
+#: its own slice (tests/conftest.py), so two workers never draw the same port between a
+#: probe and the bind. Unset: the whole spans.
+SLICE_ENV = "TFT_BRIDGE_PORT_SLICE"
+
+
+def _slice(spans: list[tuple[int, int]], given: str) -> list[tuple[int, int]]:
+    match = re.fullmatch(r"([0-9]+)/([0-9]+)", given)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise ValueError(f"{SLICE_ENV}={given!r}: expected K/N with 1 <= K <= N (the K-th of N port slices); "
+                         "unset it to pick from every free port")
+    k, n = int(match[1]), int(match[2])
+    sliced = []
+    for start, end in spans:
+        width = (end - start + 1) // n
+        sliced.append((start + (k - 1) * width, start + k * width - 1))
+    return sliced
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -36,10 +57,13 @@ def free_port() -> int:
     listener's bind, a gRPC channel or a metrics scrape of a busy test run took such a
     port, and the stub controller's bind then failed (SystemExit 2, a start-up failure
     on a loaded machine). Outgoing connections never take a port outside the range, so
-    this picks one there at random, checks it binds, and never hands it out twice."""
+    this picks one there at random (in this process's slice, ``SLICE_ENV``), checks it
+    binds, and never hands it out twice."""
     low, high = _ephemeral_range()
     spans = [(10000, low - 1), (high + 1, 65535)]  # 10000: clear of the ports services listen on
     spans = [(start, end) for start, end in spans if end - start >= 1000]
+    if spans and os.environ.get(SLICE_ENV):
+        spans = _slice(spans, os.environ[SLICE_ENV])
     for _ in range(200 if spans else 0):
         start, end = _pick.choice(spans)
         port = _pick.randint(start, end)

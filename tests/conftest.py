@@ -30,6 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from bridge import ports
+
+from . import parallel
+
 if TYPE_CHECKING:
     from bridge.sim.scenario import SimulatedJob
 
@@ -49,13 +53,38 @@ class CodecImplementation:
         return importlib.import_module(name)
 
 
+#: Set by the suite to the $STATE_DIRECTORY it made, so that an xdist worker, which
+#: inherits the controller's environment, can tell the suite's directory (to be replaced
+#: by one of its own) from one the person running the suite chose.
+SUITE_STATE_ENV = "TFT_BRIDGE_SUITE_STATE_DIRECTORY"
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Bridges the suite starts keep their flight record (bridge/recorder/) in
+    """Each xdist worker, and the processes it starts, pick listening ports from a slice of
+    their own (bridge/ports.py). Bridges the suite starts keep their flight record (bridge/recorder/) in
     $STATE_DIRECTORY, else /var/lib/tft-bridge/<job>: point it at a directory of the
-    run's own, so a suite run as root leaves nothing on the machine."""
-    if "STATE_DIRECTORY" not in os.environ:
-        os.environ["STATE_DIRECTORY"] = directory = tempfile.mkdtemp(prefix="tft-bridge-suite-state-")
+    process's own (each xdist worker its own), so a suite run as root leaves nothing on the
+    machine and no two workers share a store. Each test then gets a fresh one of its own
+    (``state_directory_per_test``); this one serves module-scoped fixtures."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):  # a worker's own slice of the ports the simulations pick (bridge/ports.py)
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        os.environ[ports.SLICE_ENV] = f"{int(worker[2:]) % count + 1}/{count}"
+    given = os.environ.get("STATE_DIRECTORY")
+    if given is None or given == os.environ.get(SUITE_STATE_ENV):
+        directory = tempfile.mkdtemp(prefix=f"tft-bridge-suite-state-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+        os.environ["STATE_DIRECTORY"] = os.environ[SUITE_STATE_ENV] = directory
         config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+
+
+@pytest.fixture(autouse=True)
+def state_directory_per_test(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every test's bridges (in process or children started with the environment) keep
+    their flight record and orphan markers in a directory of the test's own: no test
+    reads another's store, whichever worker ran it before. Only where the suite chose the
+    directory: one the person running the suite set is left alone."""
+    if os.environ.get("STATE_DIRECTORY") == os.environ.get(SUITE_STATE_ENV):
+        monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("state")))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -67,13 +96,45 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--c-extensions"):
-        return
-    skip = pytest.mark.skip(reason="--no-c-extensions")
-    for item in items:
-        if "c_extension" in item.keywords:
-            item.add_marker(skip)
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Any:
+    """Before every other implementation: serial tests put in their group (tests/parallel.py)
+    and, without the compiled codec, its tests skipped; after them all, with the node ids
+    final, an xdist worker writes its groups for the controller's scheduler."""
+    parallel.mark_items(items)
+    if not config.getoption("--c-extensions"):
+        skip = pytest.mark.skip(reason="--no-c-extensions")
+        for item in items:
+            if "c_extension" in item.keywords:
+                item.add_marker(skip)
+    result = yield
+    parallel.write_groups(config, items)
+    return result
+
+
+#: xdist workers of a plain ``pytest`` run (tests/parallel.py; docs/testing.md says how the
+#: number was chosen). ``-n N`` chooses another; ``-n 0`` or ``-p no:xdist``, none.
+DEFAULT_WORKERS = 6
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Any:
+    """The suite runs side by side unless the command line said otherwise: decided before
+    xdist reads its options, whichever plugin was registered first."""
+    parallel.default_to_workers(config, DEFAULT_WORKERS)
+    return (yield)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller, for each worker it starts (tests/parallel.py)."""
+    parallel.configure_node(node.config, node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist controller: groups, and serial tests last and alone (tests/parallel.py)."""
+    return parallel.make_scheduler(config, log)
 
 
 @pytest.fixture(

@@ -52,6 +52,9 @@ def fixed_runs() -> Iterator[ChaosWorkers]:
         workers.close()
 
 
+# One xdist worker takes them all: ``fixed_runs`` runs every schedule (in its own worker
+# processes) once per pytest process that asks for it.
+@pytest.mark.xdist_group("chaos-fixed-schedules")
 @pytest.mark.parametrize(("entry", "seed"), FIXED, ids=[f"{e}-{s}" for e, s in FIXED])
 def test_fixed_schedule_keeps_every_invariant(fixed_runs: ChaosWorkers, entry: str, seed: int) -> None:
     outcome = fixed_runs.outcome(entry, seed, timeout=170)

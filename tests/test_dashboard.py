@@ -514,9 +514,10 @@ def demo_prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusServer, list[Dem
     started = time.time()
     ports = {scenario: free_port() for scenario in DEMO_SCENARIOS}
     demos: list[DemoBridge] = []
-    prometheus = PrometheusServer(tmp_path, ports)
+    prometheus: PrometheusServer | None = None
     try:
-        eventually_sync(prometheus.ready, timeout=60, what="prometheus ready")
+        # The demos first, so that each binds its metrics port within moments of its pick,
+        # not after Prometheus's start-up: meanwhile the demos' children pick ports too.
         for scenario, port in ports.items():
             log = tmp_path / f"demo-{scenario}.log"
             with log.open("wb") as out:
@@ -526,6 +527,8 @@ def demo_prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusServer, list[Dem
                     cwd=ROOT, env={**os.environ, "STATE_DIRECTORY": str(tmp_path / f"state-{scenario}")})
             demos.append(DemoBridge(scenario, port, process, log))
         eventually_sync(lambda: all(demo.at_gate() for demo in demos), timeout=90, what="every demo subscribed")
+        prometheus = PrometheusServer(tmp_path, ports)
+        eventually_sync(prometheus.ready, timeout=60, what="prometheus ready")
         gated = time.time()
         eventually_sync(lambda: prometheus.scalar(f"count(timestamp(tft_bridge_build_info) > {gated})") == len(demos),
                         timeout=30, what="a scrape of every bridge before its fault")
@@ -535,7 +538,8 @@ def demo_prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusServer, list[Dem
     finally:
         for demo in demos:
             demo.stop()
-        prometheus.stop()
+        if prometheus is not None:
+            prometheus.stop()
 
 
 @pytest.mark.timeout(240)

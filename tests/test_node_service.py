@@ -327,8 +327,13 @@ def test_a_fault_is_recovered_through_the_simulated_clusterd(server: StandInApiS
     cluster = SimJobs(server.store, {"node-1": "127.0.0.1"})
     extra = f'bridge_command = ["{sys.executable}", "{ROOT / "tests" / "node_stub_bridge.py"}"]'
     rig = NodeRig(server, tmp_path / "state", address)
-    rig.config_path.write_text(rig.config_path.read_text().replace("[kubernetes]", f"{extra}\n[kubernetes]", 1))
+    # The ranks' leave wait on a shorter clock (8 s, not the rig's 20): long enough that the
+    # bridge is still up when the test looks right after the deletion, short enough not to
+    # idle the suite.
+    text = rig.config_path.read_text().replace("[kubernetes]", f"{extra}\n[kubernetes]", 1)
+    rig.config_path.write_text(text.replace("ranks_leave_wait = 20.0", "ranks_leave_wait = 8.0"))
     rig.reload()
+    assert rig.config.node.ranks_leave_wait == 8.0
     with rigs(rig):
         rig.start()
         cluster.create(job)
@@ -347,5 +352,5 @@ def test_a_fault_is_recovered_through_the_simulated_clusterd(server: StandInApiS
         cluster.delete(job)
         eventually_sync(lambda: rig.service.jobs[job.uid].stop_evidence == "deleted", 15, "the job seen gone")
         assert job.uid in rig.running()  # ranks still attached: not stopped yet
-        rig.wait_stopped(job, timeout=60)  # node.ranks_leave_wait (20 s) ran out
+        rig.wait_stopped(job, timeout=60)  # node.ranks_leave_wait (8 s) ran out
         assert rig.metrics.stops.labels("deleted")._value.get() == 1

@@ -328,8 +328,22 @@ def test_a_closed_manager_leaves_no_thread_or_descriptor_behind(server: ServerTh
 
     from .conftest import eventually_sync
 
-    def in_use() -> tuple[int, int]:
-        return threading.active_count(), len(os.listdir("/proc/self/fd"))
+    def in_use() -> tuple[set[threading.Thread], dict[int, str]]:
+        descriptors = {}
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                descriptors[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:
+                pass  # closed since the listing (the listing's own among them)
+        return set(threading.enumerate()), descriptors
+
+    def left_behind(before: tuple[set[threading.Thread], dict[int, str]]) -> list[str]:
+        """Threads and descriptors that were not there before: what the managers left, by
+        identity, so a thread or descriptor of an earlier test of this worker ending
+        meanwhile neither hides a leak nor counts as one."""
+        threads, descriptors = in_use()
+        return (sorted(f"thread {thread.name}" for thread in threads - before[0])
+                + sorted(f"fd {fd} -> {target}" for fd, target in descriptors.items() if before[1].get(fd) != target))
 
     def one_manager() -> None:
         info = pb.ClientInfo(taskId=JOB, role="agent")
@@ -345,5 +359,8 @@ def test_a_closed_manager_leaves_no_thread_or_descriptor_behind(server: ServerTh
     before = in_use()
     for _ in range(3):
         one_manager()
-    eventually_sync(lambda: in_use()[0] <= before[0] and in_use()[1] <= before[1], 10,
-                    what=f"threads and descriptors back to {before}")
+    try:
+        eventually_sync(lambda: not left_behind(before), 10, what="threads and descriptors back to those before")
+    except AssertionError:
+        assert left_behind(before) == []  # names what is left
+        raise

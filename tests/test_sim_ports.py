@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from bridge import ports as port_picker
 from bridge.ports import free_port
 
@@ -39,3 +41,23 @@ def test_a_taken_port_is_skipped(monkeypatch) -> None:  # type: ignore[no-untype
         monkeypatch.setattr(port_picker._pick, "randint", first_the_taken_one)
         port = free_port()
         assert picks[0] == taken and port != taken and port == picks[-1]
+
+
+def test_a_slice_keeps_the_picks_to_its_part_of_each_span(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What keeps the suite's parallel workers (each its own slice) from drawing the same
+    port between a probe and the bind."""
+    low, high = port_picker._ephemeral_range()
+    whole = [(start, end) for start, end in [(10000, low - 1), (high + 1, 65535)] if end - start >= 1000]
+    monkeypatch.setenv(port_picker.SLICE_ENV, "2/4")
+    ports = [free_port() for _ in range(100)]
+    parts = [(start + (end - start + 1) // 4, start + 2 * ((end - start + 1) // 4) - 1) for start, end in whole]
+    assert all(any(a <= port <= b for a, b in parts) for port in ports), (parts, sorted(ports))
+    monkeypatch.setenv(port_picker.SLICE_ENV, "1/4")
+    first = [free_port() for _ in range(100)]
+    assert not set(first) & set(ports)
+
+
+def test_a_bad_slice_is_refused_saying_what_it_expects(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(port_picker.SLICE_ENV, "5/4")
+    with pytest.raises(ValueError, match=r"TFT_BRIDGE_PORT_SLICE='5/4': expected K/N with 1 <= K <= N"):
+        free_port()
