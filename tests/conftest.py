@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +136,35 @@ def pytest_configure_node(node: Any) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist controller: groups, and serial tests last and alone (tests/parallel.py)."""
     return parallel.make_scheduler(config, log)
+
+
+TESTS = Path(__file__).resolve().parent
+SYSTEMD_TIER = TESTS / "systemd"
+
+
+def _run_covers(config: pytest.Config, directory: Path) -> bool:
+    """Whether the run's paths (or the default testpaths) include ``directory``."""
+    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args] or [TESTS]
+    return any(path == directory or path in directory.parents or directory in path.parents for path in paths)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The tiers that cannot run here say so in one line, even under ``-q`` (which lists no
+    skip reasons). Here, not in the tiers' own conftests: under xdist only the controller
+    prints the summary, and it loads no conftest below this one."""
+    said: set[str] = set()  # under xdist one worker reports the tier's module skip, whichever module it was
+    for report in terminalreporter.stats.get("skipped", []):
+        if "conformance/test_real_" in report.nodeid and isinstance(report.longrepr, tuple):
+            line = str(report.longrepr[2]).removeprefix("Skipped: ")
+            if line.startswith("conformance tier") and line not in said:
+                said.add(line)
+                terminalreporter.write_line(line)
+    if _run_covers(terminalreporter.config, SYSTEMD_TIER):
+        from .systemd.sdns import missing
+
+        why_not = missing()
+        if why_not:
+            terminalreporter.write_line(f"systemd tier (tests/systemd) skipped: {why_not}")
 
 
 @pytest.fixture(

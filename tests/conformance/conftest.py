@@ -4,7 +4,7 @@
 processes at once (each scenario is mostly waiting on the real peers' own timers):
 ``TFT_BRIDGE_CONFORMANCE_SHARD=I/N`` keeps every N-th scenario from the I-th on. The
 suite's own run gets ``TFT_BRIDGE_CONFORMANCE=separate`` and skips the real-peer
-scenarios (tests/conformance/test_real_peers.py says so in one line).
+scenarios (tests/conformance/test_real_peers.py says so in one line, printed by tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -50,10 +50,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=dropped)
         items[:] = [item for item in items if item not in dropped]
 
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The tier's skip, said in one line even under ``-q`` (which lists no skip reasons):
-    a run without the real peers must say where to get them."""
-    for report in terminalreporter.stats.get("skipped", []):
-        if report.nodeid.endswith("test_real_peers.py") and isinstance(report.longrepr, tuple):
-            terminalreporter.write_line(str(report.longrepr[2]).removeprefix("Skipped: "))

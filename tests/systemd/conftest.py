@@ -1,6 +1,6 @@
 """The systemd tier: the shipped units on a real systemd (``sdns.py``). Where it cannot run
 (not root, no ``unshare``, no systemd, no ``../shared/systemd``) its tests are not
-collected and the run's summary says so in one line."""
+collected and the run's summary says so in one line (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,6 @@ def pytest_ignore_collect(collection_path: Path) -> bool | None:
     if WHY_NOT and collection_path.resolve().parent == HERE and collection_path.name.startswith("test_"):
         return True
     return None
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if WHY_NOT:
-        terminalreporter.write_line(f"systemd tier (tests/systemd) skipped: {WHY_NOT}")
 
 
 @pytest.fixture
