@@ -34,6 +34,8 @@ log = logging.getLogger("tft_bridge.node.metrics")
 START_CAUSES = ("job", "incarnation", "rescheduled", "controller_ended", "failure")
 #: The positive evidence a bridge was stopped on (service.py ``_evidence_gone``).
 STOP_EVIDENCE = ("deleted", "terminal", "replaced")
+#: What became of an Event the service posted (service.py ``EventPoster``).
+EVENT_RESULTS = ("ok", "failed", "dropped")
 #: The label relayed bridge series carry: the job id (the pod's MINDX_TASK_ID).
 JOB_LABEL = "tft_job"
 
@@ -83,6 +85,8 @@ class NodeMetrics:
             self.starts.labels(cause)
         for evidence in STOP_EVIDENCE:
             self.stops.labels(evidence)
+        for result in EVENT_RESULTS:
+            self.events.labels(result)
         self.watch_up.set(0)
 
     def set_refused(self, counts: dict[str, int]) -> None:
