@@ -22,7 +22,7 @@ from typing import Any
 from bridge import cli
 from bridge.sim import mindio_ttp
 
-from .schedule import DEVICES_PER_POD, WORLD_SIZE
+from .schedule import CONTROLLER_TIMINGS, DEVICES_PER_POD, WORLD_SIZE
 
 FLUSH_INTERVAL = 0.02
 
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     config, records = argv
     mindio_ttp.install()
     training = mindio_ttp.training
-    training.use_timings(mindio_ttp.FAST_TIMINGS)
+    training.use_timings(CONTROLLER_TIMINGS)
     training.auto_step = True
     # The node agent restarts whole pods, the simulated ClusterD's (harness.sim_job), as
     # on the other entry points: a controller told fewer ranks than ClusterD named hangs.

@@ -26,12 +26,12 @@ from bridge.sim.clusterd_timings import REAL
 from bridge.sim.scenario import SimulatedJob, free_port
 
 from ..test_clusterd_restart import FreezableProxy
-from .schedule import DEVICES_PER_POD, RPC_TIMEOUT, WAIT, WORLD_SIZE
+from .schedule import CONTROLLER_TIMINGS, DEVICES_PER_POD, RPC_TIMEOUT, TIME_SCALE, WAIT, WORLD_SIZE
 
 JOB = "job-chaos"
 #: ClusterD's real delays, scaled: keep-alives every 0.1 s, 11 s stop-complete ->
 #: globalFault becomes 0.22 s, the 15-minute report wait 18 s. Every ratio is kept.
-CLUSTERD_SCALE = 0.02
+CLUSTERD_SCALE = TIME_SCALE
 CLUSTERD_TIMINGS = REAL.scaled(CLUSTERD_SCALE)
 #: The bridge declares a silent stream dead after this many keep-alive intervals.
 WATCHDOG_INTERVALS = 10.0
@@ -172,7 +172,7 @@ class DaemonHarness(InProcessStub, Harness):
         self.job = SimulatedJob(
             job_spec(), keepalive_interval=t.keepalive_interval, global_fault_delay=t.global_fault_delay,
             flush_delay=t.flush_delay, dump_exit_repeat=t.dump_exit_repeat, report_timeout=t.report_timeout,
-            wait_time=WAIT, controller_timings=mindio_ttp.FAST_TIMINGS, start_clusterd=False,
+            wait_time=WAIT, controller_timings=CONTROLLER_TIMINGS, start_clusterd=False,
             clusterd_timings=CLUSTERD_TIMINGS,
             config_overrides={"clusterd": {"watchdog_intervals": WATCHDOG_INTERVALS, "rpc_timeout": RPC_TIMEOUT},
                               "recorder": {"enabled": True, "directory": self.store.name}})
@@ -266,7 +266,7 @@ class SeedHarness(InProcessStub, Harness):
         mindio_ttp.install()
         self.training.reset()
         self.training.auto_step = True
-        self.training.use_timings(mindio_ttp.FAST_TIMINGS)
+        self.training.use_timings(CONTROLLER_TIMINGS)
         os.environ["MINDIO_WAIT_MINDX_TIME"] = str(WAIT)  # read by tft_init_controller, like the real one
         await asyncio.to_thread(self._launch, address)
         self.slow.install()

@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from bridge.sim.mindio_ttp import REAL_TIMINGS
+
 #: The simulated job: 16 ranks, 4 per pod (ClusterD expands a type-1 fault to its pod).
 WORLD_SIZE = 16
 DEVICES_PER_POD = 4
@@ -29,6 +31,14 @@ DEVICES_PER_POD = 4
 WAIT = 4
 #: The bridge's report RPC deadline (``clusterd.rpc_timeout``) on every entry point.
 RPC_TIMEOUT = 2.0
+#: Both peers' real delays run this much faster in a schedule: ClusterD's
+#: (``harness.CLUSTERD_TIMINGS``) and the controller's (``CONTROLLER_TIMINGS``), so every
+#: ratio between them is the real one. A controller faster than that against a scaled
+#: ClusterD inverts orderings the real peers keep: a retry's repair (real: 1-5 s) ending
+#: inside one tick of ClusterD's fault centre (real: 1 s) lets the tick after the cycle's
+#: reset start a cycle for the retry records the cycle's own reports refreshed.
+TIME_SCALE = 0.02
+CONTROLLER_TIMINGS: dict[str, float] = {name: seconds * TIME_SCALE for name, seconds in REAL_TIMINGS.items()}
 #: The entry points a schedule can run on.
 ENTRIES = ("daemon", "seed", "process", "node")
 
