@@ -62,7 +62,7 @@ async def test_every_delivery_of_the_rank_moves_the_re_report_later() -> None:
     controller_reports(up, flow, {2: 0})
     up.delivered({2: 0}, time.monotonic())
     first = up.due
-    await asyncio.sleep(TIMES.hold / 2)
+    await asyncio.sleep(TIMES.hold / 2)  # the subject: a later delivery, half a hold later
     up.delivered({2: 0}, time.monotonic())  # e.g. a re-report on a new stream: ClusterD refreshed the record
     assert up.due is not None and first is not None and up.due[0] - first[0] >= TIMES.hold / 2
 
@@ -73,7 +73,7 @@ async def test_no_re_report_once_clusterd_stopped_the_controller() -> None:
     up.delivered({2: 0}, time.monotonic())
     flow.notified("stop_train", "uuid-1")  # ClusterD started the cycle
     assert flow.step is not Step.AWAIT_STOP
-    await asyncio.sleep(2 * (TIMES.hold + TIMES.period))
+    await asyncio.sleep(2 * (TIMES.hold + TIMES.period))  # an absence: past the moment a re-report would leave
     assert outbox.faults == []
 
 
@@ -81,7 +81,7 @@ async def test_no_re_report_while_clusterd_shows_a_running_cycle() -> None:
     up, flow, outbox, _ = follow_up(running=True)
     controller_reports(up, flow, {2: 0})
     up.delivered({2: 0}, time.monotonic())
-    await asyncio.sleep(2 * (TIMES.hold + TIMES.period))
+    await asyncio.sleep(2 * (TIMES.hold + TIMES.period))  # an absence: past the moment a re-report would leave
     assert outbox.faults == []
 
 
