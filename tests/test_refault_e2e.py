@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -99,10 +97,11 @@ async def test_a_uce_on_another_rank_after_a_retry_recovers_without_a_re_report(
         assert not job.sim.violations and not job.training.violations
 
 
-async def test_the_synchronous_clients_shape_loses_the_job_to_the_same_repeated_uce() -> None:
+async def test_the_synchronous_clients_shape_loses_the_job_to_the_same_repeated_uce(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The baseline: MindCluster's client reports once and the controller, told nothing,
     gives the job up after its wait (EXIT)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
     from baseline import SyncClient  # MindCluster's synchronous client shape
     from bridge.sim.mindio_ttp import controller_ttp as ttp
 
@@ -113,8 +112,7 @@ async def test_the_synchronous_clients_shape_loses_the_job_to_the_same_repeated_
     training.reset()
     training.use_timings(FAST_TIMINGS)
     training.auto_step = True
-    saved = os.environ.get("MINDIO_WAIT_MINDX_TIME")
-    os.environ["MINDIO_WAIT_MINDX_TIME"] = "2"  # the stub's EXIT comes after one wait
+    monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", "2")  # the stub's EXIT comes after one wait
     client = SyncClient(address, JOB)
     try:
         client.register()
@@ -136,10 +134,6 @@ async def test_the_synchronous_clients_shape_loses_the_job_to_the_same_repeated_
         await asyncio.to_thread(client.close)
         training.reset()
         await sim.stop()
-        if saved is None:
-            os.environ.pop("MINDIO_WAIT_MINDX_TIME", None)
-        else:
-            os.environ["MINDIO_WAIT_MINDX_TIME"] = saved
 
 
 # --------------------------------------------------------------------------- a fault racing a Subscribe
