@@ -67,9 +67,9 @@ class SdistWithCodecC(sdist):
     def run(self) -> None:
         from Cython.Build import cythonize
 
-        # As an Extension of its full name: the C then names its module bridge._faults_c,
+        # As an Extension of its full name: the C then names its module bridge.faults._c,
         # as setuptools' own cythonizing does (a bare .pyx path would make it _faults_c).
-        cythonize([Extension("bridge._faults_c", [CODEC_PYX])], force=True, quiet=True)
+        cythonize([Extension("bridge.faults._c", [CODEC_PYX])], force=True, quiet=True)
         super().run()
 
 
@@ -78,7 +78,7 @@ if NO_EXTENSIONS:
     print("*** tft-bridge: pure-Python build (BRIDGE_NO_EXTENSIONS set) ***")
 else:
     ext_modules = [
-        Extension("bridge._faults_c", [CODEC_C if FROM_SDIST else CODEC_PYX], optional=True),
+        Extension("bridge.faults._c", [CODEC_C if FROM_SDIST else CODEC_PYX], optional=True),
     ]
 
 # Editable installs skip build_py, so the stubs are generated here as well.

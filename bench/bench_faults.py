@@ -22,11 +22,11 @@ import sys
 import time
 from typing import Callable
 
-from bridge import _faults_py as py_codec
+from bridge.faults import _python as py_codec
 from bridge._proto import recover_pb2 as pb
 
 try:
-    from bridge import _faults_c as c_codec
+    from bridge.faults import _c as c_codec
 except ImportError:  # pragma: no cover
     sys.exit("the C extension is not built: pip install -e . with a compiler available")
 

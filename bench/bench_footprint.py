@@ -65,7 +65,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge.config import REAL_CONTROLLER
+from bridge.core.config import REAL_CONTROLLER
 from bridge.sim.scenario import free_port
 
 BENCH = Path(__file__).resolve().parent

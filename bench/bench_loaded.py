@@ -64,9 +64,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bridge.reporttypes import ControllerReport
-from bridge.lowlevel import AfterSend
-from bridge.reporttypes import REPORT_METHODS
+from bridge.job.reports.kinds import ControllerReport
+from bridge.job.sched.grpc_internals import AfterSend
+from bridge.job.reports.kinds import REPORT_METHODS
 from bridge.sim.clusterd import SimJob
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob, free_port
@@ -164,7 +164,7 @@ class StampedSync(SyncRelay):
 
 @dataclass
 class BridgeStamps:
-    """Where a bridge's report was when: taken by the wire (bridge/wire.py: the thread the
+    """Where a bridge's report was when: taken by the wire (bridge/job/reports/relay.py: the thread the
     callback puts into), on the wire, then handed to the event loop's bookkeeping."""
 
     taken: list[tuple[str, float]] = field(default_factory=list)  # (callback, at): the wire took it

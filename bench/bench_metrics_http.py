@@ -1,5 +1,5 @@
 """Metrics endpoint under idle, slow and many concurrent scrapers, for the bridge's bounded server
-(bridge/metrics_http.py) and prometheus_client's default server in the same run.
+(bridge/core/metrics_http.py) and prometheus_client's default server in the same run.
 
     python bench/bench_metrics_http.py [--idle 1000] [--scrapers 200] [--scrapes 5] [--scrape-timeout 10]
 
@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-SERVERS = ("bridge.metrics_http", "prometheus_client")
+SERVERS = ("bridge.core.metrics_http", "prometheus_client")
 
 
 # --------------------------------------------------------------------------- the child: one server
@@ -37,8 +37,8 @@ SERVERS = ("bridge.metrics_http", "prometheus_client")
 def serve(kind: str) -> None:
     from prometheus_client import start_http_server
 
-    from bridge.metrics import BridgeMetrics
-    from bridge.metrics_http import MetricsServer
+    from bridge.job.metrics import BridgeMetrics
+    from bridge.core.metrics_http import MetricsServer
 
     raise_fd_limit()
     metrics = BridgeMetrics()
@@ -197,7 +197,7 @@ def main() -> int:
         print(f"{kind:<22}{r.idle_opened:>10}{r.threads_idle:>10}{r.threads_peak:>10}{len(r.latencies):>9}"
               f"{r.timeouts:>9}{r.errors:>7}{r.percentile(50) * 1e3:>10.1f}{r.percentile(99) * 1e3:>10.1f}"
               f"{max(r.latencies, default=float('nan')) * 1e3:>10.1f}", flush=True)
-        if kind == "bridge.metrics_http" and (r.timeouts or r.errors or r.threads_peak > 2):
+        if kind == "bridge.core.metrics_http" and (r.timeouts or r.errors or r.threads_peak > 2):
             failed = True
     return 1 if failed else 0
 

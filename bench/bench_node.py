@@ -43,8 +43,8 @@ from typing import Any
 
 from bridge.node.launcher import records
 from bridge.node.procs import alive
-from bridge.platform.sim.apiserver import StandInApiServer
-from bridge.platform.sim.ascendjob import SimJob, SimJobs
+from bridge.sim.kube.apiserver import StandInApiServer
+from bridge.sim.kube.ascendjob import SimJob, SimJobs
 from bridge.sim.scenario import free_port
 
 BENCH = Path(__file__).resolve().parent
@@ -80,9 +80,9 @@ server = "{server_url}"
 port = 0
 [bridge]
 log_level = "WARNING"
-[bridge.clusterd]
+[bridge.job.session.clusterd]
 keepalive_interval = 5.0
-[bridge.controller]
+[bridge.job.host.controller]
 module = "stub"
 """
 

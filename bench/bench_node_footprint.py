@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bridge.platform.sim.apiserver import StandInApiServer  # noqa: E402
-from bridge.platform.sim.ascendjob import SimJobs  # noqa: E402
-from bridge.ports import free_port  # noqa: E402
+from bridge.sim.kube.apiserver import StandInApiServer  # noqa: E402
+from bridge.sim.kube.ascendjob import SimJobs  # noqa: E402
+from bridge.core.listen_ports import free_port  # noqa: E402
 from tests.systemd.sdns import OPT_VENV, Systemd, ensure_venv, missing  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -34,10 +34,10 @@ def hook_costs(n: int = 20_000) -> None:
     notify's latency the recorder adds (the writer thread is not running here)."""
     import time
 
-    from bridge.flow import ControllerFlow
-    from bridge.metrics import BridgeMetrics
-    from bridge.recorder import Recorder, RecorderWriter
-    from bridge.recorder.config import RecorderConfig
+    from bridge.job.reports.controller_flow import ControllerFlow
+    from bridge.job.metrics import BridgeMetrics
+    from bridge.job.recorder import Recorder, RecorderWriter
+    from bridge.core.recorder_config import RecorderConfig
 
     with tempfile.TemporaryDirectory(prefix="bench-recorder-hooks-") as directory:
         metrics = BridgeMetrics()

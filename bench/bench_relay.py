@@ -32,7 +32,7 @@ from typing import Any
 
 import grpc
 
-from bridge import realtime
+from bridge.job.sched import realtime
 from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc
 from bridge.sim.clusterd import SimJob
@@ -144,7 +144,7 @@ class FloorWaiter:
     """What the hand-off cannot go below on this machine: the calling thread sleeps, then
     makes the callback's put of a report tuple into a ``SimpleQueue`` that wakes a
     ``SCHED_BATCH`` thread blocked on the caller's CPU, and nothing else: the wire's one
-    wake-up (``bridge/wire.py``, ``affinity.py``) without the bridge. Every controller
+    wake-up (``bridge/job/reports/relay.py``, ``affinity.py``) without the bridge. Every controller
     callback needs that wake-up, so its cost, which after an idle sleep is the VM's and
     the kernel's, not the bridge's, bounds the block time from below. Its chunks are
     taken between the bridge's (``interleaved_burst``), so both see the same machine:

@@ -277,7 +277,7 @@ def main() -> int:
     logging.basicConfig(level=logging.ERROR)
     # The callbacks are called directly, outside any ClusterD cycle, so the bridge's flow
     # tracker rightly concludes the controller gave up waiting for stop_train: not news here.
-    logging.getLogger("bridge.daemon").setLevel(logging.CRITICAL)
+    logging.getLogger("bridge.job.daemon").setLevel(logging.CRITICAL)
     return asyncio.run(main_async(args.rounds_10k, args.rounds_100k, args.storm))
 
 

@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bridge.node.launcher import unit_name  # noqa: E402
-from bridge.platform.sim.apiserver import StandInApiServer  # noqa: E402
-from bridge.platform.sim.ascendjob import SimJob, SimJobs  # noqa: E402
-from bridge.ports import free_port  # noqa: E402
+from bridge.sim.kube.apiserver import StandInApiServer  # noqa: E402
+from bridge.sim.kube.ascendjob import SimJob, SimJobs  # noqa: E402
+from bridge.core.listen_ports import free_port  # noqa: E402
 from tests.systemd.sdns import Systemd, ensure_venv, missing  # noqa: E402
 
 NODE = "node-1"
@@ -138,11 +138,11 @@ server = "{server.url}"
 kubeconfig = ""
 [metrics]
 port = {free_port()}
-[bridge.clusterd]
+[bridge.job.session.clusterd]
 address = "{address}"
 keepalive_interval = 0.5
 startup_wait = 1.0
-[bridge.controller]
+[bridge.job.host.controller]
 module = "stub"
 destroy_timeout = 10.0
 """)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bridge.reporttypes import REPORT_METHODS
+from bridge.job.reports.kinds import REPORT_METHODS
 from bridge.sim.scenario import SimulatedJob
 
 

@@ -1,5 +1,5 @@
 """tft-bridge: hosts the MindIO TFT controller of a job and relays it to MindCluster ClusterD."""
 
-from ._version import __version__
+from bridge._version import __version__
 
 __all__ = ["__version__"]

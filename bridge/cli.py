@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import faults as codec
-from .config import BridgeConfig, ConfigError, config_warnings, load_config
-from .interrupts import capture_signals
-from .logs import setup_logging
-from .recorder.history import add_history_parser
-from .node import add_node_parser
-from .platform import add_platform_parser
-from .sim import cli as sim_cli
+from bridge import faults as codec
+from bridge.core.config import BridgeConfig, ConfigError, config_warnings, load_config
+from bridge.core.interrupts import capture_signals
+from bridge.core.logs import setup_logging
+from bridge.job.recorder.history import add_history_parser
+from bridge.node import add_node_parser
+from bridge.platform import add_platform_parser
 
 log = logging.getLogger("tft_bridge")
 
@@ -46,12 +46,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     setup_logging(args.log_level or config.log_level)
-    from .daemon import EXIT_FAILED, Bridge, arm_exit_deadline, exit_now, stop_budget
+    from bridge.job.daemon import EXIT_FAILED, Bridge, arm_exit_deadline, exit_now, stop_budget
 
     bridges: list[Bridge] = []
 
     def stopping() -> None:
-        # The whole stop is bounded whatever the controller does (bridge/daemon.py).
+        # The whole stop is bounded whatever the controller does (bridge/job/daemon.py).
         arm_exit_deadline(stop_budget(config), lambda: bridges[0].exit_code)
 
     async def main() -> int:
@@ -80,8 +80,8 @@ def cmd_ranktable(args: argparse.Namespace) -> int:
         print("invalid configuration:\n  ranktable: needs ranktable.job_id and ranktable.path", file=sys.stderr)
         return 2
     setup_logging(args.log_level or config.log_level)
-    from .metrics import BridgeMetrics
-    from .ranktable import RankTableSubscriber
+    from bridge.job.metrics import BridgeMetrics
+    from bridge.job.session.rank_table import RankTableSubscriber
 
     async def main() -> int:
         subscriber = RankTableSubscriber(config.ranktable, config.clusterd, BridgeMetrics(),
@@ -148,9 +148,9 @@ EXIT_REFUSED = 3
 
 
 def cmd_report_fault(args: argparse.Namespace) -> int:
-    """Hand faults to the job's running bridge (bridge/local_reports.py)."""
-    from .config import ConfigError
-    from .local_reports import SOCKET_NAME, RequestError, parse_faults, request, target
+    """Hand faults to the job's running bridge (bridge/job/reports/operator_faults.py)."""
+    from bridge.core.config import ConfigError
+    from bridge.job.reports.operator_faults import SOCKET_NAME, RequestError, parse_faults, request, target
 
     try:
         job_id, directories, world_size = target(args.config, args.job_id)
@@ -213,10 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--release", default="master", choices=["master", "7.3", "7.0"],
                       help="the ClusterD release the simulated ClusterD plays (docs/releases.md)")
     demo.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    demo.set_defaults(func=_lazy("demo", "cmd_demo"))
+    demo.set_defaults(func=_lazy("sim.demo", "cmd_demo"))
 
     sim = commands.add_parser("sim-clusterd", help="run the simulated ClusterD on its own, logging every RPC and signal")
-    sim_cli.add_arguments(sim)  # real delays by default; stdin commands (bridge/sim/cli.py)
+    # The simulations are found by name, never imported by the product (bridge/sim/cli.py).
+    importlib.import_module("bridge.sim.cli").add_arguments(sim)
     sim.set_defaults(func=_lazy("sim.cli", "cmd_sim_clusterd"))
 
     faults = commands.add_parser("faults", help="format, parse and merge \"rank:type\" fault strings")
@@ -246,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class VersionReport(argparse.Action):
-    """``--version``: the full report of bridge/version_report.py, not only the number."""
+    """``--version``: the full report of bridge/job/version_report.py, not only the number."""
 
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
                  default: str = argparse.SUPPRESS, help: str | None = None) -> None:  # noqa: A002 - argparse's name
@@ -254,7 +255,7 @@ class VersionReport(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:
-        from .version_report import report
+        from bridge.job.version_report import report
 
         print(report())
         parser.exit()
@@ -264,8 +265,6 @@ def _lazy(module: str, name: str):  # type: ignore[no-untyped-def]
     """Import heavy subcommands (the simulations) only when they run."""
 
     def call(args: argparse.Namespace) -> int:
-        import importlib
-
         return getattr(importlib.import_module(f"bridge.{module}"), name)(args)
 
     return call

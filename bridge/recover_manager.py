@@ -9,8 +9,8 @@ Training launchers written against seeds 000/001 switch by changing one import::
 ``init_clusterd()``, ``register(request)`` and ``start_subscribe()``, and the module
 functions ``report_stop_complete``, ``report_recover_strategy``,
 ``report_recover_status`` and ``report_process_fault``, with the seed signatures and int
-return codes from ``bridge.codes``. Underneath is the daemon's own link to ClusterD
-(``bridge.link.Link``: session, outbox, dispatcher, return path) around the caller's
+return codes from ``bridge.job.session.codes``. Underneath is the daemon's own link to ClusterD
+(``bridge.job.assembly.Link``: session, outbox, dispatcher, return path) around the caller's
 controller (``ControllerHost(..., external=True)``: never started or destroyed here),
 not a second client: reports are ordered, tied to the cycle they answer, never resent
 blindly, and signals reach the controller de-duplicated and only when it expects them.
@@ -28,11 +28,11 @@ What differs from the old client, on purpose:
   over (it is dropped, never handed to the next cycle), ``Code.WaitReportTimeout``
   (507) when ``wait`` ran out, ``Code.ServerInnerError`` (599) when it was not sent.
 * ``report_process_fault`` accepts the controller's second dict (fault codes).
-* Once subscribed it runs the daemon's side services (``bridge.extras.SideServices``)
+* Once subscribed it runs the daemon's side services (``bridge.job.side_services.SideServices``)
   and stops them in ``close()``: ClusterD's operator NIC switch and stress test are
-  declined at once (``bridge.om``; with nobody on those streams the real ClusterD keeps
+  declined at once (``bridge.job.session.operator_actions``; with nobody on those streams the real ClusterD keeps
   training paused without limit), and what ClusterD's fault centre saw for the job
-  (``bridge.faultinfo``) is logged, as the cause of the recovery that follows (this API
+  (``bridge.job.session.fault_centre``) is logged, as the cause of the recovery that follows (this API
   keeps no flight recorder). ``tft-bridge report-fault`` is not served: the command finds
   the bridge's socket through its configuration file and the state directory named
   there, and checks ranks against the configured world size; a launcher on this API has
@@ -68,18 +68,18 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from . import __version__
-from . import faults as codec
-from ._proto import recover_pb2
-from .clusterd import RpcFailure, client_info
-from .codes import Code
-from .config import ClusterDConfig, build_config, config_warnings
-from .controller import ControllerHost, load_controller_module, wait_time_from_environment
-from .extras import SideServices
-from .flow import ControllerFlow
-from .link import Link, finish
-from .metrics import BridgeMetrics
-from .reporttypes import ControllerReport
+from bridge._version import __version__
+from bridge import faults as codec
+from bridge._proto import recover_pb2
+from bridge.job.session.clusterd import RpcFailure, client_info
+from bridge.job.session.codes import Code
+from bridge.core.config import ClusterDConfig, build_config, config_warnings
+from bridge.job.host.controller import ControllerHost, load_controller_module, wait_time_from_environment
+from bridge.job.side_services import SideServices
+from bridge.job.reports.controller_flow import ControllerFlow
+from bridge.job.assembly import Link, finish
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.reports.kinds import ControllerReport
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ class DLRecoverManager:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     async def _open_client(self) -> None:
-        from .clusterd import ClusterDClient
+        from bridge.job.session.clusterd import ClusterDClient
 
         self._client = ClusterDClient(self.config.clusterd, self.metrics)
         await self._client.open()

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""C twin of ``bridge._faults_py``: same functions, same results, same exceptions.
+"""C twin of ``bridge.faults._python``: same functions, same results, same exceptions.
 
 The per-rank loops live here (validation, formatting, strict parsing, merging,
 FaultRank encoding and decoding), and the report requests' other fields, which are
@@ -20,7 +20,7 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeASCII
 
 from collections.abc import Mapping
 
-from bridge import _faults_py as _py
+from bridge.faults import _python as _py
 
 cdef extern from *:
     """

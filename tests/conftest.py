@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from bridge import ports
+from bridge.core import listen_ports as ports
 
 from . import parallel
 
@@ -50,7 +50,7 @@ class CodecImplementation:
 
     @property
     def module(self) -> ModuleType:
-        name = "bridge._faults_py" if self.is_pure_python else "bridge._faults_c"
+        name = "bridge.faults._python" if self.is_pure_python else "bridge.faults._c"
         return importlib.import_module(name)
 
 
@@ -62,13 +62,13 @@ SUITE_STATE_ENV = "TFT_BRIDGE_SUITE_STATE_DIRECTORY"
 
 def pytest_configure(config: pytest.Config) -> None:
     """Each xdist worker, and the processes it starts, pick listening ports from a slice of
-    their own (bridge/ports.py). Bridges the suite starts keep their flight record (bridge/recorder/) in
+    their own (bridge/core/listen_ports.py). Bridges the suite starts keep their flight record (bridge/job/recorder/) in
     $STATE_DIRECTORY, else /var/lib/tft-bridge/<job>: point it at a directory of the
     process's own (each xdist worker its own), so a suite run as root leaves nothing on the
     machine and no two workers share a store. Each test then gets a fresh one of its own
     (``state_directory_per_test``); this one serves module-scoped fixtures."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw"):  # a worker's own slice of the ports the simulations pick (bridge/ports.py)
+    if worker.startswith("gw"):  # a worker's own slice of the ports the simulations pick (bridge/core/listen_ports.py)
         count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
         os.environ[ports.SLICE_ENV] = f"{int(worker[2:]) % count + 1}/{count}"
     given = os.environ.get("STATE_DIRECTORY")
@@ -178,7 +178,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def codec(request: pytest.FixtureRequest) -> ModuleType:
     impl: CodecImplementation = request.param
     if not impl.is_pure_python:
-        pytest.importorskip("bridge._faults_c", reason="C extension not built")
+        pytest.importorskip("bridge.faults._c", reason="C extension not built")
     return impl.module
 
 

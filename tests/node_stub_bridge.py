@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from bridge.cli import main
-from bridge.config import read_toml
+from bridge.core.config import read_toml
 from bridge.sim import mindio_ttp
 from bridge.sim.mindio_ttp import training
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bridge.config import read_toml
+from bridge.core.config import read_toml
 from bridge.node import bridge_argv_for, child_env
 from bridge.node.config import NodeConfig, build_node_config
 from bridge.node.kube import PodApi
@@ -28,9 +28,9 @@ from bridge.node.launcher import SessionLauncher, records
 from bridge.node.metrics import BridgeSeries, NodeMetrics
 from bridge.node.procs import alive
 from bridge.node.service import NodeService
-from bridge.platform import kube
-from bridge.platform.sim.apiserver import StandInApiServer
-from bridge.platform.sim.ascendjob import SimJob, SimJobs
+from bridge.core import kube
+from bridge.sim.kube.apiserver import StandInApiServer
+from bridge.sim.kube.ascendjob import SimJob, SimJobs
 
 from .conftest import eventually_sync
 from .processes import ROOT
@@ -56,12 +56,12 @@ watch_timeout = 30
 port = 0
 [bridge]
 log_level = "INFO"
-[bridge.clusterd]
+[bridge.job.session.clusterd]
 {f'address = "{clusterd}"' if clusterd else ""}
 keepalive_interval = {keepalive}
 startup_wait = 1.0
 reconnect_max = 2.0
-[bridge.controller]
+[bridge.job.host.controller]
 module = "{module}"
 destroy_timeout = 10.0
 {extra}

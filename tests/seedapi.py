@@ -17,14 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
-from bridge.recover_manager import (
-    DLRecoverManager,
-    pb,
-    report_process_fault,
-    report_recover_status,
-    report_recover_strategy,
-    report_stop_complete,
-)
+from bridge.recover_manager import DLRecoverManager, pb, report_process_fault, report_recover_status, report_recover_strategy, report_stop_complete
 from bridge.sim import mindio_ttp
 from bridge.sim.clusterd import SimClusterD, SimJob
 from bridge.sim.scenario import free_port

@@ -16,7 +16,7 @@ from bridge.sim.clusterd import SimJob
 from bridge.sim.journal import JournalEntry
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
-from bridge.systemd import Notifier
+from bridge.core.systemd import Notifier
 
 from .conftest import eventually
 
@@ -51,7 +51,7 @@ async def reports_handled(job: SimulatedJob, timeout: float = 10) -> None:
     (its metrics and flight recorder then show them). ClusterD may act on a report --
     queue it, end the cycle, write its verdict -- before it answers the call, and the
     wire hands a report to the loop once it has nothing left to send (or when the loop
-    catches up before reacting to ClusterD: bridge/wire.py)."""
+    catches up before reacting to ClusterD: bridge/job/reports/relay.py)."""
     if job.bridge is None:
         return
     wire = job.bridge.link.wire

@@ -1,5 +1,5 @@
 """The controller's callback thread and the wire's thread on one CPU
-(``bridge/affinity.py``).
+(``bridge/job/sched/affinity.py``).
 
 The first callback on a thread pins that thread to the CPU it runs on; after the batch
 it woke the wire's thread for, the wire's thread pins itself there too, so every
@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from bridge import affinity
-from bridge.controller import make_callback
+from bridge.job.sched import affinity
+from bridge.job.host.controller import make_callback
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
 
@@ -146,7 +146,7 @@ async def test_a_refused_pin_is_said_once_off_the_controllers_thread_and_loses_n
     calls: list[int] = []
     pin.pin_here = refusing(calls, errno.EPERM)
     callback = make_callback("report_fault_ranks", handoff.put, lambda: None, pin)
-    with caplog.at_level(logging.WARNING, logger="bridge.affinity"):
+    with caplog.at_level(logging.WARNING, logger="bridge.job.sched.affinity"):
         try:
             for count in range(1, 4):
                 assert await controller.callback(callback, {count: 0}, {}) == (0, CPUS)
@@ -156,7 +156,7 @@ async def test_a_refused_pin_is_said_once_off_the_controllers_thread_and_loses_n
         finally:
             await asyncio.to_thread(handoff.close)
     assert len(calls) == 1  # tried once, then never again
-    warnings = [record for record in caplog.records if record.name == "bridge.affinity"]
+    warnings = [record for record in caplog.records if record.name == "bridge.job.sched.affinity"]
     assert len(warnings) == 1 and "Operation not permitted" in warnings[0].getMessage()
     assert "SystemCallFilter" in warnings[0].getMessage()
     assert warnings[0].threadName == "tft-wire"  # never logged inside a callback: logging may block
@@ -178,7 +178,7 @@ async def test_a_handoff_that_cannot_follow_puts_the_controllers_thread_back(
 
     pin.pin_moving = refuse_own_pin
     callback = make_callback("report_fault_ranks", handoff.put, lambda: None, pin)
-    with caplog.at_level(logging.WARNING, logger="bridge.affinity"):
+    with caplog.at_level(logging.WARNING, logger="bridge.job.sched.affinity"):
         try:
             result, cpus = await controller.callback(callback, {1: 0}, {})
             assert result == 0 and len(cpus) == 1  # pinned by its callback ...
@@ -189,7 +189,7 @@ async def test_a_handoff_that_cannot_follow_puts_the_controllers_thread_back(
         finally:
             await asyncio.to_thread(handoff.close)
     assert calls == [0]
-    assert len([record for record in caplog.records if record.name == "bridge.affinity"]) == 1
+    assert len([record for record in caplog.records if record.name == "bridge.job.sched.affinity"]) == 1
 
 
 def test_a_cpu_outside_the_bridges_set_is_never_pinned_to() -> None:

@@ -362,7 +362,7 @@ def test_no_silent_wait_fails_on_a_wait_for_stop_train_run_out() -> None:
 
 async def test_no_silent_wait_names_a_bridge_that_does_not_report_a_skipped_fault_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from bridge.refault import FaultFollowUp
+    from bridge.job.reports.refault import FaultFollowUp
 
     monkeypatch.setattr(FaultFollowUp, "_fire", lambda self: None)  # the sabotage: never reports again
     schedule = judged(Schedule(0, "daemon", (

@@ -173,13 +173,13 @@ def rest_of_output(process: subprocess.Popen[str], timeout: float) -> str:
     return process.stdout.read()
 
 
-ORPHAN_WARNING = "keeping the controller marker"  # bridge.orphan: a controller stopped under connected ranks
+ORPHAN_WARNING = "keeping the controller marker"  # bridge.job.session.orphan: a controller stopped under connected ranks
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_ends_the_hold_and_then_the_job_as_usual(signum: signal.Signals) -> None:
     """``--hold`` is ended early the way every long-running command is stopped (the
-    first SIGTERM/SIGINT asks, bridge/interrupts.py); the job still ends as jobs do, its
+    first SIGTERM/SIGINT asks, bridge/core/interrupts.py); the job still ends as jobs do, its
     ranks first, so no orphan marker is left and the summary is printed. SIGINT counts
     even where the demo was started with it ignored (a background job of a script)."""
     demo = spawn_bridge("demo", "--scenario", "retry", "--hold", "600")

@@ -3,7 +3,7 @@
 Restart or freeze. Every new subscription resets ClusterD's job (docs/clusterd.md section 4): a
 ClusterD killed and restarted, or frozen long enough that the bridge declares the stream
 dead and subscribes again, forgets the cycle the controller is stopped for. Without the
-bridge's resume (bridge/resume.py) nothing ever moves again, the controller waits out
+bridge's resume (bridge/job/session/resume.py) nothing ever moves again, the controller waits out
 ``MINDIO_WAIT_MINDX_TIME`` and goes to EXIT: the job is killed. Each test here stops the
 controller at one step of a type-1 cycle, restarts or freezes ClusterD, and asserts that
 the controller ends the cycle successfully (report_result 0, NORMAL, never killed, never
@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from bridge.flow import Step
+from bridge.job.reports.controller_flow import Step
 from bridge.sim.mindio_ttp import Training
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
@@ -495,9 +495,9 @@ class RecordingRelay:
 
 
 def resume_at(step: Step) -> tuple[Any, RecordingRelay, Any]:
-    from bridge.flow import ControllerFlow
-    from bridge.metrics import BridgeMetrics
-    from bridge.resume import CycleResume
+    from bridge.job.reports.controller_flow import ControllerFlow
+    from bridge.job.metrics import BridgeMetrics
+    from bridge.job.session.resume import CycleResume
 
     flow = ControllerFlow()
     flow.step = step

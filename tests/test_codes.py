@@ -1,7 +1,7 @@
 """Return codes: seed 001's table, plus the codes clients send."""
 
 from bridge import __version__
-from bridge.codes import CLIENT_CODES, SERVER_CODES, Code
+from bridge.job.session.codes import CLIENT_CODES, SERVER_CODES, Code
 
 SEED_001 = {
     "OK": 0, "UnRegistry": 400, "OrderMix": 401, "JobNotExist": 402, "ProcessRescheduleOff": 403,

@@ -17,18 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import (
-    ENVIRONMENT,
-    RANGES,
-    ClusterDConfig,
-    ConfigError,
-    ControllerConfig,
-    build_config,
-    config_warnings,
-    load_config,
-    range_text,
-    _SECTIONS,
-)
+from bridge.core.config import ENVIRONMENT, RANGES, ClusterDConfig, ConfigError, ControllerConfig, build_config, config_warnings, load_config, range_text, _SECTIONS
 
 MINIMAL = {"job_id": "job-1"}
 EXAMPLE = Path(__file__).parent.parent / "systemd" / "example-job.toml"

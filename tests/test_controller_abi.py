@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge import controller_abi
-from bridge.controller import StartupError, load_controller_module
+from bridge.job.host import controller_abi
+from bridge.job.host.controller import StartupError, load_controller_module
 
 from .mindio_fakes import other_python_tag, working_package, wrong_python_package
 from .processes import ROOT, reap, spawn_bridge

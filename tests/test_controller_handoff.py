@@ -1,4 +1,4 @@
-"""The controller callbacks and their hand-off to the report wire (bridge/wire.py).
+"""The controller callbacks and their hand-off to the report wire (bridge/job/reports/relay.py).
 
 The callbacks run on the controller's state-machine thread, which is blocked until they
 return: they must never raise, never block, and do as little as possible there.
@@ -19,13 +19,13 @@ from typing import Any
 import grpc
 import pytest
 
-from bridge.affinity import ControllerPin
-from bridge.backoff import Backoff
-from bridge.controller import make_callback
-from bridge.metrics import BridgeMetrics
-from bridge.reporttypes import ControllerReport
+from bridge.job.sched.affinity import ControllerPin
+from bridge.core.backoff import Backoff
+from bridge.job.host.controller import make_callback
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.reports.kinds import ControllerReport
 from bridge.sim.scenario import free_port
-from bridge.wire import Taken, Wire
+from bridge.job.reports.relay import Taken, Wire
 
 
 class Collected:
@@ -146,7 +146,7 @@ async def test_the_callback_runs_no_python_frame_but_its_own_and_the_put(pinned:
     """On the controller's (cold) thread the callback's only Python frame is itself (the
     clock, the tuple and the wire's put are C calls). A further wrapper, or a dataclass
     built per call, would show up here (and cost 3-4x the time). Pinned (the daemon's
-    default, bridge/affinity.py), the thread's first callback pins it; the next runs no
+    default, bridge/job/sched/affinity.py), the thread's first callback pins it; the next runs no
     more frames than unpinned."""
     collected = Collected()
     handoff = Handoff(asyncio.get_running_loop(), collected.handle, pin_cpu=pinned)
@@ -204,8 +204,8 @@ async def test_close_ends_the_thread_after_delivering_what_was_queued() -> None:
 def test_an_external_controller_is_never_started_here() -> None:
     """The seed API hosts a controller its caller runs: registering the callbacks again and
     re-initialising it would break the caller's, so start() refuses."""
-    from bridge.config import ControllerConfig
-    from bridge.controller import ControllerHost, StartupError
+    from bridge.core.config import ControllerConfig
+    from bridge.job.host.controller import ControllerHost, StartupError
 
     calls: list[str] = []
 

@@ -37,8 +37,8 @@ import pytest
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-from bridge.metrics import BridgeMetrics
-from bridge.orphan import orphan_gauge
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.session.orphan import orphan_gauge
 from bridge.sim.scenario import free_port
 
 from .conftest import eventually_sync
@@ -63,7 +63,7 @@ DATASOURCE_REFS = {"${datasource}", "$datasource"}
 
 def bridge_metrics() -> BridgeMetrics:
     """A registry with every metric a running bridge registers: BridgeMetrics' own, and the
-    orphaned-job gauge the bridge adds at start (bridge/orphan.py)."""
+    orphaned-job gauge the bridge adds at start (bridge/job/session/orphan.py)."""
     metrics = BridgeMetrics()
     orphan_gauge(metrics)
     return metrics
@@ -342,7 +342,7 @@ NEVER_MOVED: dict[tuple[str, str], str] = {
     ("Faults reported again after ClusterD skipped them, by reason", "A"): "each demo has one fault, and ClusterD "
                                                                            "starts a cycle for it",
 }
-#: Counters with open-ended label values (not pre-created in bridge/metrics.py): the series
+#: Counters with open-ended label values (not pre-created in bridge/job/metrics.py): the series
 #: is born at its first event already at 1, so increase() shows 0 for that event. The
 #: test checks that the series exist (the panel draws them at 0).
 BORN_AT_FIRST_EVENT: dict[tuple[str, str], str] = {
@@ -652,8 +652,8 @@ NODE_BORN_AT_FIRST_EVENT: dict[tuple[str, str], str] = {
 @pytest.mark.timeout(300)
 def test_node_row_against_a_real_prometheus(tmp_path: Path, dashboard: dict[str, Any]) -> None:
     pytest.importorskip("kubernetes")
-    from bridge.platform.sim.apiserver import StandInApiServer
-    from bridge.platform.sim.ascendjob import SimJob, SimJobs
+    from bridge.sim.kube.apiserver import StandInApiServer
+    from bridge.sim.kube.ascendjob import SimJob, SimJobs
 
     from .nodesim import LoggedProcess, NodeRig, rigs
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bridge.config import ENVIRONMENT, RANGES, BridgeConfig
+from bridge.core.config import ENVIRONMENT, RANGES, BridgeConfig
 from bridge.platform.policy import Rules
 
 if sys.version_info >= (3, 11):
@@ -129,7 +129,7 @@ def test_each_documented_range_is_the_codes(page: dict[str, dict[str, list[str]]
     for key, cells in page["Job file keys"].items():
         cell = cells[1]
         if key not in RANGES:
-            assert cell == "-", f"{key}: no range in bridge.config.RANGES, the page says {cell!r}"
+            assert cell == "-", f"{key}: no range in bridge.core.config.RANGES, the page says {cell!r}"
             continue
         match = re.fullmatch(r"([0-9.]+)\.\.([0-9.]+)", cell)
         assert match, f"{key}: range {cell!r} is not low..high"
@@ -141,7 +141,7 @@ def test_each_documented_range_is_the_codes(page: dict[str, dict[str, list[str]]
 def test_the_page_lists_exactly_the_mindcluster_variables(page: dict[str, dict[str, list[str]]]) -> None:
     rows = page["MindCluster environment variables"]
     assert set(rows) == set(ENVIRONMENT), \
-        f"page {sorted(rows)} against bridge.config.ENVIRONMENT {sorted(ENVIRONMENT)}"
+        f"page {sorted(rows)} against bridge.core.config.ENVIRONMENT {sorted(ENVIRONMENT)}"
     for variable, key in ENVIRONMENT.items():
         assert rows[variable][0] == f"`{key}`", f"{variable} sets {key}, the page says {rows[variable][0]}"
 

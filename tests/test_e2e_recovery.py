@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bridge.daemon import EXIT_CONTROLLER_ENDED
+from bridge.job.daemon import EXIT_CONTROLLER_ENDED
 from bridge.sim.clusterd import SimJob
 from bridge.sim.clusterd_release import RELEASES, Release
 from bridge.sim.scenario import SimulatedJob
@@ -103,7 +103,7 @@ async def test_a_relay_that_drops_ranks_clusterd_named_hangs_the_recovery(runnin
     world size of 1 and dropped all but rank 0) leaves the controller repairing rank 5
     while the node agent restarts its whole pod; the repair never completes and the cycle
     ends without recover-success when ClusterD's report wait runs out."""
-    import bridge.signals as signals_module
+    import bridge.job.session.signals as signals_module
 
     real = signals_module.notify_arguments
 
@@ -325,7 +325,7 @@ def after(job: SimulatedJob, seq: int, kind: str, name: str | None = None) -> li
 
 
 def resume_off(job: SimulatedJob, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bridge as without bridge/resume.py: a new stream mid-flow is left alone (the
+    """The bridge as without bridge/job/session/resume.py: a new stream mid-flow is left alone (the
     outbox's own rules are what the test holds)."""
     assert job.bridge is not None
     monkeypatch.setattr(job.bridge.link.reports.resume, "on_subscribed", lambda flow_faults: None)
@@ -341,7 +341,7 @@ def refusals(job: SimulatedJob) -> float:
 async def test_stream_drop_mid_cycle_no_stale_report_reaches_the_next_cycle(running: list[SimulatedJob],
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     job = await started(running, wait_time=30)
-    # The outbox's own rule, alone: with the resume on (bridge/resume.py) the bridge would
+    # The outbox's own rule, alone: with the resume on (bridge/job/session/resume.py) the bridge would
     # re-report the cycle and answer the new stopTrain itself (tests/test_clusterd_restart.py).
     assert job.bridge is not None
     resume_off(job, monkeypatch)

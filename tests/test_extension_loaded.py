@@ -10,11 +10,11 @@ import bridge.faults
 @pytest.mark.skipif(not os.environ.get("BRIDGE_REQUIRE_EXTENSIONS"), reason="extension not required here")
 def test_compiled_codec_is_active() -> None:
     assert bridge.faults.IMPLEMENTATION == "c"
-    import bridge._faults_c as compiled
+    import bridge.faults._c as compiled
 
     assert compiled.__file__.endswith((".so", ".pyd"))
 
 
 def test_implementation_name_matches_functions() -> None:
-    expected = "bridge._faults_c" if bridge.faults.IMPLEMENTATION == "c" else "bridge._faults_py"
+    expected = "bridge.faults._c" if bridge.faults.IMPLEMENTATION == "c" else "bridge.faults._python"
     assert bridge.faults.format_faults.__module__ == expected

@@ -23,7 +23,7 @@ has stopped, so a report that arrives late is caught too):
 * the bridge is back on a live subscription (``tft_bridge_subscription_up == 1``).
 
 A ClusterD restart or a broken stream mid-cycle resets ClusterD's job; the bridge then
-restarts the cycle the controller is stopped for (bridge/resume.py), and the answers it
+restarts the cycle the controller is stopped for (bridge/job/session/resume.py), and the answers it
 replays count as reports here. These tests assert that the bridge keeps its rules; that
 the job survives is asserted in tests/test_clusterd_restart.py. Phase delays are milliseconds and the controller waits one second, so the
 whole file stays well inside CI's budget.
@@ -265,7 +265,7 @@ def faults_all_delivered(job: SimulatedJob, reported: dict[int, int] | None = No
 
 
 #: Reports the bridge sends on its own when it resumes a cycle after a ClusterD restart
-#: (bridge/resume.py): the controller's earlier answer, sent again to the new cycle.
+#: (bridge/job/session/resume.py): the controller's earlier answer, sent again to the new cycle.
 RESUMED_REPORTS = {"stop_complete": "answered_stop_complete", "strategy": "answered_strategies"}
 
 

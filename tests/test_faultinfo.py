@@ -13,8 +13,8 @@ import pytest
 
 from bridge._proto import fault_pb2
 from bridge.cli import main
-from bridge.faultinfo import MAX_CODES, MAX_DEVICES, MAX_TEXT, summarise
-from bridge.recorder.model import clusterd_faults_text
+from bridge.job.session.fault_centre import MAX_CODES, MAX_DEVICES, MAX_TEXT, summarise
+from bridge.job.recorder.model import clusterd_faults_text
 from bridge.sim.clusterd import SimJob
 from bridge.sim.clusterd_release import V7_3
 from bridge.sim.scenario import SimulatedJob
@@ -116,7 +116,7 @@ def test_the_seed_api_logs_the_npu_and_code_of_a_recovered_fault(
         server: ServerThread, training: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The seed API reads the same Fault service: the fault centre's device and code
     reach the launcher's log before the recovery they cause, and clear after it."""
-    caplog.set_level(logging.INFO, logger="bridge.faultinfo")
+    caplog.set_level(logging.INFO, logger="bridge.job.session.fault_centre")
     manager = hosting_the_controller(server, training)
     try:
         assert manager.side is not None
@@ -157,7 +157,7 @@ async def test_a_release_without_the_fault_service_says_so_in_the_record(
 
 def test_the_trace_carries_the_cause() -> None:
     pytest.importorskip("opentelemetry.proto")
-    from bridge.recorder.otel import build_request
+    from bridge.job.recorder.otel import build_request
 
     info = {"signal": "fault", "devices": [{"node": "node-1", "device": "0", "type": "NPU", "codes": ["80C98000"],
                                             "levels": ["RestartNPU"]}]}

@@ -402,9 +402,9 @@ def test_decode_skips_unknown_fields_of_every_wire_type(codec: ModuleType) -> No
 
 
 def test_the_compiled_twin_takes_its_sticky_type_from_the_reference_rule() -> None:
-    from bridge import _faults_py
+    from bridge.faults import _python as _faults_py
 
-    compiled = pytest.importorskip("bridge._faults_c")
+    compiled = pytest.importorskip("bridge.faults._c")
     assert compiled._sticky_type() == 1
     assert [t for t in (0, 1, 2) if t not in _faults_py._REPLACEABLE] == [1]
 
@@ -413,7 +413,7 @@ def test_the_compiled_twin_reads_dict_entry_tables_in_place_on_every_supported_p
     """The compiled walks read a dict's entry table in place only after an import-time
     check found CPython's layout as expected; a Python whose layout moved would silently
     take the slower PyDict_Next walk, so on the versions the codec is built for, say so."""
-    compiled = pytest.importorskip("bridge._faults_c")
+    compiled = pytest.importorskip("bridge.faults._c")
     if sys.version_info >= (3, 14) or sysconfig.get_config_var("Py_GIL_DISABLED"):
         pytest.skip("no known dict layout: the PyDict_Next walk is the one used")
     assert compiled._ENTRY_TABLES_READ_IN_PLACE is True
@@ -430,7 +430,7 @@ def _faults_py_format(faults: dict[int, int]) -> str:
 
 
 def test_the_duplicate_rule_on_clusterd_strings_keeps_unknown_types_sticky() -> None:
-    from bridge._faults_py import _merge_into
+    from bridge.faults._python import _merge_into
 
     kept: dict[str, str] = {}
     for rank_text, type_text in (("1", "0"), ("1", "2"), ("2", "7"), ("2", "0"), ("3", "1"), ("3", "2")):
@@ -443,13 +443,13 @@ def test_the_duplicate_rule_on_clusterd_strings_keeps_unknown_types_sticky() -> 
     (str(2**63), None), ("", None), ("+", None), (" 1", None), ("1 ", None), ("\u0661", None), ("1_0", None),
 ])
 def test_go_atoi(text: str, value: int | None) -> None:
-    from bridge._faults_py import go_atoi
+    from bridge.faults._python import go_atoi
 
     assert go_atoi(text) == value
 
 
 def test_clusterd_elements_trims_go_space_then_commas_from_the_whole_string_only() -> None:
-    from bridge._faults_py import GO_SPACE, clusterd_elements
+    from bridge.faults._python import GO_SPACE, clusterd_elements
 
     assert clusterd_elements("\u3000,1:0, 2:1,\u00a0") == ["1:0", " 2:1"]
     assert clusterd_elements(GO_SPACE + ",," + GO_SPACE) == []
@@ -508,7 +508,7 @@ def test_an_entry_off_the_fast_path_late_in_a_large_map(codec: ModuleType, walk:
 def test_large_maps_with_deleted_entries_agree_with_the_reference(codec: ModuleType, walk: str) -> None:
     """Thousands of ranks in a map that had entries deleted (holes in its entry table),
     merged, formatted and encoded exactly as the reference does."""
-    from bridge import _faults_py
+    from bridge.faults import _python as _faults_py
 
     faults = {r * 7919 % 1_000_003: r % 3 for r in range(3000)}
     for r in range(0, 3000, 5):

@@ -12,10 +12,10 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from bridge import _faults_py  # noqa: E402
+from bridge.faults import _python as _faults_py  # noqa: E402
 from bridge._proto import recover_pb2 as pb  # noqa: E402
 
-compiled = pytest.importorskip("bridge._faults_c")
+compiled = pytest.importorskip("bridge.faults._c")
 
 CANONICAL = re.compile(r"^\d+:[012](,\d+:[012])*$")
 ranks = st.integers(min_value=0, max_value=2**31 - 1)

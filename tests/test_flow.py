@@ -7,20 +7,8 @@ import logging
 
 import pytest
 
-from bridge.flow import (
-    ACCEPTS,
-    ANY,
-    CALLBACKS,
-    EXPECTED,
-    EXPIRY_MARGIN,
-    FOLLOW,
-    NOTIFIED,
-    STAY,
-    ControllerFlow,
-    Step,
-    outcome,
-)
-from bridge.signals import PAUSE_TIMEOUT_MAX
+from bridge.job.reports.controller_flow import ACCEPTS, ANY, CALLBACKS, EXPECTED, EXPIRY_MARGIN, FOLLOW, NOTIFIED, STAY, ControllerFlow, Step, outcome
+from bridge.job.session.signals import PAUSE_TIMEOUT_MAX
 
 from .conftest import eventually
 
@@ -373,7 +361,7 @@ def test_every_unexpected_callback_is_a_desync_and_the_flow_follows_the_controll
 def test_strategies_while_idle_is_a_desync_logged_and_followed(caplog: pytest.LogCaptureFixture) -> None:
     desyncs = Desyncs()
     flow = ControllerFlow(on_desync=desyncs)
-    with caplog.at_level(logging.WARNING, logger="bridge.flow"):
+    with caplog.at_level(logging.WARNING, logger="bridge.job.reports.controller_flow"):
         flow.on_callback("report_strategies", strategies=("exit", "retry"))
     assert desyncs.seen == [("report_strategies", Step.IDLE)]
     assert flow.step is Step.AWAIT_STRATEGY and flow.offered == ("exit", "retry")
@@ -412,11 +400,11 @@ def test_a_desync_storm_logs_with_back_off_but_counts_every_one(caplog: pytest.L
     desyncs = Desyncs()
     flow = ControllerFlow(on_desync=desyncs)
     flow.on_callback("report_fault_ranks")  # AWAIT_STOP
-    with caplog.at_level(logging.WARNING, logger="bridge.flow"):
+    with caplog.at_level(logging.WARNING, logger="bridge.job.reports.controller_flow"):
         for _ in range(1000):
             flow.on_callback("report_fault_ranks")
     assert len(desyncs.seen) == 1000
-    # the log budget (bridge/logbudget.py): 4 lines per (callback, step) per minute
+    # the log budget (bridge/core/log_budget.py): 4 lines per (callback, step) per minute
     assert len([r for r in caplog.records if "desync" in r.getMessage()]) == 4
 
 
@@ -425,7 +413,7 @@ def test_a_failing_desync_hook_never_reaches_the_controller(caplog: pytest.LogCa
         raise RuntimeError("metrics are gone")
 
     flow = ControllerFlow(on_desync=broken)
-    with caplog.at_level(logging.ERROR, logger="bridge.flow"):
+    with caplog.at_level(logging.ERROR, logger="bridge.job.reports.controller_flow"):
         flow.on_callback("report_result", code=0, strategy="retry")
     assert flow.step is Step.IDLE
     assert "desync hook failed" in caplog.text
@@ -527,9 +515,9 @@ def test_a_fault_while_a_switch_waits_starts_the_fault_flow() -> None:
 
 def test_the_module_docstring_table_is_the_expected_table() -> None:
     """The docstring's table is what a reader trusts: it must say what EXPECTED does."""
-    import bridge.flow
+    import bridge.job.reports.controller_flow
 
-    lines = (bridge.flow.__doc__ or "").splitlines()
+    lines = (bridge.job.reports.controller_flow.__doc__ or "").splitlines()
     rules = [i for i, line in enumerate(lines) if line.startswith("=====")]
     header = lines[rules[0]]
     starts = [0] + [i + 1 for i, ch in enumerate(header) if ch == " " and header[i + 1] == "="]

@@ -2,7 +2,7 @@
 
 After a ClusterD pause the controller waits max(that pause's timeout,
 MINDIO_WAIT_MINDX_TIME) for every later stop_train: it never forgets the timeout
-(docs/mindio-controller.md section 6; bridge/flow.py ``wait_limit``). The gate used to
+(docs/mindio-controller.md section 6; bridge/job/reports/controller_flow.py ``wait_limit``). The gate used to
 give every wait MINDIO_WAIT_MINDX_TIME + 5 s, so a stopTrain that ClusterD sent later than
 that after the fault report was refused while the controller was still waiting for it,
 and the controller then timed out into EXIT: the job was killed.

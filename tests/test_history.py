@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bridge.cli import main
-from bridge.recorder.history import HistoryError, find_store
-from bridge.recorder.config import STORE_NAME
+from bridge.job.recorder.history import HistoryError, find_store
+from bridge.core.recorder_config import STORE_NAME
 
 from .conftest import eventually_sync
 from .test_recorder import make, run_retry_cycle

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.hooks import MAX_ENV_FAULT_RANKS, MAX_ENV_TEXT, HookSignal, NodeHooks, split_node_ranks
-from bridge.metrics import BridgeMetrics
+from bridge.job.session.node_hooks import MAX_ENV_FAULT_RANKS, MAX_ENV_TEXT, HookSignal, NodeHooks, split_node_ranks
+from bridge.job.metrics import BridgeMetrics
 
 
 def recorder(tmp_path: Path) -> tuple[list[str], Path]:

@@ -1,10 +1,10 @@
 """No import cycle anywhere in the package (``bridge/``, ``bridge/sim/``, ``bridge/platform/``
-and ``bridge/recorder/`` included).
+and ``bridge/job/recorder/`` included).
 
 Every import counts, at module level, under ``if TYPE_CHECKING:`` or inside a function:
 a cycle that only a type hint or a late import hides is still two modules that cannot
 be understood, changed or tested one without the other. A collaborator's type comes
-from a ``Protocol`` beside its user, or from a leaf module (``bridge/reporttypes.py``).
+from a ``Protocol`` beside its user, or from a leaf module (``bridge/job/reports/kinds.py``).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def cycles(modules: dict[str, Path]) -> list[list[str]]:
 
 def test_the_package_has_no_import_cycle() -> None:
     modules = module_names(PACKAGE, "bridge")
-    assert {"bridge.sim.clusterd", "bridge.platform.agent", "bridge.recorder.cycles", "bridge.reports"} <= set(modules)
+    assert {"bridge.sim.clusterd", "bridge.platform.agent", "bridge.job.recorder.cycles", "bridge.job.reports.ledger"} <= set(modules)
     assert cycles(modules) == []
 
 

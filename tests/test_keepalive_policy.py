@@ -25,17 +25,17 @@ import grpc
 from types import SimpleNamespace
 import pytest
 
-from bridge import clusterd as clusterd_module
+from bridge.job.session import clusterd as clusterd_module
 from bridge._proto import recover_pb2 as pb
-from bridge.backoff import Backoff
-from bridge.clusterd import ClusterDClient, channel_options, report_channel
-from bridge.config import ClusterDConfig
-from bridge.metrics import BridgeMetrics
+from bridge.core.backoff import Backoff
+from bridge.job.session.clusterd import ClusterDClient, channel_options, report_channel
+from bridge.core.config import ClusterDConfig
+from bridge.job.metrics import BridgeMetrics
 from bridge.sim.clusterd import SimClusterD, SimJob
 from bridge.sim.clusterd_release import DEFAULT_PING_POLICY, MASTER, RELEASES
 from bridge.sim.scenario import SimulatedJob
 from bridge.sim import mindio_ttp
-from bridge.wire import Cycles, Wire
+from bridge.job.reports.relay import Cycles, Wire
 
 from .conftest import eventually
 
@@ -120,8 +120,8 @@ def test_no_channel_pings_without_a_call_and_each_pings_as_every_release_accepts
 
 
 def test_the_rank_table_subscriber_uses_the_quiet_stream_pings() -> None:
-    from bridge.config import RankTableConfig
-    from bridge.ranktable import RankTableSubscriber
+    from bridge.core.config import RankTableConfig
+    from bridge.job.session.rank_table import RankTableSubscriber
 
     subscriber = RankTableSubscriber(RankTableConfig(), ClusterDConfig(), BridgeMetrics())
     assert subscriber.client._pings is not None and subscriber.client._pings * 1000 > \
@@ -195,7 +195,7 @@ async def test_a_goaway_on_the_report_channel_is_logged_and_counted(monkeypatch:
     await job.start()
     try:
         await job.subscribed()
-        with caplog.at_level(logging.WARNING, logger="bridge.clusterd"):
+        with caplog.at_level(logging.WARNING, logger="bridge.job.session.clusterd"):
             await eventually(lambda: lost(job.metrics, "report") >= 1, timeout=IDLE + 10,
                              what="the report channel's GOAWAY counted")
         assert any("closed the report channel's connection" in r.getMessage() for r in caplog.records)
@@ -280,7 +280,7 @@ async def test_a_goaway_on_the_signal_stream_is_logged_and_counted(caplog: pytes
     job.config = replace(job.config, clusterd=replace(job.config.clusterd, grpc_keepalive=PING))
     await job.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="bridge.clusterd"):
+        with caplog.at_level(logging.WARNING, logger="bridge.job.session.clusterd"):
             await eventually(lambda: lost(job.metrics, "signal") >= 1, timeout=IDLE + 10,
                              what="the signal stream's GOAWAY counted")
         assert any("closed the signal channel's connection" in r.getMessage() for r in caplog.records)

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bridge.daemon import EXIT_FAILED
-from bridge.clusterd import Session
+from bridge.job.daemon import EXIT_FAILED
+from bridge.job.session.clusterd import Session
 from bridge.sim.clusterd import SimJob
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob
@@ -65,7 +65,7 @@ async def test_a_background_task_that_fails_stops_the_bridge_with_exit_1(
         raise RuntimeError("session broke")
 
     monkeypatch.setattr(Session, "run", failing_run)
-    caplog.set_level(logging.ERROR, logger="bridge.daemon")
+    caplog.set_level(logging.ERROR, logger="bridge.job.daemon")
     await job.start()
     await job.subscribed()
     fail.set()
@@ -76,7 +76,7 @@ async def test_a_background_task_that_fails_stops_the_bridge_with_exit_1(
 async def test_a_background_task_that_returns_stops_the_bridge_too(
         job: SimulatedJob, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A loop that simply returns while the bridge is not stopping is just as dead."""
-    caplog.set_level(logging.ERROR, logger="bridge.daemon")
+    caplog.set_level(logging.ERROR, logger="bridge.job.daemon")
     await job.start()
     await job.subscribed()
     assert job.bridge is not None
@@ -87,7 +87,7 @@ async def test_a_background_task_that_returns_stops_the_bridge_too(
 
 async def test_a_dead_report_wire_stops_the_bridge(job: SimulatedJob, caplog: pytest.LogCaptureFixture) -> None:
     """The wire owns every report of the controller: without it none would leave."""
-    caplog.set_level(logging.ERROR, logger="bridge.daemon")
+    caplog.set_level(logging.ERROR, logger="bridge.job.daemon")
     await job.start()
     await job.subscribed()
     assert job.bridge is not None and job.bridge.link.wire.alive
@@ -97,7 +97,7 @@ async def test_a_dead_report_wire_stops_the_bridge(job: SimulatedJob, caplog: py
 
 
 async def test_a_dead_metrics_endpoint_stops_the_bridge(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.ERROR, logger="bridge.daemon")
+    caplog.set_level(logging.ERROR, logger="bridge.job.daemon")
     job = SimulatedJob(SimJob(JOB, world_size=8, devices_per_pod=4), keepalive_interval=0.1, metrics_port=0)
     try:
         await job.start()
@@ -112,7 +112,7 @@ async def test_a_dead_metrics_endpoint_stops_the_bridge(caplog: pytest.LogCaptur
 
 async def test_a_requested_stop_is_not_a_death(job: SimulatedJob, caplog: pytest.LogCaptureFixture) -> None:
     """Every task ends during a normal stop: none of that may be reported or change the code."""
-    caplog.set_level(logging.ERROR, logger="bridge.daemon")
+    caplog.set_level(logging.ERROR, logger="bridge.job.daemon")
     await job.start()
     await job.subscribed()
     assert job.bridge is not None
@@ -124,7 +124,7 @@ async def test_a_requested_stop_is_not_a_death(job: SimulatedJob, caplog: pytest
 
 HELPER = textwrap.dedent("""
     import asyncio, logging, sys
-    from bridge.interrupts import capture_signals
+    from bridge.core.interrupts import capture_signals
 
     async def main() -> int:
         stop = asyncio.Event()

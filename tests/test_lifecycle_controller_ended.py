@@ -8,7 +8,7 @@ way the controller ends is driven here with the simulated ClusterD and the stub
 controller; each must end in exit code 76 (the unit restarts the bridge), the
 controller's last report delivered first (ClusterD's journal has it before the bridge's
 stream ends), no watchdog ping after the decision, a log line saying why, and the
-orphan marker removed (the job's ranks are gone or going, bridge/orphan.py).
+orphan marker removed (the job's ranks are gone or going, bridge/job/session/orphan.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from bridge.daemon import EXIT_CONTROLLER_ENDED, EXIT_RESCHEDULED
+from bridge.job.daemon import EXIT_CONTROLLER_ENDED, EXIT_RESCHEDULED
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
 

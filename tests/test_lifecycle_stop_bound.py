@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import load_config
-from bridge.daemon import EXIT_OK, stop_budget
+from bridge.core.config import load_config
+from bridge.job.daemon import EXIT_OK, stop_budget
 from bridge.sim.scenario import free_port
 
 from .conftest import eventually_sync
@@ -112,7 +112,7 @@ def test_the_exit_deadline_ends_a_stuck_process_with_the_decided_code() -> None:
     """The last resort, armed when a stop begins: whatever step of the stop hangs (a
     notify call stuck in the controller keeps asyncio.run from returning), the process
     ends once the budget is spent, with the exit code the bridge had decided."""
-    process = spawn_bridge(code="import threading; from bridge.daemon import arm_exit_deadline; "
+    process = spawn_bridge(code="import threading; from bridge.job.daemon import arm_exit_deadline; "
                                 "arm_exit_deadline(0.5, lambda: 76); threading.Event().wait()")
     try:
         output, _ = process.communicate(timeout=30)

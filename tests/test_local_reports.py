@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from bridge.cli import main
-from bridge.flow import Step
-from bridge.local_reports import SOCKET_NAME, LocalReports, bind_private, bridge_running, request, step_refusal
-from bridge.metrics import BridgeMetrics
+from bridge.job.reports.controller_flow import Step
+from bridge.job.reports.operator_faults import SOCKET_NAME, LocalReports, bind_private, bridge_running, request, step_refusal
+from bridge.job.metrics import BridgeMetrics
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
 

@@ -1,4 +1,4 @@
-"""The log budget (bridge/logbudget.py): bounded lines per kind, truthful about the rest."""
+"""The log budget (bridge/core/log_budget.py): bounded lines per kind, truthful about the rest."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from bridge.logbudget import LogBudget, suppressed_note
+from bridge.core.log_budget import LogBudget, suppressed_note
 
 
 class Clock:

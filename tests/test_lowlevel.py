@@ -1,5 +1,5 @@
 """Guards for what the bridge takes from below Python's and gRPC's public surface
-(bridge/lowlevel.py): each fails on a system or a grpcio release where it is gone, so an
+(bridge/job/sched/grpc_internals.py): each fails on a system or a grpcio release where it is gone, so an
 upgrade cannot silently put the bridge back on its slower way."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 
-from bridge import lowlevel
+from bridge.job.sched import grpc_internals as lowlevel
 
 
 def test_the_c_library_gives_the_cpu_pin_its_two_functions_both_ways() -> None:

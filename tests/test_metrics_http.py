@@ -23,8 +23,8 @@ import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from bridge.metrics import BridgeMetrics
-from bridge.metrics_http import MetricsServer
+from bridge.job.metrics import BridgeMetrics
+from bridge.core.metrics_http import MetricsServer
 
 from .conftest import eventually_sync
 

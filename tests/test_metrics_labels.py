@@ -11,23 +11,12 @@ import grpc
 import pytest
 
 from bridge._proto import recover_pb2 as pb
-from bridge.clusterd import ClusterDClient
-from bridge.codes import Code
-from bridge.config import ClusterDConfig
-from bridge.flow import CALLBACKS, ControllerFlow, Step
-from bridge.metrics import (
-    OTHER,
-    RECOVERY_PHASES,
-    REFUSAL_REASONS,
-    REPORT_KINDS,
-    RPC_METHODS,
-    SIGNAL_TYPES,
-    BridgeMetrics,
-    code_label,
-    drop_reason_for_code,
-    signal_type_label,
-)
-from bridge.signals import SignalDispatcher
+from bridge.job.session.clusterd import ClusterDClient
+from bridge.job.session.codes import Code
+from bridge.core.config import ClusterDConfig
+from bridge.job.reports.controller_flow import CALLBACKS, ControllerFlow, Step
+from bridge.job.metrics import OTHER, RECOVERY_PHASES, REFUSAL_REASONS, REPORT_KINDS, RPC_METHODS, SIGNAL_TYPES, BridgeMetrics, code_label, drop_reason_for_code, signal_type_label
+from bridge.job.session.signals import SignalDispatcher
 
 from .conftest import recover_server
 

@@ -16,9 +16,9 @@ pytest.importorskip("kubernetes")
 from bridge.node.config import DEFAULT_SELECTOR  # noqa: E402
 from bridge.node.kube import PodApi  # noqa: E402
 from bridge.node.podspec import JobSpec, evaluate  # noqa: E402
-from bridge.platform import kube  # noqa: E402
-from bridge.platform.sim.apiserver import PODS, PodGroupStore, Selector, StandInApiServer  # noqa: E402
-from bridge.platform.sim.ascendjob import SimJob, SimJobs  # noqa: E402
+from bridge.core import kube  # noqa: E402
+from bridge.sim.kube.apiserver import PODS, PodGroupStore, Selector, StandInApiServer  # noqa: E402
+from bridge.sim.kube.ascendjob import SimJob, SimJobs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRIB = ROOT / "contrib" / "kubernetes"

@@ -70,8 +70,8 @@ DIFFERENTIAL = ["a in (x,)", "a,b", "a = b", "a in(x)", "x=y,z notin (q, r)", "a
                                                      "Example.com/a=1", "gpu>3", "gpu>x", "!a=b"])
 def test_the_check_and_the_stand_in_api_server_agree(selector: str) -> None:
     """Two parsers written apart from the same grammar -- the node file's check and the
-    stand-in API server's (bridge/platform/sim/selectors.py) -- accept the same selectors."""
-    from bridge.platform.sim.selectors import LabelSelector, SelectorError
+    stand-in API server's (bridge/sim/kube/selectors.py) -- accept the same selectors."""
+    from bridge.sim.kube.selectors import LabelSelector, SelectorError
 
     try:
         LabelSelector.parse(selector)
@@ -301,9 +301,9 @@ class BlockingStream:
 
 
 def watch_log(caplog: pytest.LogCaptureFixture, failures: int, error: Exception) -> list[logging.LogRecord]:
-    from bridge.backoff import Backoff
+    from bridge.core.backoff import Backoff
     from bridge.node.metrics import NodeMetrics
-    from bridge.platform.watcher import PodGroupWatcher
+    from bridge.core.kube_watch import PodGroupWatcher
 
     metrics = NodeMetrics()
     watcher = PodGroupWatcher(FlakyApi(failures, error), None, DEFAULT_SELECTOR, lambda _: None, metrics,
@@ -318,7 +318,7 @@ def watch_log(caplog: pytest.LogCaptureFixture, failures: int, error: Exception)
 
 
 def test_a_watch_back_after_failures_says_so_at_info(caplog: pytest.LogCaptureFixture) -> None:
-    from bridge.platform.kube import Unavailable
+    from bridge.core.kube import Unavailable
 
     records = watch_log(caplog, 2, Unavailable("MaxRetryError: connection refused"))
     failed = [r for r in records if "list/watch failed" in r.getMessage()]
@@ -328,8 +328,8 @@ def test_a_watch_back_after_failures_says_so_at_info(caplog: pytest.LogCaptureFi
 
 
 def test_a_403_at_start_is_not_called_an_rbac_error_until_it_lasts(caplog: pytest.LogCaptureFixture) -> None:
-    from bridge.platform.kube import RequestFailed
-    from bridge.platform.watcher import AUTH_GRACE, failure_level
+    from bridge.core.kube import RequestFailed
+    from bridge.core.kube_watch import AUTH_GRACE, failure_level
 
     records = watch_log(caplog, 1, RequestFailed("HTTP 403 Forbidden: pods is forbidden", 403))
     refused = [r for r in records if "list/watch failed" in r.getMessage()]
@@ -405,7 +405,7 @@ def test_an_unanswered_rank_count_is_not_zero(service: Any) -> None:
 def test_a_bridge_with_no_rank_connected_is_stopped_at_once(service: Any) -> None:
     from prometheus_client import CollectorRegistry, Gauge
 
-    from bridge.metrics_http import MetricsServer
+    from bridge.core.metrics_http import MetricsServer
     from bridge.node.service import RANKS_GAUGE
 
     class Registry:
@@ -443,14 +443,14 @@ def test_a_given_up_job_is_tried_again_after_refusal_retry(service: Any) -> None
 def test_the_node_endpoint_serves_https_with_client_certificates(tmp_path: Path) -> None:
     trustme = pytest.importorskip("trustme")
     pytest.importorskip("kubernetes")
-    from bridge.platform.sim.apiserver import StandInApiServer
+    from bridge.sim.kube.apiserver import StandInApiServer
 
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
     (tmp_path / "server.pem").write_bytes(b"".join(p.bytes() for p in cert.cert_chain_pems))
     (tmp_path / "server.key").write_bytes(cert.private_key_pem.bytes())
     (tmp_path / "ca.pem").write_bytes(ca.cert_pem.bytes())
-    from bridge.platform.sim.ascendjob import SimJobs
+    from bridge.sim.kube.ascendjob import SimJobs
 
     with StandInApiServer() as server:
         SimJobs(server.store, {"node-1": "127.0.0.1"})  # node-1's kubelet registers its Node

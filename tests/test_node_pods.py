@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from bridge.platform.sim.apiserver import PODS, StandInApiServer  # noqa: E402
-from bridge.platform.sim.ascendjob import kubelet_status, pod_manifest, pod_name  # noqa: E402
+from bridge.sim.kube.apiserver import PODS, StandInApiServer  # noqa: E402
+from bridge.sim.kube.ascendjob import kubelet_status, pod_manifest, pod_name  # noqa: E402
 from bridge.sim.scenario import free_port  # noqa: E402
 
 from .conftest import eventually_sync  # noqa: E402
@@ -191,8 +191,8 @@ def test_a_node_name_that_cannot_be_checked_is_a_warning_not_a_stop(tmp_path: Pa
 
 def test_no_variable_the_bridge_reads_reaches_it_from_the_service() -> None:
     """The generated file is a bridge's whole configuration: every variable the bridge
-    reads (bridge/config.py) is dropped from the environment the service passes on."""
-    from bridge.config import ENVIRONMENT
+    reads (bridge/core/config.py) is dropped from the environment the service passes on."""
+    from bridge.core.config import ENVIRONMENT
     from bridge.node import CHILD_ENV_DROPPED
 
     assert set(ENVIRONMENT) <= set(CHILD_ENV_DROPPED), set(ENVIRONMENT) - set(CHILD_ENV_DROPPED)

@@ -11,7 +11,7 @@ import pytest
 
 from bridge.node.jobconfig import dumps, job_raw, validated
 from bridge.node.podspec import HostIpPending, Ignored, JobSpec, Refusal, evaluate, framework_of
-from bridge.platform.sim.ascendjob import SimJob, pod_object
+from bridge.sim.kube.ascendjob import SimJob, pod_object
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -93,8 +93,8 @@ def test_host_ip_rules() -> None:
 
 def test_world_size_falls_back_to_ms_worker_num_as_the_bridge_does() -> None:
     """WORLD_SIZE empty, MS_WORKER_NUM set: the bridge itself reads MS_WORKER_NUM
-    (bridge/config.py), so the node service must too, not refuse bad_value."""
-    from bridge.config import build_config
+    (bridge/core/config.py), so the node service must too, not refuse bad_value."""
+    from bridge.core.config import build_config
 
     job = SimJob("a", extra_env={"MS_WORKER_NUM": "16"})
     pod = pod_object(job, 0, "node-1", "10.0.0.21")
@@ -103,7 +103,7 @@ def test_world_size_falls_back_to_ms_worker_num_as_the_bridge_does() -> None:
     spec = evaluate(pod, host_ip="", clusterd_address="", resolve=lambda name: None)
     assert isinstance(spec, JobSpec) and spec.world_size == 16
     bridge = build_config({}, env={"MINDX_TASK_ID": job.uid, "WORLD_SIZE": "", "MS_WORKER_NUM": "16"})
-    assert bridge.controller.world_size == spec.world_size
+    assert bridge.job.host.controller.world_size == spec.world_size
     # A WORLD_SIZE that is set wins over MS_WORKER_NUM, as in the bridge.
     next(e for e in env if e["name"] == "WORLD_SIZE")["value"] = "8"
     assert evaluate(pod, host_ip="", clusterd_address="", resolve=lambda name: None).world_size == 8
@@ -112,7 +112,7 @@ def test_world_size_falls_back_to_ms_worker_num_as_the_bridge_does() -> None:
 def test_local_proxy_and_hccl_timeout_reach_the_bridge_as_it_reads_them(tmp_path: Path) -> None:
     """LOCAL_PROXY_ENABLE=on: ClusterD through its node-local proxy; HCCL_CONNECT_TIMEOUT:
     the pause timeout; both exactly as the bridge derives them from its own environment."""
-    from bridge.config import build_config
+    from bridge.core.config import build_config
 
     job = SimJob("a", clusterd_ip="10.96.0.20", extra_env={"LOCAL_PROXY_ENABLE": "on", "HCCL_CONNECT_TIMEOUT": "120"})
     spec = judge(job)

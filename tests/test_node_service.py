@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from bridge.platform.sim.apiserver import StandInApiServer  # noqa: E402
+from bridge.sim.kube.apiserver import StandInApiServer  # noqa: E402
 from bridge.sim.scenario import free_port  # noqa: E402
 
 from bridge.node.metrics import read_sample  # noqa: E402

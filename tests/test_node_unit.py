@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import read_toml
+from bridge.core.config import read_toml
 from bridge.node.config import NodeConfigError, build_node_config, load_node_config
 
 from .test_systemd_unit import ROOT, last, needs_systemd_analyze, parse_unit, systemd_quote, verify_problems
@@ -47,7 +47,7 @@ def test_the_example_loads_and_every_per_job_key_is_refused() -> None:
     with pytest.raises(NodeConfigError) as caught:
         build_node_config(raw)
     text = str(caught.value)
-    for line in ("bridge.controller.port: set by the node service from the pod",
+    for line in ("bridge.job.host.controller.port: set by the node service from the pod",
                  "bridge.job_id: set by the node service from the pod",
                  "node.launcher: expected auto, systemd or session, got 'docker'",
                  "node.surprise: unknown key"):

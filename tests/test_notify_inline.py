@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bridge.signals import INLINE_NOTIFY_LIMIT
+from bridge.job.session.signals import INLINE_NOTIFY_LIMIT
 
 from .conftest import eventually
 from .test_signals import Rig, dispatching, signal, stop_train
@@ -56,7 +56,7 @@ async def test_a_slow_notify_sends_the_later_ones_to_the_notify_thread(rig: Thre
                                                                        caplog: pytest.LogCaptureFixture) -> None:
     rig.slow = INLINE_NOTIFY_LIMIT * 2
     idle = rig.flow.snapshot()
-    with caplog.at_level(logging.WARNING, logger="bridge.signals"):
+    with caplog.at_level(logging.WARNING, logger="bridge.job.session.signals"):
         rig.send(signal("stopTrain", ["pause_train"], timeout=900))
         await eventually(lambda: rig.module.calls, what="the slow pause notify")
         await eventually(lambda: not rig.dispatcher.notify_inline, what="inline notify switched off")

@@ -12,11 +12,11 @@ import pytest
 
 from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc as pb_grpc
-from bridge.auxstream import AuxStream
-from bridge.daemon import EXIT_CONTROLLER_ENDED
-from bridge.flow import Step
-from bridge.metrics import BridgeMetrics
-from bridge.om import MAX_RESULT_RANKS, declined_stress_result
+from bridge.job.session.aux_stream import AuxStream
+from bridge.job.daemon import EXIT_CONTROLLER_ENDED
+from bridge.job.reports.controller_flow import Step
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.session.operator_actions import MAX_RESULT_RANKS, declined_stress_result
 from bridge.sim.clusterd import SimClusterD, SimJob
 from bridge.sim.clusterd_timings import FAST
 from bridge.sim.scenario import SimulatedJob

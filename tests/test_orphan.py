@@ -4,7 +4,7 @@ The real controller cannot adopt running ranks (a controller started again on th
 address rejects every heartbeat of ranks it did not start), so after a crash, an OOM
 kill or a restart mid-training the job trains on with no fault tolerance and hangs at
 its next fault. Before the fix nothing showed it. Now the marker a controller's start
-writes (bridge/orphan.py) survives such an end, and the next bridge says so -- CRITICAL
+writes (bridge/job/session/orphan.py) survives such an end, and the next bridge says so -- CRITICAL
 log, ``tft_bridge_orphaned_job`` = 1, STATUS= -- until a rank connects to its own
 controller (the job was restarted).
 """
@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from bridge.metrics import BridgeMetrics
-from bridge.orphan import MARKER_NAME, STALE_MARKER_AGE, ControllerMarker, OrphanWatch, sweep_stale_markers
-from bridge.state import state_directory
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.session.orphan import MARKER_NAME, STALE_MARKER_AGE, ControllerMarker, OrphanWatch, sweep_stale_markers
+from bridge.core.state_dir import state_directory
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob, free_port
 
@@ -128,7 +128,7 @@ enabled = false
 
 async def test_a_crashed_bridge_leaves_the_job_flagged_until_a_rank_connects(
         tmp_path: Path, jobs: list[SimulatedJob], notifier: RecordingNotifier, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="bridge.orphan")
+    caplog.set_level(logging.INFO, logger="bridge.job.session.orphan")
     state = tmp_path / "state"
     crash_a_running_bridge(tmp_path, state)
     # The job's ranks are attached to the dead controller: none connects to the new one.

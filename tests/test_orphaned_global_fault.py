@@ -10,7 +10,7 @@ stale ReportRecoverStrategy sat in ClusterD's one-slot buffer, the next real sto
 was refused (unexpected_step at await_strategy) and the job ended in EXIT.
 
 With the orphan refused, the controller still waits for on_global_rank of its cycle;
-the bridge's resume (bridge/resume.py) re-reports that cycle's faults on the new
+the bridge's resume (bridge/job/session/resume.py) re-reports that cycle's faults on the new
 subscription, the new ClusterD starts a fresh cycle, and that cycle carries the
 recovery: the controller ends it with report_result 0.
 """

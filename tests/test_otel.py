@@ -22,10 +22,10 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as collecto
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as collector_grpc  # noqa: E402
 from opentelemetry.proto.trace.v1 import trace_pb2 as trace  # noqa: E402
 
-from bridge.metrics import BridgeMetrics  # noqa: E402
-from bridge.recorder.otel import OtlpExporter  # noqa: E402
-from bridge.recorder import ErrorLog  # noqa: E402
-from bridge.recorder.config import OtelConfig  # noqa: E402
+from bridge.job.metrics import BridgeMetrics  # noqa: E402
+from bridge.job.recorder.otel import OtlpExporter  # noqa: E402
+from bridge.job.recorder import ErrorLog  # noqa: E402
+from bridge.core.recorder_config import OtelConfig  # noqa: E402
 from bridge.sim.scenario import free_port  # noqa: E402
 
 from .conftest import eventually_sync  # noqa: E402
@@ -169,7 +169,7 @@ class socket_port:
 
 
 def test_the_daemon_does_not_import_opentelemetry() -> None:
-    code = ("import sys, bridge.daemon, bridge.cli, bridge.recorder, bridge.recorder.history; "
+    code = ("import sys, bridge.job.daemon, bridge.cli, bridge.job.recorder, bridge.job.recorder.history; "
             "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry')); "
             "assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,7 +1,7 @@
 """The platform agent against an in-process stand-in for the Kubernetes API server, with a
 simulated ClusterD (platform mode) driving full fault cycles.
 
-No real API server is involved: ``bridge.platform.sim.apiserver`` speaks the real HTTP
+No real API server is involved: ``bridge.sim.kube.apiserver`` speaks the real HTTP
 paths and semantics (list, watch, merge patch, 409, 410, restarts) on loopback, and the
 official ``kubernetes`` client talks to it unmodified.
 """
@@ -20,19 +20,12 @@ import pytest
 pytest.importorskip("kubernetes")
 
 from bridge.platform.agent import AgentSettings, PlatformAgent  # noqa: E402
-from bridge.platform.annotations import (  # noqa: E402
-    CONFIRM,
-    ENABLE_LABEL,
-    RANK_TABLE_READY,
-    RESULT,
-    STATUS,
-    STRATEGY,
-)
-from bridge.platform.kube import PodGroupApi, api_client  # noqa: E402
+from bridge.platform.annotations import CONFIRM, ENABLE_LABEL, RANK_TABLE_READY, RESULT, STATUS, STRATEGY
+from bridge.core.kube import PodGroupApi, api_client  # noqa: E402
 from bridge.platform.metrics import PlatformMetrics  # noqa: E402
 from bridge.platform.policy import Policy, Rules, policy_from_dict  # noqa: E402
-from bridge.platform.sim.apiserver import PodGroupStore, StandInApiServer  # noqa: E402
-from bridge.platform.sim.clusterd import CycleReport, Outcomes, SimPlatformClusterD, SimTimings  # noqa: E402
+from bridge.sim.kube.apiserver import PodGroupStore, StandInApiServer  # noqa: E402
+from bridge.sim.kube.podgroup_clusterd import CycleReport, Outcomes, SimPlatformClusterD, SimTimings  # noqa: E402
 from bridge.platform.sources import StaticFaults  # noqa: E402
 
 from .conftest import eventually  # noqa: E402

@@ -13,8 +13,9 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from bridge.platform import kube  # noqa: E402
-from bridge.platform.sim.apiserver import PodGroupStore, StandInApiServer, merge_patch  # noqa: E402
+from bridge.core import kube  # noqa: E402
+from bridge.platform.podgroup_api import PodGroupApi  # noqa: E402
+from bridge.sim.kube.apiserver import PodGroupStore, StandInApiServer, merge_patch  # noqa: E402
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -26,8 +27,8 @@ def server() -> Iterator[StandInApiServer]:
 
 
 @pytest.fixture
-def api(server: StandInApiServer) -> Iterator[kube.PodGroupApi]:
-    client = kube.PodGroupApi(kube.api_client(server=server.url), request_timeout=3, connect_timeout=1)
+def api(server: StandInApiServer) -> Iterator[PodGroupApi]:
+    client = PodGroupApi(kube.api_client(server=server.url), request_timeout=3, connect_timeout=1)
     try:
         yield client
     finally:
@@ -40,7 +41,7 @@ def test_merge_patch_rfc7386() -> None:
     assert merge_patch({"a": [1, 2]}, {"a": [3]}) == {"a": [3]}
 
 
-def test_list_get_and_selectors(server: StandInApiServer, api: kube.PodGroupApi) -> None:
+def test_list_get_and_selectors(server: StandInApiServer, api: PodGroupApi) -> None:
     server.store.create("a", "one", {"k": "v"}, {"team": "x"})
     server.store.create("b", "two", {}, {"team": "y"})
     items, rv = api.list(None, None)
@@ -54,7 +55,7 @@ def test_list_get_and_selectors(server: StandInApiServer, api: kube.PodGroupApi)
     assert ("GET", "/apis/scheduling.volcano.sh/v1beta1/podgroups", {"labelSelector": "team=x"}) in server.requests
 
 
-def test_conditional_merge_patch(server: StandInApiServer, api: kube.PodGroupApi) -> None:
+def test_conditional_merge_patch(server: StandInApiServer, api: PodGroupApi) -> None:
     obj = server.store.create("a", "one", {"keep": "1", "drop": "2"})
     rv = obj["metadata"]["resourceVersion"]
     patched = api.patch("a", "one", {"metadata": {"resourceVersion": rv, "annotations": {"drop": None, "new": "3"}}})
@@ -86,7 +87,7 @@ def test_only_merge_patches_are_accepted(server: StandInApiServer) -> None:
     assert caught.value.code == 415
 
 
-def test_watch_streams_changes_and_selector_transitions(server: StandInApiServer, api: kube.PodGroupApi) -> None:
+def test_watch_streams_changes_and_selector_transitions(server: StandInApiServer, api: PodGroupApi) -> None:
     server.store.create("a", "one", {}, {"team": "x"})
     _, rv = api.list("a", "team=x")
     stream = api.watch("a", "team=x", rv, timeout_seconds=5)
@@ -103,7 +104,7 @@ def test_watch_streams_changes_and_selector_transitions(server: StandInApiServer
     assert kinds == ["MODIFIED", "DELETED", "ADDED", "DELETED"]
 
 
-def test_watch_expiry_as_event_and_as_http(server: StandInApiServer, api: kube.PodGroupApi) -> None:
+def test_watch_expiry_as_event_and_as_http(server: StandInApiServer, api: PodGroupApi) -> None:
     server.store.create("a", "one")
     _, rv = api.list(None, None)
     server.store.patch_annotations("a", "one", {"k": "1"})
@@ -118,7 +119,7 @@ def test_watch_expiry_as_event_and_as_http(server: StandInApiServer, api: kube.P
     assert [e["type"] for e in stream] == ["ERROR"]
 
 
-def test_watch_ends_at_its_timeout(server: StandInApiServer, api: kube.PodGroupApi) -> None:
+def test_watch_ends_at_its_timeout(server: StandInApiServer, api: PodGroupApi) -> None:
     started = time.monotonic()
     assert list(api.watch(None, None, server.store.resource_version, timeout_seconds=1)) == []
     # The timing is the behaviour under test: the server ends the watch at its 1 s
@@ -148,7 +149,7 @@ def test_a_watch_that_ends_cleanly_leaves_its_connection_open(server: StandInApi
         connection.close()
 
 
-def test_restart_drops_connections_and_refuses_for_a_while(server: StandInApiServer, api: kube.PodGroupApi) -> None:
+def test_restart_drops_connections_and_refuses_for_a_while(server: StandInApiServer, api: PodGroupApi) -> None:
     server.store.create("a", "one")
     stream = api.watch(None, None, server.store.resource_version, timeout_seconds=10)
     # A restart is stop() then start(): "down" lasts exactly until the test brings it back
@@ -182,7 +183,7 @@ def test_kubeconfig_path(server: StandInApiServer, tmp_path: Path) -> None:
         f"clusters:\n- name: standin\n  cluster:\n    server: {server.url}\n"
         "users:\n- name: agent\n  user:\n    token: not-checked\n"
         "contexts:\n- name: standin\n  context:\n    cluster: standin\n    user: agent\n")
-    api = kube.PodGroupApi(kube.api_client(kubeconfig=str(path)), request_timeout=3)
+    api = PodGroupApi(kube.api_client(kubeconfig=str(path)), request_timeout=3)
     try:
         assert [i["metadata"]["name"] for i in api.list(None, None)[0]] == ["one"]
     finally:

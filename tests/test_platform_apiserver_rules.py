@@ -21,10 +21,10 @@ pytest.importorskip("kubernetes")
 yaml = pytest.importorskip("yaml")
 
 from bridge.node.kube import PodApi  # noqa: E402
-from bridge.platform import kube  # noqa: E402
-from bridge.platform.sim.apiserver import PODS, StandInApiServer  # noqa: E402
-from bridge.platform.sim.ascendjob import SimJob, SimJobs, pod_manifest  # noqa: E402
-from bridge.platform.sim.selectors import FieldSelector, LabelSelector, SelectorError  # noqa: E402
+from bridge.core import kube  # noqa: E402
+from bridge.sim.kube.apiserver import PODS, StandInApiServer  # noqa: E402
+from bridge.sim.kube.ascendjob import SimJob, SimJobs, pod_manifest  # noqa: E402
+from bridge.sim.kube.selectors import FieldSelector, LabelSelector, SelectorError  # noqa: E402
 
 from .conftest import eventually_sync  # noqa: E402
 
@@ -43,7 +43,7 @@ def server() -> Iterator[StandInApiServer]:
 def core(server: StandInApiServer) -> Iterator[Any]:
     client = kube.api_client(server=server.url)
     try:
-        yield kube._kubernetes().client.CoreV1Api(client)
+        yield kube.kubernetes_module().client.CoreV1Api(client)
     finally:
         client.close()
 
@@ -371,7 +371,7 @@ def test_tls_with_a_bearer_token_and_the_contrib_rbac(secure: tuple[StandInApiSe
         api.get("default", items[0]["metadata"]["name"])
         api.event(items[0], "TftBridgeRefused", "a test")
         assert api.node("node-1")["metadata"]["name"] == "node-1"  # the start-up check of the node name
-        core = kube._kubernetes().client.CoreV1Api(api._client)
+        core = kube.kubernetes_module().client.CoreV1Api(api._client)
         code, error = call(core.patch_namespaced_pod, items[0]["metadata"]["name"], "default",
                            {"metadata": {"labels": {"x": "1"}}})
         assert code == 403 and error["reason"] == "Forbidden"

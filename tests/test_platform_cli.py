@@ -21,8 +21,8 @@ import pytest
 
 from bridge.platform import add_platform_parser, cmd_platform
 from bridge.platform.annotations import ENABLE_LABEL, RESULT, STRATEGY
-from bridge.platform.sim.apiserver import StandInApiServer
-from bridge.platform.sim.clusterd import SimPlatformClusterD
+from bridge.sim.kube.apiserver import StandInApiServer
+from bridge.sim.kube.podgroup_clusterd import SimPlatformClusterD
 
 from .conftest import eventually_sync
 

@@ -17,16 +17,7 @@ from hypothesis import strategies as st
 
 from bridge.faults import merge_faults, parse_faults
 from bridge.platform import cycle
-from bridge.platform.annotations import (
-    CONFIRM,
-    ENABLE_LABEL,
-    RANK_TABLE_READY,
-    RESULT,
-    STATUS,
-    STRATEGY,
-    PodGroupView,
-    resource_version_newer,
-)
+from bridge.platform.annotations import CONFIRM, ENABLE_LABEL, RANK_TABLE_READY, RESULT, STATUS, STRATEGY, PodGroupView, resource_version_newer
 from bridge.platform.confirm import read_confirm, result_for, salvage
 from bridge.platform.policy import Rules, Situation, decide
 

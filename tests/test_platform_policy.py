@@ -6,15 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.platform.policy import (
-    Policy,
-    PolicyError,
-    Rules,
-    Situation,
-    decide,
-    load_policy,
-    policy_from_dict,
-)
+from bridge.platform.policy import Policy, PolicyError, Rules, Situation, decide, load_policy, policy_from_dict
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "contrib" / "platform-policy.example.toml"
 

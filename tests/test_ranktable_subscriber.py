@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import ClusterDConfig, RankTableConfig
-from bridge.metrics import BridgeMetrics
-from bridge.ranktable import RankTableSubscriber
+from bridge.core.config import ClusterDConfig, RankTableConfig
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.session.rank_table import RankTableSubscriber
 from bridge.sim.clusterd import SimClusterD, SimJob
 
 from .conftest import eventually

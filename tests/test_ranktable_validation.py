@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from bridge.ranktable import RankTableError, validate_rank_table, write_atomically
+from bridge.core.files import write_atomically
+from bridge.job.session.rank_table import RankTableError, validate_rank_table
 
 V10: dict[str, Any] = {
     "version": "1.0", "status": "completed",

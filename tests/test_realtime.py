@@ -1,5 +1,5 @@
 """The event loop and the report thread run under SCHED_FIFO while a bridge runs
-(``bridge/realtime.py``) and the wire's thread, which the controller's own thread wakes,
+(``bridge/job/sched/realtime.py``) and the wire's thread, which the controller's own thread wakes,
 never does; nothing they start inherits it, the loop's thread gets its own policy back
 when the bridge stops, and where the system refuses realtime the bridge says so, shows
 it in a metric and still recovers the job exactly as before."""
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from bridge import realtime
-from bridge.config import ConfigError, build_config
+from bridge.job.sched import realtime
+from bridge.core.config import ConfigError, build_config
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
 
@@ -119,13 +119,13 @@ async def test_refused_realtime_is_logged_once_shown_and_the_job_still_recovers(
     monkeypatch.setattr(realtime, "_refused_logged", False)
     loop_thread = threading.get_native_id()
     before = os.sched_getscheduler(loop_thread)
-    with caplog.at_level(logging.WARNING, logger="bridge.realtime"):
+    with caplog.at_level(logging.WARNING, logger="bridge.job.sched.realtime"):
         job = await _started(jobs)
         link = job.bridge.link  # type: ignore[union-attr]
         await eventually(lambda: link.wire.batch_policy, what="the wire's fallback policy")
         job.training.inject_fault({5: 1})
         await annotation(job, "recover-success")
-    refusals = [r.getMessage() for r in caplog.records if r.name == "bridge.realtime"]
+    refusals = [r.getMessage() for r in caplog.records if r.name == "bridge.job.sched.realtime"]
     assert len(refusals) == 1, refusals  # two threads refused, one line
     assert "LimitRTPRIO=1" in refusals[0] and "controller.realtime_priority" in refusals[0]
     assert _gauges(job) == {thread: 0.0 for thread in THREADS}
@@ -137,14 +137,14 @@ async def test_priority_zero_leaves_every_thread_as_it_was(jobs: list[SimulatedJ
                                                           caplog: pytest.LogCaptureFixture) -> None:
     loop_thread = threading.get_native_id()
     before = os.sched_getscheduler(loop_thread)
-    with caplog.at_level(logging.WARNING, logger="bridge.realtime"):
+    with caplog.at_level(logging.WARNING, logger="bridge.job.sched.realtime"):
         job = await _started(jobs, realtime_priority=0)
     link = job.bridge.link  # type: ignore[union-attr]
     await eventually(lambda: link.wire.batch_policy, what="the wire's policy")
     assert os.sched_getscheduler(loop_thread) == before
     assert not link.wire.realtime
     assert _gauges(job) == {thread: None for thread in THREADS}  # not exported: nothing to alert on
-    assert not [r for r in caplog.records if r.name == "bridge.realtime"]  # off is not a problem to report
+    assert not [r for r in caplog.records if r.name == "bridge.job.sched.realtime"]  # off is not a problem to report
 
 
 @needs_realtime

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import ConfigError, build_config
-from bridge.flow import ControllerFlow
-from bridge.metrics import BridgeMetrics
-from bridge.recorder import INLINE_FAULTS, Recorder, RecorderWriter
-from bridge.recorder.config import RecorderConfig, problems, OtelConfig, state_directory
-from bridge.recorder.store import find_cycle, last_cycles, open_reader
+from bridge.core.config import ConfigError, build_config
+from bridge.job.reports.controller_flow import ControllerFlow
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.recorder import INLINE_FAULTS, Recorder, RecorderWriter
+from bridge.core.recorder_config import RecorderConfig, problems, OtelConfig, state_directory
+from bridge.job.recorder.store import find_cycle, last_cycles, open_reader
 
 from .conftest import eventually_sync
 
@@ -378,7 +378,7 @@ def test_a_repeated_retry_cycle_closes_as_a_repeat_not_a_failure(tmp_path: Path)
 
 
 def test_the_history_names_a_repeat() -> None:
-    from bridge.recorder.model import describe
+    from bridge.job.recorder.model import describe
 
     line = describe({"kind": "repeat", "t": 0.0, "of": "u-1"})
     assert line.startswith("REPEAT of the retry cycle u-1 that succeeded")

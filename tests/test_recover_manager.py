@@ -10,20 +10,9 @@ import grpc
 import pytest
 
 from bridge import recover_manager
-from bridge.codes import Code
-from bridge.recover_manager import (
-    CertificateError,
-    ClusterDError,
-    ClusterDUnavailable,
-    DLRecoverManager,
-    ProcessRecoveryOff,
-    pb,
-    report_process_fault,
-    report_recover_status,
-    report_recover_strategy,
-    report_stop_complete,
-)
-from bridge.flow import Step
+from bridge.job.session.codes import Code
+from bridge.recover_manager import CertificateError, ClusterDError, ClusterDUnavailable, DLRecoverManager, ProcessRecoveryOff, pb, report_process_fault, report_recover_status, report_recover_strategy, report_stop_complete
+from bridge.job.reports.controller_flow import Step
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import free_port
 

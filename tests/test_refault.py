@@ -1,4 +1,4 @@
-"""The re-report of a fault ClusterD answered 0 but started no recovery for (bridge/refault.py)."""
+"""The re-report of a fault ClusterD answered 0 but started no recovery for (bridge/job/reports/refault.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import asyncio
 import time
 from concurrent.futures import Future
 
-from bridge.flow import ControllerFlow, Step
-from bridge.metrics import BridgeMetrics
-from bridge.refault import FaultCentreTimes, FaultFollowUp
+from bridge.job.reports.controller_flow import ControllerFlow, Step
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.reports.refault import FaultCentreTimes, FaultFollowUp
 
 from .conftest import eventually
 

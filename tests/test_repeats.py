@@ -1,11 +1,11 @@
 """Telling a retry cycle ClusterD repeats after its success from a new failure
-(bridge/repeats.py): ClusterD v7.3.2's fault centre keeps the repaired UCE/HCCL fault and
+(bridge/job/session/repeated_cycles.py): ClusterD v7.3.2's fault centre keeps the repaired UCE/HCCL fault and
 starts a second cycle for it; the controller fails that one with 499."""
 
 from __future__ import annotations
 
-from bridge.metrics import BridgeMetrics
-from bridge.repeats import REPEAT_OUTCOME, WINDOW, RepeatedCycles
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.session.repeated_cycles import REPEAT_OUTCOME, WINDOW, RepeatedCycles
 
 
 class Clock:

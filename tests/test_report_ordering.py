@@ -24,12 +24,12 @@ from typing import Any
 import grpc
 
 from bridge._proto import recover_pb2 as pb
-from bridge.clusterd import Session
-from bridge.codes import Code
-from bridge.config import ClusterDConfig
-from bridge.backoff import Backoff
-from bridge.metrics import BridgeMetrics
-from bridge.wire import Cycles, Wire
+from bridge.job.session.clusterd import Session
+from bridge.job.session.codes import Code
+from bridge.core.config import ClusterDConfig
+from bridge.core.backoff import Backoff
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.reports.relay import Cycles, Wire
 
 from .conftest import eventually
 
@@ -134,7 +134,7 @@ async def settled() -> bool:
 
 
 async def test_the_session_catches_up_with_the_reports_before_it_reacts_to_clusterd() -> None:
-    """The wire sends a report before the loop knows it (bridge/wire.py); the loop must
+    """The wire sends a report before the loop knows it (bridge/job/reports/relay.py); the loop must
     know it before it handles whatever ClusterD sent after that report."""
     client = GatedClient(config=ClusterDConfig(reconnect_initial=0.01, reconnect_max=0.02))
     log = client.log

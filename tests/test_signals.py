@@ -19,21 +19,14 @@ from typing import Any, TypeVar
 import pytest
 
 from bridge._proto import recover_pb2 as pb
-from bridge.config import ControllerConfig, load_config
-from bridge.controller import ControllerHost
-from bridge.flow import ControllerFlow, Step
-from bridge.hooks import HookSignal
-from bridge.metrics import BridgeMetrics
+from bridge.core.config import ControllerConfig, load_config
+from bridge.job.host.controller import ControllerHost
+from bridge.job.reports.controller_flow import ControllerFlow, Step
+from bridge.job.session.node_hooks import HookSignal
+from bridge.job.metrics import BridgeMetrics
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
-from bridge.signals import (
-    MAX_ACTIONS,
-    PAUSE_TIMEOUT_MAX,
-    BadArgument,
-    SignalDispatcher,
-    notify_arguments,
-    signal_problem,
-)
+from bridge.job.session.signals import MAX_ACTIONS, PAUSE_TIMEOUT_MAX, BadArgument, SignalDispatcher, notify_arguments, signal_problem
 
 from .conftest import eventually
 from .simjobs import annotation, start_job
@@ -317,12 +310,12 @@ async def test_a_host_that_does_not_know_the_world_size_forwards_every_rank_clus
 
 async def test_unknown_actions_are_counted_as_unknown_in_one_line(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
     """Before: each unknown action was refused as unexpected_step, one warning each."""
-    caplog.set_level(logging.WARNING, logger="bridge.signals")
+    caplog.set_level(logging.WARNING, logger="bridge.job.session.signals")
     rig.send(signal("stopTrain", ["bogus-1", "stop_train", "bogus-2", "bogus-3"], faults={5: 1}))
     await eventually(lambda: rig.refused("unknown_action") == 3, what="three unknown actions counted")
     assert rig.module.names() == ["stop_train"]  # the known action still acted on
     assert rig.refused("unexpected_step") == 0
-    lines = [r for r in caplog.records if r.name == "bridge.signals"]
+    lines = [r for r in caplog.records if r.name == "bridge.job.session.signals"]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert "3 of 4" in lines[0].getMessage()
 
@@ -345,11 +338,11 @@ async def test_a_10000_action_signal_costs_one_line_and_the_next_stop_train_is_f
 
 async def test_refusal_lines_are_budgeted_across_signals(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
     """1 000 signals of unknown actions: every action counted, a handful of lines."""
-    caplog.set_level(logging.WARNING, logger="bridge.signals")
+    caplog.set_level(logging.WARNING, logger="bridge.job.session.signals")
     for i in range(1_000):
         rig.send(signal("stopTrain", ["bogus"] * MAX_ACTIONS, uuid=f"storm-{i}"))
     await eventually(lambda: rig.refused("unknown_action") == 1_000 * MAX_ACTIONS, 30, "every action counted")
-    lines = [r for r in caplog.records if r.name == "bridge.signals"]
+    lines = [r for r in caplog.records if r.name == "bridge.job.session.signals"]
     assert 1 <= len(lines) <= 10, len(lines)
 
 
@@ -423,7 +416,7 @@ async def test_a_10000_action_signal_does_not_delay_the_next_cycle(jobs: list[Si
     await annotation(job, timeout=20)
     assert refused(job, "too_many_actions") == 1
     assert "EXIT" not in job.training.states()
-    signal_lines = sum(len(r.getMessage()) for r in caplog.records if r.name == "bridge.signals")
+    signal_lines = sum(len(r.getMessage()) for r in caplog.records if r.name == "bridge.job.session.signals")
     assert signal_lines < 2_000, signal_lines
 
 
@@ -486,7 +479,7 @@ def test_an_external_controllers_wait_is_read_as_the_controller_reads_it(monkeyp
                                                                          raw: str, read: int) -> None:
     """The seed API's controller is started by its caller, who never exported the bridge's
     config: its flow gate takes the wait the controller itself read at init."""
-    from bridge.controller import wait_time_from_environment
+    from bridge.job.host.controller import wait_time_from_environment
 
     monkeypatch.setenv("MINDIO_WAIT_MINDX_TIME", raw)
     assert wait_time_from_environment() == read
@@ -494,12 +487,12 @@ def test_an_external_controllers_wait_is_read_as_the_controller_reads_it(monkeyp
 
 async def test_bad_argument_lines_are_budgeted_too(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
     """Every refused or corrected argument is counted; their log lines share the budget."""
-    caplog.set_level(logging.WARNING, logger="bridge.signals")
+    caplog.set_level(logging.WARNING, logger="bridge.job.session.signals")
     for i in range(200):
         rig.send(signal("stopTrain", ["pause_train"] * MAX_ACTIONS, uuid=f"bad-{i}", timeout=-1))
     await eventually(lambda: rig.refused("bad_argument") == 200 * MAX_ACTIONS, 30, "every bad pause counted")
     assert rig.metrics.sample("tft_bridge_bad_inputs_total", {"kind": "signal_argument"}) == 200 * MAX_ACTIONS
-    lines = [r for r in caplog.records if r.name == "bridge.signals"]
+    lines = [r for r in caplog.records if r.name == "bridge.job.session.signals"]
     assert 1 <= len(lines) <= 10, len(lines)
     assert rig.module.calls == []
 

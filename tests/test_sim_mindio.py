@@ -222,9 +222,9 @@ async def test_a_bridge_configured_with_a_wait_gives_the_controller_that_wait(mo
     killed). Failed until the bridge exported the value before tft_init_controller."""
     import asyncio
 
-    from bridge.config import build_config
-    from bridge.daemon import Bridge
-    from bridge.systemd import Notifier
+    from bridge.core.config import build_config
+    from bridge.job.daemon import Bridge
+    from bridge.core.systemd import Notifier
 
     monkeypatch.delenv("MINDIO_WAIT_MINDX_TIME")  # the operator set it in the TOML only
     config = build_config({

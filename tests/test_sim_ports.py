@@ -1,4 +1,4 @@
-"""The ports the simulations and the node service listen on (bridge/ports.py's ``free_port``): outside
+"""The ports the simulations and the node service listen on (bridge/core/listen_ports.py's ``free_port``): outside
 the kernel's ephemeral range, where an outgoing connection of a busy test run took a
 port between its probe and the stub controller's bind (SystemExit 2 at start-up)."""
 
@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from bridge import ports as port_picker
-from bridge.ports import free_port
+from bridge.core import listen_ports as port_picker
+from bridge.core.listen_ports import free_port
 
 
 def test_a_free_port_is_never_one_an_outgoing_connection_could_take() -> None:

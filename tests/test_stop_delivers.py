@@ -5,14 +5,14 @@ the restarted ranks), the real controller reports ``report_result(406, ...)`` wh
 destroy blocks. The bridge used to stop the outbox and the session before destroying the
 controller, so that 406 was dropped at shutdown and ClusterD waited out its own timeout
 for a result the controller had given. ``Link.stop`` now destroys first, with the
-session and the outbox running, and drains afterwards (bridge/link.py).
+session and the outbox running, and drains afterwards (bridge/job/assembly.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from bridge.daemon import EXIT_OK
+from bridge.job.daemon import EXIT_OK
 from bridge.sim.clusterd import SimJob
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob

@@ -6,7 +6,7 @@ import os
 import socket
 from pathlib import Path
 
-from bridge.systemd import Notifier
+from bridge.core.systemd import Notifier
 
 
 def test_notify_to_path_socket(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import ClusterDConfig, ControllerConfig, load_config
+from bridge.core.config import ClusterDConfig, ControllerConfig, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "tft-bridge@.service"
@@ -177,7 +177,7 @@ def test_notify_and_watchdog(unit: dict[str, list[tuple[str, str]]]) -> None:
 
 
 def test_restart_policy_matches_the_exit_codes(unit: dict[str, list[tuple[str, str]]]) -> None:
-    from bridge.daemon import EXIT_CONFIG, EXIT_CONTROLLER_ENDED, EXIT_RESCHEDULED
+    from bridge.job.daemon import EXIT_CONFIG, EXIT_CONTROLLER_ENDED, EXIT_RESCHEDULED
 
     assert last(unit, "Service", "Restart") == "on-failure"
     forced = " ".join(values(unit, "Service", "RestartForceExitStatus")).split()
@@ -226,7 +226,7 @@ def test_timeouts_cover_start_up_and_stop(unit: dict[str, list[tuple[str, str]]]
     assert seconds(last(unit, "Service", "TimeoutStopSec")) >= 5 + destroy + 10
     # The bridge's own bound on a whole stop (it exits past it, whatever the controller
     # does) ends before systemd's SIGKILL, which would skip the log flush.
-    from bridge.daemon import stop_budget
+    from bridge.job.daemon import stop_budget
 
     assert stop_budget(load_config(EXAMPLE, env={})) + 5 <= seconds(last(unit, "Service", "TimeoutStopSec"))
     # The default destroy bound covers the real destroy (1-5 s, about 5 s typical) with room.
@@ -259,9 +259,9 @@ def syscall_group(name: str, seen: set[str] | None = None) -> set[str]:
 
 @needs_systemd_analyze
 def test_the_report_path_threads_may_set_their_own_policy_and_cpus(unit: dict[str, list[tuple[str, str]]]) -> None:
-    """The report path's threads call sched_setscheduler (bridge/realtime.py, the
+    """The report path's threads call sched_setscheduler (bridge/job/sched/realtime.py, the
     wire's SCHED_BATCH), and the controller's callback thread and the wire's thread
-    sched_setaffinity (bridge/affinity.py); @resources holds both calls, and the unit
+    sched_setaffinity (bridge/job/sched/affinity.py); @resources holds both calls, and the unit
     denies @resources. Applied in systemd's order (the first line sets allow-list mode,
     later lines add or remove), both must end up allowed, and nothing else of @resources
     with them."""

@@ -40,7 +40,7 @@ def version(*, pythonpath: Path | None = None, env: dict[str, str] | None = None
 def test_report_names_codec_python_and_platform() -> None:
     report = version()
     if bridge.faults.IMPLEMENTATION == "c":
-        assert report["codec"].startswith("compiled (") and "_faults_c" in report["codec"]
+        assert report["codec"].startswith("compiled (") and "faults/_c." in report["codec"]
     else:
         assert report["codec"].startswith("pure Python (") and "reason unknown" not in report["codec"]
     python = report["python"]
@@ -67,7 +67,7 @@ def test_pure_python_because_the_extension_failed_names_its_error() -> None:
 import sys
 class Broken:
     def find_spec(self, name, path=None, target=None):
-        if name == "bridge._faults_c":
+        if name == "bridge.faults._c":
             raise ImportError("undefined symbol: PyFake_Missing (simulated)")
 sys.meta_path.insert(0, Broken())
 import warnings
@@ -76,7 +76,7 @@ from bridge.cli import main
 main(["--version"])
 """
     report = version(code=code)
-    assert report["codec"] == ("pure Python (the compiled codec bridge._faults_c failed to import: "
+    assert report["codec"] == ("pure Python (the compiled codec bridge.faults._c failed to import: "
                                "undefined symbol: PyFake_Missing (simulated))")
 
 

@@ -1,4 +1,4 @@
-"""The report wire (bridge/wire.py): one thread owns the outbox and the report channel.
+"""The report wire (bridge/job/reports/relay.py): one thread owns the outbox and the report channel.
 
 The behaviours the outbox, the report lane and the chained calls were held to, on the
 one component that replaces them: callback order, one call at a time, the next report
@@ -25,12 +25,12 @@ from concurrent import futures
 from types import SimpleNamespace
 
 from bridge._proto import recover_pb2 as pb
-from bridge.backoff import Backoff
-from bridge.codes import Code
-from bridge.metrics import BridgeMetrics
+from bridge.core.backoff import Backoff
+from bridge.job.session.codes import Code
+from bridge.job.metrics import BridgeMetrics
 from bridge.sim.scenario import free_port
-from bridge import wire as wire_module
-from bridge.wire import Cycles, Taken, Wire
+from bridge.job.reports import relay as wire_module
+from bridge.job.reports.relay import Cycles, Taken, Wire
 
 from .conftest import eventually, eventually_sync, recover_server
 
@@ -419,8 +419,8 @@ async def test_the_wire_is_realtime_from_the_write_until_it_waits_for_callbacks_
         events.append(("promote", threading.get_ident()))
         return True
 
-    monkeypatch.setattr("bridge.wire.realtime.promote", promote)
-    monkeypatch.setattr("bridge.wire.realtime.batch_policy", lambda: events.append(("batch", threading.get_ident())) or True)
+    monkeypatch.setattr("bridge.job.reports.relay.realtime.promote", promote)
+    monkeypatch.setattr("bridge.job.reports.relay.realtime.batch_policy", lambda: events.append(("batch", threading.get_ident())) or True)
     async with running_wire(address) as (wire, listener):
         assert wire.after_send, "this grpcio has no channel object to wrap: the wire is promoted before the write"
         me = wire._thread.ident
@@ -437,7 +437,7 @@ async def test_a_report_that_is_never_sent_never_promotes_the_wire(
         clusterd: tuple[ClusterD, str], monkeypatch: pytest.MonkeyPatch) -> None:
     fake, address = clusterd
     promoted: list[int] = []
-    monkeypatch.setattr("bridge.wire.realtime.promote", lambda priority, thread: promoted.append(priority) or True)
+    monkeypatch.setattr("bridge.job.reports.relay.realtime.promote", lambda priority, thread: promoted.append(priority) or True)
     async with running_wire(address) as (wire, listener):
         await eventually(lambda: wire.batch_policy, what="the wire started")
         callback(wire, "report_stop_complete", "not a code", "", {})  # malformed: not sent
@@ -476,8 +476,8 @@ async def test_back_to_back_callbacks_lose_no_report(clusterd: tuple[ClusterD, s
 
 
 def test_the_loop_answers_a_malformed_report_499_and_counts_it() -> None:
-    from bridge.flow import ControllerFlow
-    from bridge.reports import ReportPath
+    from bridge.job.reports.controller_flow import ControllerFlow
+    from bridge.job.reports.ledger import ReportPath
 
     metrics = BridgeMetrics()
     path = ReportPath(JOB, ControllerFlow(), SimpleNamespace(), metrics, fill=lambda pending, payload: None,  # type: ignore[arg-type]
@@ -549,7 +549,7 @@ class _MadeCallables:
 async def test_the_wire_makes_its_four_callables_before_the_first_report(clusterd: tuple[ClusterD, str]) -> None:
     """Made inside a job's first report of each kind, a callable held that report back
     on the real peers: the wire makes all four as it starts, and none while it reports."""
-    from bridge.reporttypes import REPORT_METHODS
+    from bridge.job.reports.kinds import REPORT_METHODS
 
     fake, address = clusterd
     fake.release.set()

@@ -26,8 +26,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..interrupts import capture_signals
-from ..logs import setup_logging
+from bridge.core.interrupts import capture_signals
+from bridge.core.logs import setup_logging
 
 log = logging.getLogger("tft_bridge.node")
 
@@ -64,7 +64,7 @@ def check_node_name(api: Any, name: str, source: str) -> str | None:
     """The problem with ``name`` as this node's name (None: the API server has that Node,
     or could not be asked now: then a warning, and the service starts; its watch retries).
     ``api`` is a ``PodApi``; ``source`` says where the name came from."""
-    from ..platform.kube import KubeError, NotFound
+    from bridge.core.kube import KubeError, NotFound
 
     try:
         api.node(name)
@@ -80,7 +80,7 @@ def check_node_name(api: Any, name: str, source: str) -> str | None:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from .config import NodeConfigError, load_node_config, node_config_warnings
+    from bridge.node.config import NodeConfigError, load_node_config, node_config_warnings
 
     try:
         config = load_node_config(args.config)
@@ -95,11 +95,11 @@ def cmd_node(args: argparse.Namespace) -> int:
         return 0
     setup_logging(args.log_level or config.log_level)
     # urllib3 logs each of its own quick connect retries as a WARNING; the pod watch says the
-    # same in one line per retry of its own (bridge/platform/watcher.py)
+    # same in one line per retry of its own (bridge/core/kube_watch.py)
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     for line in warnings:
         log.warning("%s", line)
-    from .launcher import choose_launcher, sandbox_problems
+    from bridge.node.launcher import choose_launcher, sandbox_problems
 
     launcher = choose_launcher(config.node.launcher, child_env())
     if launcher.kind == "systemd" or os.environ.get("INVOCATION_ID"):
@@ -112,14 +112,14 @@ def cmd_node(args: argparse.Namespace) -> int:
             for line in problems:
                 log.error("%s", line)
             return 2
-    from ..metrics_http import MetricsServer
-    from ..platform.kube import MissingClient, api_client
-    from ..systemd import Notifier
-    from .kube import PodApi
-    from .metrics import BridgeSeries, NodeMetrics
-    from .service import NodeService
+    from bridge.core.metrics_http import MetricsServer
+    from bridge.core.kube import MissingClient, api_client
+    from bridge.core.systemd import Notifier
+    from bridge.node.kube import PodApi
+    from bridge.node.metrics import BridgeSeries, NodeMetrics
+    from bridge.node.service import NodeService
 
-    from .kube import credentials_problem
+    from bridge.node.kube import credentials_problem
 
     k = config.kubernetes
     problem = credentials_problem(k.kubeconfig, k.context, k.server, args.config)

@@ -3,7 +3,7 @@
 
 ``[node]``, ``[kubernetes]`` and ``[metrics]`` configure the service itself; ``[bridge]``
 is the template of every job's bridge configuration, in the job file's own sections
-(``[bridge.clusterd]`` TLS, ``[bridge.hooks]``, ``[bridge.recorder]``, ...). The keys the
+(``[bridge.job.session.clusterd]`` TLS, ``[bridge.job.session.node_hooks]``, ``[bridge.job.recorder]``, ...). The keys the
 node service derives from the pod (the job id, the controller's address, port and world
 size, the process-recovery switches, the state directory and the per-job metrics
 endpoint) are refused in ``[bridge]``: one job's value there would be wrong for every
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, build_config, host_problem, read_toml
-from .selector import selector_problem
+from bridge.core.config import ConfigError, build_config, host_problem, read_toml
+from bridge.node.selector import selector_problem
 
 #: The opt-in label a job's pods carry (contrib/kubernetes/ascendjob-fragment.yaml).
 DEFAULT_SELECTOR = "tft-bridge/enabled=true"

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import BridgeConfig, build_config
-from ..ranktable import write_atomically
-from .podspec import JobSpec
+from bridge.core.config import BridgeConfig, build_config
+from bridge.core.files import write_atomically
+from bridge.node.podspec import JobSpec
 
 CONFIG_NAME = "bridge.toml"
 

@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..ranktable import write_atomically
-from .procs import start_ticks
+from bridge.core.files import write_atomically
+from bridge.node.procs import start_ticks
 
 EXIT_FILE = "exit.json"
 CHILD_FILE = "child.json"

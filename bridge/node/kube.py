@@ -4,7 +4,7 @@ As MindCluster's own node daemons do (device-plugin, NodeD), the service learns 
 node's pods by a list + watch with ``fieldSelector=spec.nodeName=<node>``; the opt-in
 label selector narrows it to the jobs that asked for a bridge. Pods arrive as plain
 dicts in the API's own shape (the client's JSON, not its models), like PodGroups do in
-``bridge/platform/kube.py``, whose error classes and watch stream this reuses.
+``bridge/core/kube.py``, whose error classes and watch stream this reuses.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..platform.kube import BoundedApi, WatchStream, _kubernetes, classify, open_watch, watch_arguments
+from bridge.core.kube import BoundedApi, WatchStream, kubernetes_module, classify, open_watch, watch_arguments
 
 COMPONENT = "tft-bridge-node"
 
@@ -49,7 +49,7 @@ class CoreV1Calls:
         response = self._client.call_api(*request, _request_timeout=_request_timeout)
         if not 200 <= response.status <= 299:
             response.read()
-            raise _kubernetes().client.exceptions.ApiException.from_response(http_resp=response, body=None,
+            raise kubernetes_module().client.exceptions.ApiException.from_response(http_resp=response, body=None,
                                                                              data=None)
         return response.response
 

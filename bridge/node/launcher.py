@@ -38,9 +38,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Protocol
 
-from ..state import safe_component
-from .keeper import CHILD_FILE, EXIT_FILE, write_json
-from .procs import alive, boot_id, start_ticks
+from bridge.core.state_dir import safe_component
+from bridge.node.keeper import CHILD_FILE, EXIT_FILE, write_json
+from bridge.node.procs import alive, boot_id, start_ticks
 
 log = logging.getLogger("tft_bridge.node.launcher")
 
@@ -93,7 +93,7 @@ class BridgeProcess(Protocol):
         """None while the bridge runs; else its exit code (128 + signal; UNKNOWN_EXIT)."""
 
     def terminate(self) -> None:
-        """SIGTERM to the bridge: its own bounded stop follows (bridge/daemon.py)."""
+        """SIGTERM to the bridge: its own bounded stop follows (bridge/job/daemon.py)."""
 
 
 class Launcher(Protocol):

@@ -25,8 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from .._version import __version__
-from .podspec import IGNORED_REASONS, REASONS
+from bridge._version import __version__
+from bridge.node.podspec import IGNORED_REASONS, REASONS
 
 log = logging.getLogger("tft_bridge.node.metrics")
 

@@ -15,7 +15,7 @@ dicts. The facts each rule rests on (MindCluster's source):
   absent for some jobs (vNPU, dynamic cut), then nothing is guessed.
 * ``LOCAL_PROXY_ENABLE=on`` (exactly): ClusterD is reached through its node-local proxy,
   ``127.0.0.1:8899``, whatever ``MINDX_SERVER_IP`` says; ``HCCL_CONNECT_TIMEOUT`` sets
-  the pause timeout as TaskD derives it (``bridge.config.pause_timeout_from_hccl``).
+  the pause timeout as TaskD derives it (``bridge.core.config.pause_timeout_from_hccl``).
 * A pod is created without a status; the kubelet writes ``status.hostIP`` once it runs
   the pod. A pod without it yet is waited for (``HostIpPending``), not refused.
 * The ranks dial ``PROCESSOR_ADDR`` (the ``<job>-master-0`` Service, which selects pod 0)
@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import LOCAL_PROXY_ADDRESS, pause_timeout_from_hccl
+from bridge.core.config import LOCAL_PROXY_ADDRESS, pause_timeout_from_hccl
 
 #: The reasons a job that opted in gets no bridge (label values of the refusal metric,
 #: the Event's message prefix; docs/node-service.md lists each one).
@@ -212,7 +212,7 @@ def evaluate(pod: Mapping[str, Any], *, host_ip: str, clusterd_address: str,
     (a worker pod, a pod that does not say its rank).
 
     ``host_ip``: the node's configured IP ("" = the pod's ``status.hostIP``);
-    ``clusterd_address``: the node's ``bridge.clusterd.address`` ("" = from the pod)."""
+    ``clusterd_address``: the node's ``bridge.job.session.clusterd.address`` ("" = from the pod)."""
     env, unreadable = job_container_env(pod)
     framework = framework_of(env)
     m = meta(pod)
@@ -251,7 +251,7 @@ def evaluate(pod: Mapping[str, Any], *, host_ip: str, clusterd_address: str,
     if hidden:
         return refuse("bad_value", f"{', '.join(hidden)} come from a source the node service does not read "
                                    f"(ConfigMap, Secret or resource field): give them as values")
-    # As the bridge reads them (bridge/config.py): MS_WORKER_NUM where WORLD_SIZE is absent or empty.
+    # As the bridge reads them (bridge/core/config.py): MS_WORKER_NUM where WORLD_SIZE is absent or empty.
     size_name = "MS_WORKER_NUM" if not env.get("WORLD_SIZE") and "MS_WORKER_NUM" in env else \
         "WORLD_SIZE" if "WORLD_SIZE" in env else ""
     if not size_name:
@@ -291,14 +291,14 @@ def evaluate(pod: Mapping[str, Any], *, host_ip: str, clusterd_address: str,
     if not address:
         server = env.get("MINDX_SERVER_IP", "").strip()
         if not server:
-            return refuse("no_clusterd", "no MINDX_SERVER_IP in the pod and no bridge.clusterd.address "
+            return refuse("no_clusterd", "no MINDX_SERVER_IP in the pod and no bridge.job.session.clusterd.address "
                                          "in the node's configuration")
         ip = _ip_literal(server)
         if ip is None:
             ip = resolve(server)
             if ip is None:
                 return refuse("clusterd_unresolvable", f"MINDX_SERVER_IP {server!r} is a name this host cannot "
-                                                       f"resolve; set bridge.clusterd.address on the node")
+                                                       f"resolve; set bridge.job.session.clusterd.address on the node")
         address = f"[{ip}]:{CLUSTERD_PORT}" if ":" in ip else f"{ip}:{CLUSTERD_PORT}"
     labels = m.get("labels") or {}
     return JobSpec(job_id=job_id, pod_uid=uid, namespace=str(m.get("namespace") or ""),

@@ -46,23 +46,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError
-from ..platform.kube import KubeError, NotFound
-from ..platform.watcher import Changed, Delivery, Listed, PodGroupWatcher
-from ..ports import free_port, release
-from ..state import safe_component
-from ..systemd import Notifier
-from .config import NodeConfig
-from .jobconfig import job_raw, validated, write_job_config
-from .kube import PodApi
-from .launcher import UNKNOWN_EXIT, BridgeProcess, Launcher, Record, adopt_launcher, records
-from .metrics import NodeMetrics, Target, read_sample
-from .podspec import HostIpPending, Ignored, JobSpec, Refusal, evaluate, is_terminal, meta, pod_uid
+from bridge.core.config import ConfigError
+from bridge.core.kube import KubeError, NotFound
+from bridge.core.kube_watch import Changed, Delivery, Listed, PodGroupWatcher
+from bridge.core.listen_ports import free_port, release
+from bridge.core.state_dir import safe_component
+from bridge.core.systemd import Notifier
+from bridge.node.config import NodeConfig
+from bridge.node.jobconfig import job_raw, validated, write_job_config
+from bridge.node.kube import PodApi
+from bridge.node.launcher import UNKNOWN_EXIT, BridgeProcess, Launcher, Record, adopt_launcher, records
+from bridge.node.metrics import NodeMetrics, Target, read_sample
+from bridge.node.podspec import HostIpPending, Ignored, JobSpec, Refusal, evaluate, is_terminal, meta, pod_uid
 
 log = logging.getLogger("tft_bridge.node")
 
-EXIT_RESCHEDULED = 75  # bridge/daemon.py: killMaster
-EXIT_CONTROLLER_ENDED = 76  # bridge/daemon.py: the controller ended on its own
+EXIT_RESCHEDULED = 75  # bridge/job/daemon.py: killMaster
+EXIT_CONTROLLER_ENDED = 76  # bridge/job/daemon.py: the controller ended on its own
 EXIT_CONFIG = 2
 RANKS_GAUGE = "tft_bridge_controller_ranks_connected"
 #: The bridge keys a pod's variables become, to name them in a refusal.

@@ -53,6 +53,6 @@ view), ``confirm`` (fault strings in and out), ``policy`` (the TOML rules), ``cy
 
 from __future__ import annotations
 
-from .cli import add_platform_parser, cmd_platform
+from bridge.platform.cli import add_platform_parser, cmd_platform
 
 __all__ = ["add_platform_parser", "cmd_platform"]

@@ -30,15 +30,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from . import cycle
-from .annotations import CONFIRM, RANK_TABLE_READY, PodGroupView, resource_version_newer
-from .confirm import read_confirm, result_for
-from .kube import Conflict, KubeError, NotFound, PodGroupApi, RequestFailed
-from .metrics import PlatformMetrics
-from .policy import Policy, Situation, decide
-from .sources import FaultSource, FaultSourceError, NoFaults, ask
-from ..backoff import Backoff
-from .watcher import Changed, Delivery, Listed, PodGroupWatcher
+from bridge.platform import cycle
+from bridge.platform.annotations import CONFIRM, RANK_TABLE_READY, PodGroupView, resource_version_newer
+from bridge.platform.confirm import read_confirm, result_for
+from bridge.core.kube import Conflict, KubeError, NotFound, RequestFailed
+from bridge.platform.podgroup_api import PodGroupApi
+from bridge.platform.metrics import PlatformMetrics
+from bridge.platform.policy import Policy, Situation, decide
+from bridge.platform.sources import FaultSource, FaultSourceError, NoFaults, ask
+from bridge.core.backoff import Backoff
+from bridge.core.kube_watch import Changed, Delivery, Listed, PodGroupWatcher
 
 log = logging.getLogger("tft_bridge.platform")
 

@@ -16,8 +16,8 @@ import signal
 import sys
 from typing import Any
 
-from ..interrupts import capture_signals
-from ..logs import setup_logging
+from bridge.core.interrupts import capture_signals
+from bridge.core.logs import setup_logging
 
 log = logging.getLogger("tft_bridge.platform")
 
@@ -63,7 +63,7 @@ def add_platform_parser(subparsers: Any) -> None:
 
 
 def cmd_platform(args: argparse.Namespace) -> int:
-    from .policy import PolicyError, load_policy
+    from bridge.platform.policy import PolicyError, load_policy
 
     try:
         policy = load_policy(args.policy)
@@ -78,14 +78,15 @@ def cmd_platform(args: argparse.Namespace) -> int:
             print(f"--{option.replace('_', '-')} must be positive", file=sys.stderr)
             return 2
 
-    from .sources import load_fault_source
+    from bridge.platform.sources import load_fault_source
 
     try:
         source = load_fault_source(args.fault_source)
     except ValueError as error:
         print(f"tft-bridge platform: {error}", file=sys.stderr)
         return 2
-    from .kube import MissingClient, PodGroupApi, api_client
+    from bridge.core.kube import MissingClient, api_client
+    from bridge.platform.podgroup_api import PodGroupApi
 
     try:
         client = api_client(args.kubeconfig, args.context, args.server)
@@ -95,9 +96,9 @@ def cmd_platform(args: argparse.Namespace) -> int:
     except Exception as error:  # kubeconfig or in-cluster configuration problems
         print(f"tft-bridge platform: no Kubernetes configuration: {error}", file=sys.stderr)
         return 1
-    from .agent import AgentSettings, PlatformAgent
-    from ..metrics_http import MetricsServer
-    from .metrics import PlatformMetrics
+    from bridge.platform.agent import AgentSettings, PlatformAgent
+    from bridge.core.metrics_http import MetricsServer
+    from bridge.platform.metrics import PlatformMetrics
 
     setup_logging(args.log_level)
     metrics = PlatformMetrics()
@@ -123,7 +124,7 @@ def cmd_platform(args: argparse.Namespace) -> int:
 
 
 async def _serve(agent: Any, policy_path: str | None) -> int:
-    from .policy import PolicyError, load_policy
+    from bridge.platform.policy import PolicyError, load_policy
 
     def on_reload() -> None:
         if policy_path is None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 # ClusterD's text rules (its split of an annotation, Go's Atoi) have one home, the
 # reference codec; lenient parsing runs there whichever twin is active.
-from bridge._faults_py import clusterd_elements, go_atoi
+from bridge.faults._python import clusterd_elements, go_atoi
 from bridge.faults import LenientParse, format_faults, merge_faults, parse_faults
 
 #: The only form the agent ever writes (or the empty string).

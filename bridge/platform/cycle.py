@@ -45,20 +45,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .annotations import (
-    CONFIRM,
-    CONFIRM_STRATEGIES,
-    INTERIM_STATUSES,
-    RANK_TABLE_READY,
-    RESULT,
-    STATUS,
-    STATUSES,
-    STRATEGY,
-    PodGroupView,
-    resource_version_newer,
-)
-from .confirm import CANONICAL
-from .policy import Decision, Rules
+from bridge.platform.annotations import CONFIRM, CONFIRM_STRATEGIES, INTERIM_STATUSES, RANK_TABLE_READY, RESULT, STATUS, STATUSES, STRATEGY, PodGroupView, resource_version_newer
+from bridge.platform.confirm import CANONICAL
+from bridge.platform.policy import Decision, Rules
 
 
 class Kind(Enum):

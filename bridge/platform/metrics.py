@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from bridge import __version__
-from bridge.metrics import sample
+from bridge._version import __version__
+from bridge.core.metrics_http import sample
 
 #: ClusterD polls for the answer every 3 s and gives up after 300 s.
 ANSWER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120, 300)

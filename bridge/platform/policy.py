@@ -40,8 +40,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from ..config import ConfigError, read_toml
-from .annotations import FAULT_TIME_STRATEGIES
+from bridge.core.config import ConfigError, read_toml
+from bridge.platform.annotations import FAULT_TIME_STRATEGIES
 
 PREFERABLE = ("retry", "recover", "dump", "exit")
 RANK_TABLE_MODES = ("assert", "external", "never")

@@ -24,12 +24,12 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..interrupts import capture_signals
-from ..logs import setup_logging
+from bridge.core.interrupts import capture_signals
+from bridge.core.logs import setup_logging
 
 if TYPE_CHECKING:  # the gRPC server is imported only when the command runs
-    from .clusterd import SimClusterD
-    from .clusterd_timings import Timings
+    from bridge.sim.clusterd import SimClusterD
+    from bridge.sim.clusterd_timings import Timings
 
 log = logging.getLogger("tft_bridge.sim")
 
@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def timings_from(args: argparse.Namespace) -> Timings:
-    from .clusterd_timings import REAL
+    from bridge.sim.clusterd_timings import REAL
 
     table = REAL.scaled(args.time_scale) if args.time_scale != 1.0 else REAL
     chosen = {"keepalive_interval": args.keepalive, "global_fault_delay": args.phase_delay,
@@ -86,8 +86,8 @@ def timings_from(args: argparse.Namespace) -> Timings:
 
 def build(args: argparse.Namespace) -> SimClusterD:
     """The simulator the options describe (not started)."""
-    from .clusterd import SimClusterD, SimJob
-    from .clusterd_release import release
+    from bridge.sim.clusterd import SimClusterD, SimJob
+    from bridge.sim.clusterd_release import release
 
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     job = SimJob(args.job, world_size=args.world_size, devices_per_pod=args.devices_per_pod,
@@ -156,7 +156,7 @@ async def _read_commands(sim: SimClusterD, job_id: str) -> None:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    from .journal import Journal, JournalEntry
+    from bridge.sim.journal import Journal, JournalEntry
 
     sim = build(args)
 

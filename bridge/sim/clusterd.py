@@ -87,15 +87,15 @@ from bridge._proto import config_pb2_grpc, fault_pb2_grpc
 from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc as pb_grpc
 
-from . import clusterd_rules as rules
-from .clusterd_config import ConfigService, Publisher
-from .clusterd_fault import UCE_CODE, UCE_LEVEL, DeviceFaults, FaultService
-from .clusterd_job import JobConfig, JobController, SimJob
-from .clusterd_recover import RecoverService
-from .clusterd_release import MASTER, RELEASES, Release
-from .clusterd_timings import REAL, Timings
-from .clusterd_wire import fault_ranks
-from .journal import Journal, JournalEntry
+from bridge.sim import clusterd_rules as rules
+from bridge.sim.clusterd_config import ConfigService, Publisher
+from bridge.sim.clusterd_fault import UCE_CODE, UCE_LEVEL, DeviceFaults, FaultService
+from bridge.sim.clusterd_job import JobConfig, JobController, SimJob
+from bridge.sim.clusterd_recover import RecoverService
+from bridge.sim.clusterd_release import MASTER, RELEASES, Release
+from bridge.sim.clusterd_timings import REAL, Timings
+from bridge.sim.clusterd_wire import fault_ranks
+from bridge.sim.journal import Journal, JournalEntry
 
 __all__ = ["MASTER", "RELEASES", "REAL", "SERVER_OPTIONS", "Release", "Journal", "JournalEntry", "SimClusterD", "SimJob", "Timings"]
 

@@ -18,9 +18,9 @@ import grpc
 from bridge._proto import config_pb2
 from bridge._proto import config_pb2_grpc
 
-from .clusterd_channels import Subscriber
-from .clusterd_recover import grpc_code
-from .journal import Journal
+from bridge.sim.clusterd_channels import Subscriber
+from bridge.sim.clusterd_recover import grpc_code
+from bridge.sim.journal import Journal
 
 #: ClusterD's publisher buffers up to 1000 tables; newer ones are dropped beyond that.
 PUBLISHER_BUFFER = 1000

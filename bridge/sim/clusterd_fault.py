@@ -37,10 +37,10 @@ import grpc
 
 from bridge._proto import fault_pb2, fault_pb2_grpc
 
-from .clusterd_channels import next_item
-from .clusterd_job import SimJob
-from .clusterd_retry import RESTART_BUSINESS, record_code
-from .journal import Journal
+from bridge.sim.clusterd_channels import next_item
+from bridge.sim.clusterd_job import SimJob
+from bridge.sim.clusterd_retry import RESTART_BUSINESS, record_code
+from bridge.sim.journal import Journal
 
 
 class FaultHost(Protocol):

@@ -37,10 +37,10 @@ from typing import Any, NoReturn, Protocol
 
 from bridge._proto import recover_pb2 as pb
 
-from . import clusterd_rules as rules
-from .clusterd_channels import RECOVER_STATUS, RECOVER_STRATEGY
-from .clusterd_rules import FaultPair
-from .clusterd_timings import Timings
+from bridge.sim import clusterd_rules as rules
+from bridge.sim.clusterd_channels import RECOVER_STATUS, RECOVER_STRATEGY
+from bridge.sim.clusterd_rules import FaultPair
+from bridge.sim.clusterd_timings import Timings
 
 
 class SwitchHost(Protocol):

@@ -31,16 +31,15 @@ import grpc
 
 from bridge._proto import recover_pb2 as pb
 
-from . import clusterd_rules as rules
-from .clusterd_channels import (RECOVER_STATUS, RECOVER_STRATEGY, REPORT_KINDS, STOP_COMPLETE, OmChannels, Outgoing,
-                                ReportSlot, Subscriber)
-from .clusterd_hot_switch import HotSwitch
-from .clusterd_platform import Platform
-from .clusterd_rules import FaultCache, FaultPair
-from .clusterd_release import Release
-from .clusterd_retry import RetryRecords
-from .clusterd_timings import Timings
-from .clusterd_wire import faults_detail, make_signal
+from bridge.sim import clusterd_rules as rules
+from bridge.sim.clusterd_channels import RECOVER_STATUS, RECOVER_STRATEGY, REPORT_KINDS, STOP_COMPLETE, OmChannels, Outgoing, ReportSlot, Subscriber
+from bridge.sim.clusterd_hot_switch import HotSwitch
+from bridge.sim.clusterd_platform import Platform
+from bridge.sim.clusterd_rules import FaultCache, FaultPair
+from bridge.sim.clusterd_release import Release
+from bridge.sim.clusterd_retry import RetryRecords
+from bridge.sim.clusterd_timings import Timings
+from bridge.sim.clusterd_wire import faults_detail, make_signal
 
 log = logging.getLogger("bridge.sim.clusterd")
 

@@ -39,12 +39,12 @@ import grpc
 
 from bridge._proto import recover_pb2 as pb
 
-from . import clusterd_rules as rules
-from .clusterd_channels import next_item
-from .clusterd_job import CLIENT_ERROR, RECOVER_STATUS, STOP_COMPLETE, CycleEnded, JobController
+from bridge.sim import clusterd_rules as rules
+from bridge.sim.clusterd_channels import next_item
+from bridge.sim.clusterd_job import CLIENT_ERROR, RECOVER_STATUS, STOP_COMPLETE, CycleEnded, JobController
 
 if TYPE_CHECKING:
-    from .clusterd_job import SimJob
+    from bridge.sim.clusterd_job import SimJob
 
 OM_IS_RUNNING = 411
 OM_PARAM_INVALID = 413

@@ -19,7 +19,7 @@ component/clusterd, the same in v7.3.2), each wait polling every ``timings.platf
 
 The rules themselves (how the strategy is read, the confirm refusal, the merge, the
 rank-table reading, the veto) are :mod:`bridge.sim.clusterd_rules`'s, shared with the
-PodGroup-store simulation :mod:`bridge.platform.sim.clusterd`. This module owns only the
+PodGroup-store simulation :mod:`bridge.sim.kube.podgroup_clusterd`. This module owns only the
 waits and what they journal: ``platform`` entries named as the real log lines the
 differential reads (``wait-strategy``: "start wait plat strategy ready"; ``strategy``:
 "finish wait plat strategy"; ``merge``: "plat merge faults"; ``confirm``: "plat confirm
@@ -33,9 +33,9 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from . import clusterd_rules as rules
-from .clusterd_rules import FaultPair
-from .clusterd_timings import Timings
+from bridge.sim import clusterd_rules as rules
+from bridge.sim.clusterd_rules import FaultPair
+from bridge.sim.clusterd_timings import Timings
 
 T = TypeVar("T")
 

@@ -20,13 +20,13 @@ import grpc
 from bridge._proto import recover_pb2 as pb
 from bridge._proto import recover_pb2_grpc as pb_grpc
 
-from .clusterd_channels import Outgoing, Subscriber
-from .clusterd_om import OmService
-from .clusterd_job import RECOVER_STATUS, RECOVER_STRATEGY, STOP_COMPLETE, JobConfig, JobController, SimJob
-from .clusterd_release import Release
-from .clusterd_timings import Timings
-from .clusterd_wire import fault_pairs, request_detail, signal_detail
-from .journal import Journal
+from bridge.sim.clusterd_channels import Outgoing, Subscriber
+from bridge.sim.clusterd_om import OmService
+from bridge.sim.clusterd_job import RECOVER_STATUS, RECOVER_STRATEGY, STOP_COMPLETE, JobConfig, JobController, SimJob
+from bridge.sim.clusterd_release import Release
+from bridge.sim.clusterd_timings import Timings
+from bridge.sim.clusterd_wire import fault_pairs, request_detail, signal_detail
+from bridge.sim.journal import Journal
 
 
 class RecoverHost(Protocol):

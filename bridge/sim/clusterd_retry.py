@@ -33,9 +33,9 @@ import asyncio
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
-from . import clusterd_rules as rules
-from .clusterd_rules import FaultPair
-from .clusterd_timings import Timings
+from bridge.sim import clusterd_rules as rules
+from bridge.sim.clusterd_rules import FaultPair
+from bridge.sim.clusterd_timings import Timings
 
 #: the job's fault list names a business-reported retry fault with these (ClusterD's constants)
 UCE_CODE, HCCL_RETRY_CODE, RESTART_BUSINESS = "80E01801", "8C1F860B", "RestartBusiness"

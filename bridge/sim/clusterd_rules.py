@@ -2,7 +2,7 @@
 
 One home for every rule of the real server that the simulated ClusterD
 (:mod:`bridge.sim.clusterd`) and the simulated platform-mode ClusterD
-(:mod:`bridge.platform.sim.clusterd`) apply: the fault merge rule
+(:mod:`bridge.sim.kube.podgroup_clusterd`) apply: the fault merge rule
 (``RemoveSliceDuplicateFaults``: a type-"1" entry is sticky, between "0" and "2" the later
 wins), Go's whitespace set (``strings.TrimSpace``), Go's ``strconv.Atoi`` with its int64
 range check, the "rank:type" string parser (``String2Faults``), same-pod expansion and

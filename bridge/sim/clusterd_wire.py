@@ -12,7 +12,7 @@ from typing import Any
 
 from bridge._proto import recover_pb2 as pb
 
-from .clusterd_rules import FaultPair, is_canonical_pair
+from bridge.sim.clusterd_rules import FaultPair, is_canonical_pair
 
 
 def fault_pairs(ranks: Iterable[pb.FaultRank]) -> list[FaultPair]:

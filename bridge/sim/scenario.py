@@ -11,15 +11,15 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..config import BridgeConfig, build_config
-from ..daemon import Bridge
-from ..metrics import BridgeMetrics
-from ..ports import free_port
-from ..systemd import Notifier
-from . import mindio_ttp
-from .clusterd import SimClusterD, SimJob
-from .clusterd_release import MASTER, Release
-from .clusterd_timings import FAST, Timings
+from bridge.core.config import BridgeConfig, build_config
+from bridge.job.daemon import Bridge
+from bridge.job.metrics import BridgeMetrics
+from bridge.core.listen_ports import free_port
+from bridge.core.systemd import Notifier
+from bridge.sim import mindio_ttp
+from bridge.sim.clusterd import SimClusterD, SimJob
+from bridge.sim.clusterd_release import MASTER, Release
+from bridge.sim.clusterd_timings import FAST, Timings
 
 
 class SimulatedJob:
@@ -72,7 +72,7 @@ class SimulatedJob:
                            "world_size": self.job.world_size, "enable_arf": enable_arf,
                            "enable_zit": enable_zit, "wait_mindx_time": max(1, int(wait_time)),
                            "destroy_timeout": 10.0,
-                           # The orphaned-job marker (bridge/orphan.py) in a directory of
+                           # The orphaned-job marker (bridge/job/session/orphan.py) in a directory of
                            # this job's own, never /var/lib/tft-bridge: a test that stops
                            # mid-job must not make the next one report an orphaned job.
                            "state_directory": self._state_dir.name,

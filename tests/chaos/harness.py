@@ -47,8 +47,8 @@ def job_spec() -> SimJob:
 def recorded_successes(state_dir: str) -> int:
     """The successful retry/recover cycles the flight recorder under ``state_dir`` holds
     (0 when it has no store yet): what ``tft-bridge history`` would show an operator."""
-    from bridge.recorder.history import find_store
-    from bridge.recorder.store import last_cycles, open_reader
+    from bridge.job.recorder.history import find_store
+    from bridge.job.recorder.store import last_cycles, open_reader
 
     try:
         db = open_reader(find_store(state_dir, None))
@@ -181,7 +181,7 @@ class DaemonHarness(InProcessStub, Harness):
         self._stopped: tuple[int | None, float] | None = None
 
     async def start(self) -> None:
-        from bridge.daemon import stop_budget
+        from bridge.job.daemon import stop_budget
 
         upstream = await self.sim.start("127.0.0.1:0")
         self.proxy = FreezableProxy(self.job.config.clusterd.address, upstream)
@@ -274,8 +274,7 @@ class SeedHarness(InProcessStub, Harness):
 
     def _launch(self, address: str) -> None:
         """As a launcher following the seed documentation writes it."""
-        from bridge.recover_manager import (DLRecoverManager, pb, report_process_fault, report_recover_status,
-                                            report_recover_strategy, report_stop_complete)
+        from bridge.recover_manager import DLRecoverManager, pb, report_process_fault, report_recover_status, report_recover_strategy, report_stop_complete
 
         import mindio_ttp.controller_ttp as ttp  # the stub, installed above
 

@@ -16,7 +16,7 @@ from bridge.sim.mindio_ttp import Record
 
 from .schedule import RPC_TIMEOUT, Schedule
 
-#: The exit codes docs/runbook.md ("Exit codes of the unit") and bridge/daemon.py document.
+#: The exit codes docs/runbook.md ("Exit codes of the unit") and bridge/job/daemon.py document.
 DOCUMENTED_EXIT_CODES = frozenset({0, 1, 2, 75, 76})
 #: A stop the runner asked for ends with 0, or 76 when the controller had ended first.
 REQUESTED_STOP_CODES = frozenset({0, 76})
@@ -160,7 +160,7 @@ def _wider_cycle(obs: Observation) -> tuple[JournalEntry, set[int], set[int]] | 
 def cycle_wider_than_offered(obs: Observation) -> str | None:
     """Why a cycle ClusterD restarted could not be repaired, or None: its globalFault came
     while the controller waited for change_strategy (so the bridge answered it from the
-    controller's strategies, bridge/resume.py) and named ranks beyond those the controller
+    controller's strategies, bridge/job/session/resume.py) and named ranks beyond those the controller
     offered them for. A controller cannot be told more ranks then (a second on_global_rank
     sends it to EXIT; docs/mindio-controller.md), and a repair of fewer ranks than the node
     agent restarts hangs: the job can only end, by dump or exit. The extra ranks joined

@@ -105,8 +105,8 @@ class NodeChaos:
     """One node schedule: the API server, two node services, the jobs, the monitor."""
 
     def __init__(self, events: list[tuple[str, float, dict[str, Any]]]) -> None:
-        from bridge.platform.sim.apiserver import StandInApiServer
-        from bridge.platform.sim.ascendjob import SimJob, SimJobs
+        from bridge.sim.kube.apiserver import StandInApiServer
+        from bridge.sim.kube.ascendjob import SimJob, SimJobs
 
         from ..nodesim import NodeRig
         from ..processes import ROOT

@@ -58,8 +58,8 @@ class ProcessHarness(Harness):
         self._spawned_at = 0.0
 
     def _config(self, address: str) -> Path:
-        from bridge.config import load_config
-        from bridge.daemon import stop_budget
+        from bridge.core.config import load_config
+        from bridge.job.daemon import stop_budget
 
         path = Path(self.dir.name) / "bridge.toml"
         path.write_text(f"""

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bridge.config import ClusterDConfig
+from bridge.core.config import ClusterDConfig
 from bridge.sim import mindio_ttp
 from bridge.sim.clusterd import SimJob
 from bridge.sim.clusterd_release import RELEASES

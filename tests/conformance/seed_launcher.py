@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dataclasses import replace
 
-    from bridge.recover_manager import (DLRecoverManager, pb, report_process_fault, report_recover_status,
-                                        report_recover_strategy, report_stop_complete)
+    from bridge.recover_manager import DLRecoverManager, pb, report_process_fault, report_recover_status, report_recover_strategy, report_stop_complete
 
     import mindio_ttp.controller_ttp as ttp  # the real build: its folder is on PYTHONPATH
 

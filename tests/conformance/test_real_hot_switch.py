@@ -80,7 +80,7 @@ def test_a_hot_switch_without_a_backup_pod_is_withheld_and_the_next_fault_recove
 @pytest.mark.parametrize("stop_switch", [True, False], ids=["stop-switch-given", "withheld"])
 def test_the_real_controller_keeps_a_stop_switch_given_in_normal_for_the_next_fault(
         peer_logs: Path, stop_switch: bool) -> None:
-    """Why the bridge withholds ClusterD's stop switch (bridge/signals.py STOP_SWITCH),
+    """Why the bridge withholds ClusterD's stop switch (bridge/job/session/signals.py STOP_SWITCH),
     on the real controller alone: after a hot switch whose replacement ranks never
     came, a stop switch sets its wake-up slot in NORMAL, and the next fault it detects
     itself ends at the first wait, at once, as an unexpected MindX action; without it,

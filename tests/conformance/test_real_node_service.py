@@ -17,8 +17,8 @@ from .tier import skip_unless_the_tier_runs_here
 skip_unless_the_tier_runs_here()
 pytest.importorskip("kubernetes")
 
-from bridge.platform.sim.apiserver import StandInApiServer  # noqa: E402
-from bridge.ports import free_port  # noqa: E402
+from bridge.sim.kube.apiserver import StandInApiServer  # noqa: E402
+from bridge.core.listen_ports import free_port  # noqa: E402
 
 from ..conftest import eventually_sync  # noqa: E402
 from ..nodesim import NodeRig, SimJob, SimJobs, rigs  # noqa: E402

@@ -122,7 +122,7 @@ def faults_text(value: Any) -> str:
 # --------------------------------------------------------------------------- ClusterD's log
 _CD_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     # The Recover service's Init and Register; not the Fault service's own Register
-    # ("fault service receive Register request", bridge/faultinfo.py), a side stream.
+    # ("fault service receive Register request", bridge/job/session/fault_centre.py), a side stream.
     (re.compile(r"(?<!fault )service receive (Init|Register) request"), "unary"),
     (re.compile(r"receive Subscribe signal request"), "subscribe"),
     (re.compile(r"receive ReportProcessFault, info=\{.*faultRanks=(\{[^}]*\})"), "fault"),

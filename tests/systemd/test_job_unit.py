@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.ports import free_port
+from bridge.core.listen_ports import free_port
 
 from ..conftest import eventually_sync
 from ..nodesim import LoggedProcess

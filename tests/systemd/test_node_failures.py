@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("kubernetes")
 
 from bridge.node.launcher import unit_name  # noqa: E402
-from bridge.platform.sim.apiserver import StandInApiServer  # noqa: E402
-from bridge.ports import free_port  # noqa: E402
+from bridge.sim.kube.apiserver import StandInApiServer  # noqa: E402
+from bridge.core.listen_ports import free_port  # noqa: E402
 
 from ..conftest import eventually_sync  # noqa: E402
 from ..nodesim import SimJob, SimJobs, events  # noqa: E402

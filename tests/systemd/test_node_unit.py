@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("kubernetes")
 
 from bridge.node.launcher import Record, SystemdLauncher, unit_name  # noqa: E402
-from bridge.platform.sim.apiserver import StandInApiServer  # noqa: E402
-from bridge.ports import free_port  # noqa: E402
+from bridge.sim.kube.apiserver import StandInApiServer  # noqa: E402
+from bridge.core.listen_ports import free_port  # noqa: E402
 
 from ..conftest import eventually_sync  # noqa: E402
 from ..nodesim import LoggedProcess, SimJob, SimJobs  # noqa: E402
@@ -72,12 +72,12 @@ connect_timeout = 1.0
 watch_timeout = 30
 [metrics]
 port = {metrics_port}
-[bridge.clusterd]
+[bridge.job.session.clusterd]
 address = "{clusterd}"
 keepalive_interval = 0.5
 startup_wait = 1.0
 reconnect_max = 2.0
-[bridge.controller]
+[bridge.job.host.controller]
 module = "stub"
 destroy_timeout = 10.0
 """

@@ -73,10 +73,10 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-from . import controller_ttp
-from ._constants import State
-from ._log import Record
-from ._training import FAST_TIMINGS, REAL_TIMINGS, Rank, Training, training
+from bridge.sim.mindio_ttp import controller_ttp
+from bridge.sim.mindio_ttp._constants import State
+from bridge.sim.mindio_ttp._log import Record
+from bridge.sim.mindio_ttp._training import FAST_TIMINGS, REAL_TIMINGS, Rank, Training, training
 
 __all__ = ["FAST_TIMINGS", "REAL_TIMINGS", "Rank", "Record", "State", "Training", "controller_ttp", "install",
            "training", "uninstall"]

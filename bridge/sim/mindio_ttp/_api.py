@@ -14,22 +14,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import _log
-from ._constants import (
-    INT32_MAX,
-    INT32_MIN,
-    MAX_WORLD_SIZE,
-    PORT_MAX,
-    PORT_MIN,
-    UINT32_MAX,
-    WAIT_MINDX_DEFAULT,
-    WAIT_MINDX_MAX,
-    WAIT_MINDX_MIN,
-    State,
-)
-from ._controller import Controller
-from ._server import Listener, is_zero_ip, resolve
-from ._training import training
+from bridge.sim.mindio_ttp import _log
+from bridge.sim.mindio_ttp._constants import INT32_MAX, INT32_MIN, MAX_WORLD_SIZE, PORT_MAX, PORT_MIN, UINT32_MAX, WAIT_MINDX_DEFAULT, WAIT_MINDX_MAX, WAIT_MINDX_MIN, State
+from bridge.sim.mindio_ttp._controller import Controller
+from bridge.sim.mindio_ttp._server import Listener, is_zero_ip, resolve
+from bridge.sim.mindio_ttp._training import training
 
 RET_OK = 0
 RET_ERROR = 1

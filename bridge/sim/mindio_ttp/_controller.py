@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
-from . import _log
-from ._constants import TRANSITIONS, RepairType, Ret, State
-from ._engine import Halt
-from ._flows import Flows
-from ._server import Listener
+from bridge.sim.mindio_ttp import _log
+from bridge.sim.mindio_ttp._constants import TRANSITIONS, RepairType, Ret, State
+from bridge.sim.mindio_ttp._engine import Halt
+from bridge.sim.mindio_ttp._flows import Flows
+from bridge.sim.mindio_ttp._server import Listener
 
 #: States whose action returns STOP_SERVICE at once, without a callback, once destroy began.
 _QUICK_UNDER_DESTROY = frozenset({State.NORMAL, State.EXIT})

@@ -28,23 +28,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import _log
-from ._constants import (
-    FAULT_TYPES,
-    HOT_SWITCH,
-    MAX_WORLD_SIZE,
-    MAX_ZIT_PARAM_LEN,
-    PROCESS_ERROR,
-    STOP_SWITCH,
-    STRATEGY_EVENTS,
-    WAIT_MINDX_MAX,
-    Event,
-    RepairType,
-    State,
-)
+from bridge.sim.mindio_ttp import _log
+from bridge.sim.mindio_ttp._constants import FAULT_TYPES, HOT_SWITCH, MAX_WORLD_SIZE, MAX_ZIT_PARAM_LEN, PROCESS_ERROR, STOP_SWITCH, STRATEGY_EVENTS, WAIT_MINDX_MAX, Event, RepairType, State
 
 if TYPE_CHECKING:
-    from ._training import Training
+    from bridge.sim.mindio_ttp._training import Training
 
 
 class Halt(BaseException):

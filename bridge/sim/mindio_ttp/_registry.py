@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ._constants import ACTIONS
+from bridge.sim.mindio_ttp._constants import ACTIONS
 
 RET_OK = 0
 RET_ERROR = 1

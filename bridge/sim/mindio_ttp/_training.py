@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Literal, Protocol
 
-from . import _log
-from ._constants import FAULT_TYPES, MAX_ERROR_CODE_LEN, State
-from ._registry import CallbackRegistry
+from bridge.sim.mindio_ttp import _log
+from bridge.sim.mindio_ttp._constants import FAULT_TYPES, MAX_ERROR_CODE_LEN, State
+from bridge.sim.mindio_ttp._registry import CallbackRegistry
 
 
 

@@ -1,0 +1,1 @@
+"""The per-job bridge: one MindIO TFT controller hosted and relayed to ClusterD."""

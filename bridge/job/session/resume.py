@@ -1,0 +1,282 @@
+"""Carry a recovery across a ClusterD restart or freeze: the controller never notices.
+
+The peer facts that force this module:
+
+* Every new subscription resets ClusterD's job (docs/clusterd.md section 4): after a
+  ClusterD restart, or a freeze long enough for the bridge to declare the stream dead
+  and subscribe again, the new stream knows no cycle. A report answering the old cycle
+  is dropped (``wire.py``: its cycle is over), correctly, but then nothing ever moves:
+  the controller, stopped, waits ``MINDIO_WAIT_MINDX_TIME`` for on_global_rank (or
+  change_strategy) and goes to EXIT, which kills the job (docs/mindio-controller.md).
+* A ReportProcessFault starts a new cycle on the new ClusterD: a type-1 fault at once
+  (stopTrain, then ~11 s to globalFault), UCE/HCCL ones within ~1 s when the job's
+  strategies include retry (docs/clusterd.md section 7). So the bridge re-reports the
+  stopped flow's fault ranks as soon as the new stream is live (``on_subscribed``).
+* The controller keeps one wake-up flag: a notify it is not waiting for is consumed by
+  its next wait as the wrong event and kills the job. So the new cycle's stopTrain must
+  NOT reach a controller that is already stopped, nor its globalFault one that already
+  had on_global_rank. The bridge answers them itself (``intercept``) with what the
+  controller said the first time (its stop-complete code, message and fault ranks; its
+  strategy list), bound to the new cycle's uuid; or, when the controller's own answer is
+  still to come, rebinds the flow (``ControllerFlow.answering``) so that answer goes to
+  the new cycle.
+* ClusterD's reports carry no uuid and are queued in one-slot buffers (docs/clusterd.md
+  section 4): a resumed answer is sent only in reply to the new cycle's own signal,
+  never ahead of it.
+
+* A stop-complete or strategies report whose RPC outcome is unknown (its deadline
+  passed: a freeze shorter than the stream watchdog) is never resent, and if ClusterD
+  lost it nothing ever shows it: ClusterD waits 15 minutes, the controller only its
+  MindX wait. While the controller is stopped the bridge then subscribes again on
+  purpose (``outcome_unknown``): the reset makes the cycle's fate known, and resumable.
+
+* The controller repairs exactly the ranks it offered its strategies for, and cannot be
+  told more: a second on_global_rank while it waits for change_strategy sends it to EXIT
+  (docs/mindio-controller.md, "Outcomes after change_strategy"). The new cycle's
+  globalFault can name more ranks than the old one did: faults that joined ClusterD's
+  cache meanwhile (the controller's held second report, a fault centre's), each process
+  fault widened to its whole pod, which the node agent restarts (``fault_nodes_exit``). A
+  retry or recover answered from memory then repairs from peers restarted under it and
+  hangs until ClusterD's 15-minute report wait sends exit. So the bridge offers that cycle
+  only what repairs no rank, the controller's own ``exit`` and ``dump``
+  (``answered_without_repair``): ClusterD chooses dump when the job has it, and the
+  checkpoint is saved before the job restarts, as after any repair that cannot complete.
+  The same holds when the controller's strategies are still to come (GLOBAL_SENT): the
+  rebound cycle's ranks are kept and its answer narrowed when it comes (``offer``), on
+  the event loop; the report lane never sends that answer (``sends_itself``).
+
+What cannot be carried over: once the controller has had change_strategy (REPAIRING
+and later) the new ClusterD's cycle starts at a step the controller is past; its result
+is then dropped as ``no_live_cycle`` and training resumes on its own. That is counted as
+``too_late`` and logged, and the cycle ends the normal way.
+
+Counted in ``tft_bridge_cycle_resumes_total{result}`` (``metrics.RESUME_RESULTS``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from bridge import faults as codec
+from bridge.job.reports.controller_flow import ControllerFlow, Step
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.reports.kinds import Outbox
+
+log = logging.getLogger(__name__)
+
+#: The controller has stopped training for a cycle and waits for ClusterD's next step.
+STOPPED = frozenset({Step.STOP_SENT, Step.AWAIT_GLOBAL, Step.GLOBAL_SENT, Step.AWAIT_STRATEGY})
+#: The controller has been told a strategy (or to dump): a new cycle cannot catch up.
+PAST_RESUME = frozenset({Step.REPAIRING, Step.AWAIT_FINAL, Step.DUMPING})
+#: Steps at which a stop_train notify is forwarded (a new flow's faults come from it).
+_STOP_ACCEPTED = frozenset({Step.IDLE, Step.AWAIT_STOP, Step.PAUSED})
+#: ``CycleResume.intercept``: the action was answered by the bridge, not the controller.
+RESUMED = "resumed"
+#: The controller's strategies that repair no rank: what a resumed cycle naming ranks
+#: beyond the controller's is offered (the controller's list always starts with exit).
+NO_REPAIR_STRATEGIES = ("exit", "dump")
+
+
+class CycleResume:
+    """Remembers the controller's answers of the running flow and replays them to a new
+    ClusterD cycle. Runs on the event loop only (never on the controller's thread)."""
+
+    def __init__(self, job_id: str, flow: ControllerFlow, outbox: Outbox, metrics: BridgeMetrics, *,
+                 resubscribe: Callable[[str], None], publish: Callable[[], None]) -> None:
+        """``resubscribe(reason)``: re-run Init/Register/Subscribe (``Session``).
+        ``publish()``: the wire's snapshot of the loop's state is out of date
+        (``flow.answering`` or ``rebound_global`` changed here: the wire binds the
+        controller's next answer to the one and leaves a strategies report of the other to
+        the loop)."""
+        self.job_id = job_id
+        self.flow = flow
+        self.outbox = outbox
+        self.metrics = metrics
+        self._resubscribe = resubscribe
+        self._publish = publish
+        #: None, "stop" (the new cycle's stopTrain is awaited) or "global" (its globalFault).
+        self.pending: str | None = None
+        self.stop_faults: dict[int, int] = {}  # ranks of the stop_train notify that started the flow
+        # True from a ClusterD-first stop until the controller reports this flow's faults:
+        # the return path's flow faults are then still the previous flow's.
+        self.flow_faults_stale = False
+        self.stop_report: tuple[int, str, dict[int, int]] | None = None  # the controller's stop-complete
+        self.strategies_report: tuple[dict[int, int], list[str]] | None = None  # its report_strategies
+        # A new cycle's globalFault rebound to the controller's coming report_strategies
+        # (GLOBAL_SENT): its uuid and the ranks it names, checked when that answer comes
+        # (``offer``). Published with ``flow.answering``: the wire must leave that answer to
+        # the loop (``wire.Cycles.narrowed``).
+        self.rebound_global: tuple[str, dict[int, int]] | None = None
+
+    # ------------------------------------------------------------------ from the return path
+    def new_flow(self) -> None:
+        """A fault flow starts (the controller reported its faults): nothing of the
+        previous one may be replayed."""
+        self.stop_report = self.strategies_report = self.rebound_global = None
+        self.flow_faults_stale = False
+        self._publish()
+
+    # The maps are the return path's own cleaned copies, never changed after the report
+    # is encoded: kept by reference (copying 100 000 ranks would cost the loop a few ms).
+    def remember_stop(self, code: int, message: str, faults: dict[int, int]) -> None:
+        self.stop_report = (code, message, faults)
+
+    def remember_strategies(self, faults: dict[int, int], strategies: list[str]) -> None:
+        self.strategies_report = (faults, strategies)
+
+    def offer(self, cycle: str | None, faults: dict[int, int], strategies: list[str]) -> list[str]:
+        """The strategies to report for ``cycle``: the controller's own, unless ``cycle``
+        was rebound at GLOBAL_SENT and its globalFault names ranks beyond ``faults`` (the
+        ranks the controller offers its strategies for): then only what repairs no rank,
+        as for a cycle answered from memory (module docstring)."""
+        rebound, self.rebound_global = self.rebound_global, None
+        if rebound is not None:
+            self._publish()
+        if rebound is None or rebound[0] != cycle:
+            return strategies
+        offered, narrowed = self._repairable(cycle, rebound[1], faults, strategies)
+        if narrowed:
+            self._count("answered_without_repair")
+        return offered
+
+    def narrowed(self) -> str | None:
+        """The cycle whose strategies report must go through ``offer`` on the event loop,
+        never out from the wire directly (``wire.Cycles.narrowed``)."""
+        return self.rebound_global[0] if self.rebound_global is not None else None
+
+    def on_subscribed(self, flow_faults: dict[int, int]) -> None:
+        """A new stream is live: ClusterD's job was reset. Restart the cycle the
+        controller is stopped for, or say that it cannot be."""
+        self.pending = self.rebound_global = None
+        step = self.flow.step
+        if step in PAST_RESUME:
+            self._count("too_late")
+            log.warning("ClusterD's job was reset (new subscription) while the controller is at %s: the new "
+                        "ClusterD would restart the cycle at stopTrain, which the controller is already past; "
+                        "not re-reporting (its result will be dropped as no_live_cycle)", step.value)
+            return
+        if step not in STOPPED:
+            return
+        faults = dict(self.stop_faults) if self.flow_faults_stale else dict(flow_faults) or dict(self.stop_faults)
+        if not faults:
+            log.error("ClusterD's job was reset while the controller is stopped at %s, but no fault rank of "
+                      "the flow is known: cannot restart the cycle", step.value)
+            return
+        self.pending = "stop"
+        self._count("re_reported")
+        log.warning("ClusterD's job was reset (new subscription) while the controller is stopped at %s: "
+                    "re-reporting %d fault rank(s) to start the cycle again; the new stopTrain will be "
+                    "answered without stopping the controller twice", step.value, len(faults))
+        self.outbox.submit_faults(faults)
+
+    def outcome_unknown(self, kind: str) -> None:
+        """The controller's stop-complete or strategies report may or may not have reached
+        ClusterD (its deadline passed: a freeze, a broken connection). It is never resent
+        (ClusterD's one-slot buffers), and if it was lost nothing ever shows it: ClusterD
+        waits 15 minutes for it, the controller only ``MINDIO_WAIT_MINDX_TIME``. So while
+        the controller is stopped, subscribe again on purpose: that resets ClusterD's job,
+        and the new stream resumes the cycle (``on_subscribed``) from the answers kept
+        here, whatever became of the lost one."""
+        if kind not in ("stop_complete", "strategy") or self.flow.step not in STOPPED:
+            return
+        log.warning("the %s report's outcome is unknown while the controller is stopped at %s: re-subscribing "
+                    "to restart the cycle on a clean slate rather than wait for an answer that may never come",
+                    kind, self.flow.step.value)
+        self._resubscribe("report_outcome_unknown")
+
+    # ------------------------------------------------------------------ from the signal side
+    def intercept(self, action: str, faults: dict[int, int], token: str) -> str | None:
+        """What to do with ``action`` of a signal for cycle ``token``: None to let the
+        dispatcher gate and forward it as usual, ``RESUMED`` when it was answered here
+        and must not reach the controller, any other string: refuse it for that reason."""
+        if self.pending is None:
+            if action == "stop_train" and self.flow.step in _STOP_ACCEPTED:
+                self.stop_faults = dict(faults)
+                self.flow_faults_stale = self.flow.step is not Step.AWAIT_STOP  # ClusterD stopped first
+            return None
+        step = self.flow.step
+        if self.pending == "stop" and action == "stop_train":
+            return RESUMED if self._resume_stop(step, faults, token) else None
+        if self.pending == "global" and action == "on_global_rank":
+            return RESUMED if self._resume_global(step, faults, token) else None
+        if self.pending == "stop" and action == "on_global_rank":
+            # Not the new cycle's (which starts with stopTrain): the old cycle's globalFault
+            # that a reset does not stop (docs/clusterd.md section 7). A strategy report in
+            # answer would sit in ClusterD's slot and be consumed by the new cycle.
+            log.warning("not forwarding on_global_rank (cycle %r) before the new cycle's stopTrain: the "
+                        "reset cycle's late globalFault", token)
+            return "unexpected_step"
+        return None
+
+    def _resume_stop(self, step: Step, faults: dict[int, int], token: str) -> bool:
+        self.pending = None
+        if step is Step.STOP_SENT:
+            # The controller's own stop-complete is still to come: it answers this cycle.
+            self.flow.answering = token
+            self._publish()
+            self._resumed("rebound", "stopTrain", token, "the controller's coming stop-complete answers it")
+            return True
+        if step not in STOPPED:
+            return False  # the controller moved on meanwhile (e.g. its wait ran out): the gate decides
+        if self.stop_report is None:
+            log.error("cannot answer the new cycle's stopTrain (%s): the controller's stop-complete is not known",
+                      token)
+            return False
+        extra = set(faults) - set(self.stop_report[2]) - set(self.stop_faults)
+        if extra:
+            log.warning("the new cycle's stopTrain names %d rank(s) the controller did not stop for (e.g. %s); "
+                        "answering with the controller's stop-complete anyway (a second stop would kill the job)",
+                        len(extra), sorted(extra)[:5])
+        code, message, stopped = self.stop_report
+        self.outbox.submit_cycle_report("stop_complete", token,
+                                        codec.encode_stop_complete_request(self.job_id, code, message, stopped))
+        if step is Step.AWAIT_GLOBAL:
+            self.flow.answering = token
+            self._publish()
+        else:  # GLOBAL_SENT / AWAIT_STRATEGY: the new globalFault must not reach the controller either
+            self.pending = "global"
+        self._resumed("answered_stop_complete", "stopTrain", token, f"with code {code}")
+        return True
+
+    def _resume_global(self, step: Step, named: dict[int, int], token: str) -> bool:
+        self.pending = None
+        if step is Step.GLOBAL_SENT:
+            self.rebound_global = (token, dict(named))  # published with the new answering cycle
+            self.flow.answering = token
+            self._publish()
+            self._resumed("rebound", "globalFault", token, "the controller's coming report_strategies answers it")
+            return True
+        if step is not Step.AWAIT_STRATEGY or self.strategies_report is None:
+            return False
+        faults, strategies = self.strategies_report
+        strategies, narrowed = self._repairable(token, named, faults, strategies)
+        result = "answered_without_repair" if narrowed else "answered_strategies"
+        self.outbox.submit_cycle_report("strategy", token,
+                                        codec.encode_recover_strategy_request(self.job_id, faults, strategies))
+        self.flow.answering = token
+        self._publish()
+        self._resumed(result, "globalFault", token, f"with {strategies}")
+        return True
+
+    def _repairable(self, token: str | None, named: dict[int, int], faults: dict[int, int],
+                    strategies: list[str]) -> tuple[list[str], bool]:
+        """``strategies``, or, when the cycle's globalFault (``named``) names ranks beyond
+        ``faults``, only those that repair no rank, and whether they were narrowed: a
+        repair of fewer ranks than ClusterD restarts never completes (module docstring)."""
+        beyond = set(named) - set(faults)
+        if not beyond:
+            return strategies, False
+        offered = [name for name in strategies if name in NO_REPAIR_STRATEGIES] or ["exit"]
+        log.error("the new cycle's globalFault (%s) names %d rank(s) the controller did not offer its "
+                  "strategies for (e.g. %s) and cannot be told of now: a repair would hang on them, so "
+                  "the cycle is offered %s only", token, len(beyond), sorted(beyond)[:5], offered)
+        return offered, True
+
+    def _resumed(self, result: str, signal_type: str, token: str, how: str) -> None:
+        self._count(result)
+        log.warning("resumed the recovery on ClusterD's new cycle %s: %s answered by the bridge (%s), "
+                    "not forwarded to the controller, which already had it", token, signal_type, how)
+
+    def _count(self, result: str) -> None:
+        self.metrics.cycle_resumes.labels(result).inc()
