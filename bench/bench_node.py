@@ -80,9 +80,9 @@ server = "{server_url}"
 port = 0
 [bridge]
 log_level = "WARNING"
-[bridge.job.session.clusterd]
+[bridge.clusterd]
 keepalive_interval = 5.0
-[bridge.job.host.controller]
+[bridge.controller]
 module = "stub"
 """
 

@@ -138,11 +138,11 @@ server = "{server.url}"
 kubeconfig = ""
 [metrics]
 port = {free_port()}
-[bridge.job.session.clusterd]
+[bridge.clusterd]
 address = "{address}"
 keepalive_interval = 0.5
 startup_wait = 1.0
-[bridge.job.host.controller]
+[bridge.controller]
 module = "stub"
 destroy_timeout = 10.0
 """)

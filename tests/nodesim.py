@@ -56,12 +56,12 @@ watch_timeout = 30
 port = 0
 [bridge]
 log_level = "INFO"
-[bridge.job.session.clusterd]
+[bridge.clusterd]
 {f'address = "{clusterd}"' if clusterd else ""}
 keepalive_interval = {keepalive}
 startup_wait = 1.0
 reconnect_max = 2.0
-[bridge.job.host.controller]
+[bridge.controller]
 module = "{module}"
 destroy_timeout = 10.0
 {extra}

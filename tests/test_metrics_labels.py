@@ -147,10 +147,10 @@ def test_every_refusal_reason_the_code_uses_is_created_up_front() -> None:
     """The reasons are string literals in three modules; a new one must join REFUSAL_REASONS."""
     bridge = Path(__file__).resolve().parent.parent / "bridge"
     used: set[str] = set()
-    used |= set(re.findall(r'_refuse\("([a-z_]+)"', (bridge / "signals.py").read_text()))
-    used |= set(re.findall(r'reason = "([a-z_]+)"', (bridge / "signals.py").read_text()))
-    used |= set(re.findall(r'signals_refused\.labels\("([a-z_]+)"\)', (bridge / "clusterd.py").read_text()))
-    gate = (bridge / "flow.py").read_text().split("def refusal", 1)[1].split("def snapshot", 1)[0]
+    used |= set(re.findall(r'_refuse\("([a-z_]+)"', (bridge / "job" / "session" / "signals.py").read_text()))
+    used |= set(re.findall(r'reason = "([a-z_]+)"', (bridge / "job" / "session" / "signals.py").read_text()))
+    used |= set(re.findall(r'signals_refused\.labels\("([a-z_]+)"\)', (bridge / "job" / "session" / "clusterd.py").read_text()))
+    gate = (bridge / "job" / "reports" / "controller_flow.py").read_text().split("def refusal", 1)[1].split("def snapshot", 1)[0]
     used |= set(re.findall(r'return "([a-z_]+)"', gate))
     used |= set(re.findall(r'else "([a-z_]+)"', gate))
     assert {"foreign_job", "stale_cycle", "unexpected_step", "strategy_not_offered"} <= used  # the scan works

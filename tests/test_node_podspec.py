@@ -103,7 +103,7 @@ def test_world_size_falls_back_to_ms_worker_num_as_the_bridge_does() -> None:
     spec = evaluate(pod, host_ip="", clusterd_address="", resolve=lambda name: None)
     assert isinstance(spec, JobSpec) and spec.world_size == 16
     bridge = build_config({}, env={"MINDX_TASK_ID": job.uid, "WORLD_SIZE": "", "MS_WORKER_NUM": "16"})
-    assert bridge.job.host.controller.world_size == spec.world_size
+    assert bridge.controller.world_size == spec.world_size
     # A WORLD_SIZE that is set wins over MS_WORKER_NUM, as in the bridge.
     next(e for e in env if e["name"] == "WORLD_SIZE")["value"] = "8"
     assert evaluate(pod, host_ip="", clusterd_address="", resolve=lambda name: None).world_size == 8

@@ -47,7 +47,7 @@ def test_the_example_loads_and_every_per_job_key_is_refused() -> None:
     with pytest.raises(NodeConfigError) as caught:
         build_node_config(raw)
     text = str(caught.value)
-    for line in ("bridge.job.host.controller.port: set by the node service from the pod",
+    for line in ("bridge.controller.port: set by the node service from the pod",
                  "bridge.job_id: set by the node service from the pod",
                  "node.launcher: expected auto, systemd or session, got 'docker'",
                  "node.surprise: unknown key"):

@@ -21,7 +21,8 @@ pytest.importorskip("kubernetes")
 
 from bridge.platform.agent import AgentSettings, PlatformAgent  # noqa: E402
 from bridge.platform.annotations import CONFIRM, ENABLE_LABEL, RANK_TABLE_READY, RESULT, STATUS, STRATEGY
-from bridge.core.kube import PodGroupApi, api_client  # noqa: E402
+from bridge.core.kube import api_client  # noqa: E402
+from bridge.platform.podgroup_api import PodGroupApi  # noqa: E402
 from bridge.platform.metrics import PlatformMetrics  # noqa: E402
 from bridge.platform.policy import Policy, Rules, policy_from_dict  # noqa: E402
 from bridge.sim.kube.apiserver import PodGroupStore, StandInApiServer  # noqa: E402

@@ -21,6 +21,7 @@ pytest.importorskip("kubernetes")
 yaml = pytest.importorskip("yaml")
 
 from bridge.node.kube import PodApi  # noqa: E402
+from bridge.platform.podgroup_api import PodGroupApi  # noqa: E402
 from bridge.core import kube  # noqa: E402
 from bridge.sim.kube.apiserver import PODS, StandInApiServer  # noqa: E402
 from bridge.sim.kube.ascendjob import SimJob, SimJobs, pod_manifest  # noqa: E402
@@ -269,7 +270,7 @@ def test_list_items_carry_no_kind_but_custom_resources_do(core: Any, server: Sta
     code, body = call(core.list_namespaced_pod, "default")
     assert body["kind"] == "PodList" and "kind" not in body["items"][0] and "apiVersion" not in body["items"][0]
     assert call(core.read_namespaced_pod, "p", "default")[1]["kind"] == "Pod"  # a GET has them
-    api = kube.PodGroupApi(kube.api_client(server=server.url), request_timeout=3)
+    api = PodGroupApi(kube.api_client(server=server.url), request_timeout=3)
     try:
         items, _ = api.list(None, None)
         assert items[0]["kind"] == "PodGroup"

@@ -3,7 +3,7 @@
 
 ``[node]``, ``[kubernetes]`` and ``[metrics]`` configure the service itself; ``[bridge]``
 is the template of every job's bridge configuration, in the job file's own sections
-(``[bridge.job.session.clusterd]`` TLS, ``[bridge.job.session.node_hooks]``, ``[bridge.job.recorder]``, ...). The keys the
+(``[bridge.clusterd]`` TLS, ``[bridge.hooks]``, ``[bridge.recorder]``, ...). The keys the
 node service derives from the pod (the job id, the controller's address, port and world
 size, the process-recovery switches, the state directory and the per-job metrics
 endpoint) are refused in ``[bridge]``: one job's value there would be wrong for every

@@ -212,7 +212,7 @@ def evaluate(pod: Mapping[str, Any], *, host_ip: str, clusterd_address: str,
     (a worker pod, a pod that does not say its rank).
 
     ``host_ip``: the node's configured IP ("" = the pod's ``status.hostIP``);
-    ``clusterd_address``: the node's ``bridge.job.session.clusterd.address`` ("" = from the pod)."""
+    ``clusterd_address``: the node's ``bridge.clusterd.address`` ("" = from the pod)."""
     env, unreadable = job_container_env(pod)
     framework = framework_of(env)
     m = meta(pod)
@@ -291,14 +291,14 @@ def evaluate(pod: Mapping[str, Any], *, host_ip: str, clusterd_address: str,
     if not address:
         server = env.get("MINDX_SERVER_IP", "").strip()
         if not server:
-            return refuse("no_clusterd", "no MINDX_SERVER_IP in the pod and no bridge.job.session.clusterd.address "
+            return refuse("no_clusterd", "no MINDX_SERVER_IP in the pod and no bridge.clusterd.address "
                                          "in the node's configuration")
         ip = _ip_literal(server)
         if ip is None:
             ip = resolve(server)
             if ip is None:
                 return refuse("clusterd_unresolvable", f"MINDX_SERVER_IP {server!r} is a name this host cannot "
-                                                       f"resolve; set bridge.job.session.clusterd.address on the node")
+                                                       f"resolve; set bridge.clusterd.address on the node")
         address = f"[{ip}]:{CLUSTERD_PORT}" if ":" in ip else f"{ip}:{CLUSTERD_PORT}"
     labels = m.get("labels") or {}
     return JobSpec(job_id=job_id, pod_uid=uid, namespace=str(m.get("namespace") or ""),

@@ -72,12 +72,12 @@ connect_timeout = 1.0
 watch_timeout = 30
 [metrics]
 port = {metrics_port}
-[bridge.job.session.clusterd]
+[bridge.clusterd]
 address = "{clusterd}"
 keepalive_interval = 0.5
 startup_wait = 1.0
 reconnect_max = 2.0
-[bridge.job.host.controller]
+[bridge.controller]
 module = "stub"
 destroy_timeout = 10.0
 """
