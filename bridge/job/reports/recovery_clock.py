@@ -1,7 +1,10 @@
-"""The recovery clock: phase timings of one controller fault flow, for the duration
-histograms (``tft_bridge_recovery_phase_seconds``, ``tft_bridge_recovery_seconds``,
-``tft_bridge_recovery_cycles_total``). Runs on the event loop, fed by the return path's
-bookkeeping (``reports.py``) with the controller's own callback times."""
+"""The recovery clock: the phase timings of one controller fault flow.
+
+``RecoveryClock`` is fed by the report bookkeeping (``bridge.job.reports.ledger``) with the
+controller's own callback times, for ``tft_bridge_recovery_phase_duration_seconds``,
+``tft_bridge_recovery_duration_seconds`` and ``tft_bridge_recovery_cycles_total``. Event
+loop only.
+"""
 
 from __future__ import annotations
 
