@@ -62,6 +62,7 @@ class ClusterDUnavailable(RecoverManagerError):
 
 
 class ClusterDError(RecoverManagerError):
+    """ClusterD refused ``method`` with ``code``."""
     def __init__(self, method: str, code: int) -> None:
         super().__init__(f"ClusterD {method} answered {Code.describe(code)}")
         self.code = code

@@ -4,7 +4,7 @@ A peer decides how often an event happens; the budget decides how much log it co
 (docs/architecture.md, invariants). Keys are a refusal reason, a (callback, step) pair:
 small fixed sets, and the table is bounded anyway (``max_keys``, oldest out). The first
 line after a suppressed stretch says how many were suppressed. Metrics still count every
-event; only log lines are budgeted. Used on the event loop; not thread-safe.
+event; only log lines are budgeted. Thread-safe (one lock).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Callable, Hashable
 class LogBudget:
     """Decides whether one more log line of a kind may be written now.
 
-    Thread-safe: ``flow.py`` asks from the controller's callback thread, ``signals.py``
-    from the event loop. ``allow`` is O(1) and never raises."""
+    Thread-safe: ``controller_flow`` asks from whichever thread follows a callback,
+    ``signals`` from the event loop. ``allow`` is O(1) and never raises."""
 
     def __init__(self, burst: int = 5, window: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  max_keys: int = 256) -> None:

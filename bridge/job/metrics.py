@@ -41,9 +41,9 @@ _SIGNAL_TYPES = frozenset(SIGNAL_TYPES)
 _CODES = frozenset(int(code) for code in Code)
 #: The unary RPCs the bridge makes, by the name the ``method`` label carries.
 RPC_METHODS = ("Init", "Register", *(METHODS[kind].rsplit("/", 1)[-1] for kind in REPORT_KINDS))
-#: The recovery phases (the report kinds, the ``kind`` label, are reporttypes.REPORT_KINDS).
+#: The recovery phases (the report kinds, the ``kind`` label, are ``kinds.REPORT_KINDS``).
 RECOVERY_PHASES = ("fault_to_stop", "stop_to_strategy", "strategy_to_result")
-#: Why a signal or action was not forwarded (signals.py, clusterd.py, flow.py's gate; a
+#: Why a signal or action was not forwarded (signals.py, clusterd.py, controller_flow.py's gate; a
 #: test checks that every reason those modules use is listed here).
 #: why the bridge reported a fault once more (bridge/job/reports/refault.py)
 REREPORT_REASONS = ("record_held", "as_process_fault")

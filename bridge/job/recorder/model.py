@@ -33,6 +33,7 @@ _RANKS_TURN = frozenset({"stop_train", "pause_train", "on_global_rank", "change_
 
 @dataclass(frozen=True)
 class Phase:
+    """One phase of a cycle: ``name`` (``<from>_to_<to>``) and its start and end in Unix seconds."""
     name: str
     start: float
     end: float

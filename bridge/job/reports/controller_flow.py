@@ -89,6 +89,7 @@ CLUSTERD_ONLY_STRATEGIES = frozenset({"elastic-training", "recover-in-place", "j
 
 
 class Step(enum.Enum):
+    """Where the controller's flow is, as far as its callbacks and the notifies given tell."""
     IDLE = "idle"  # training normally; a ClusterD-first stop, a pause or a dump may start a flow
     SWITCHING = "switching"  # hot switch forwarded; waiting for the replacement ranks and the offer
     STOP_SENT = "stop_sent"  # stop forwarded; waiting for report_stop_complete

@@ -39,6 +39,7 @@ FAULT_TYPES = (0, 1, 2)
 
 
 class RequestError(ValueError):
+    """A refused request: ``reason`` is the metric label, the message what was wrong."""
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason

@@ -43,7 +43,7 @@ class RecoveryClock:
         self.started = self.stopped = self.offered = None
 
     def result(self, at: float, strategy: str, code: int, outcome: str | None = None) -> None:
-        """``outcome``: a label that overrides the code's (a repeated cycle, repeats.py)."""
+        """``outcome``: a label that overrides the code's (a repeated cycle, ``repeated_cycles``)."""
         label = strategy if strategy in STRATEGIES else "other"
         outcome = outcome or ("success" if code == 0 else "isolated" if code == 201 else "failed")
         self.metrics.recovery_cycles.labels(label, outcome).inc()

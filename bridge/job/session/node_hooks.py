@@ -101,6 +101,7 @@ def split_node_ranks(node_rank_ids: Sequence[object]) -> tuple[list[str], list[o
 
 
 class NodeHooks:
+    """Runs the configured node command for one action at a time, on the event loop."""
     def __init__(self, command: Sequence[str], timeout: float, metrics: BridgeMetrics) -> None:
         self.command = tuple(command)
         self.timeout = timeout

@@ -65,7 +65,7 @@ class CycleResume:
         # A new cycle's globalFault rebound to the controller's coming report_strategies
         # (GLOBAL_SENT): its uuid and the ranks it names, checked when that answer comes
         # (``offer``). Published with ``flow.answering``: the wire must leave that answer to
-        # the loop (``wire.Cycles.narrowed``).
+        # the loop (``relay.Cycles.narrowed``).
         self.rebound_global: tuple[str, dict[int, int]] | None = None
 
     # ------------------------------------------------------------------ from the return path
@@ -101,7 +101,7 @@ class CycleResume:
 
     def narrowed(self) -> str | None:
         """The cycle whose strategies report must go through ``offer`` on the event loop,
-        never out from the wire directly (``wire.Cycles.narrowed``)."""
+        never out from the wire directly (``relay.Cycles.narrowed``)."""
         return self.rebound_global[0] if self.rebound_global is not None else None
 
     def on_subscribed(self, flow_faults: dict[int, int]) -> None:
