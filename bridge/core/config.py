@@ -1,6 +1,6 @@
 """The per-job bridge's configuration: one frozen ``BridgeConfig`` from a TOML file and the environment.
 
-``load_config(path, environ)`` applies built-in defaults, then the MindCluster environment
+``load_config(path, env)`` applies built-in defaults, then the MindCluster environment
 variables, then the TOML file (the operator's explicit word). Every value is checked
 (finite, inside ``RANGES``, ASCII decimals, IP literals or host names, cross-key limits)
 and every problem is reported at once in one ``ConfigError``, one line per key, naming
