@@ -168,13 +168,16 @@ def picture_problems(picture: ModulePicture, root: Path, package: str,
         if module in listed or (path.name == "__init__.py" and not has_code(path) and module in rows):
             continue
         room = room_of(module, rooms)
-        if path.name == "__init__.py":
-            short = "__init__" if has_code(path) else "(a row of its own)"
-            row = module
+        row, short = (module, "__init__") if path.name == "__init__.py" else module.rsplit(".", 1)
+        if room in summarised and module != room:
+            below = module[len(room) + 1:]
+            row, short = room, below.split(".")[0] + ("/" if "." in below or path.name == "__init__.py" else "")
+        row_path = "/".join(row.split(".")[1:]) + "/"
+        if row not in rows:
+            listing = "" if short == "__init__" and not has_code(path) else f" listing {short}"
+            problems.append(f"{module} is not in the picture: add a row {row_path}{listing} to box {room}")
         else:
-            row, short = module.rsplit(".", 1)
-        path_of_row = "/".join(row.split(".")[1:]) + "/"
-        problems.append(f"{module} is not in the picture: add {short} to row {path_of_row} of box {room}")
+            problems.append(f"{module} is not in the picture: add {short} to row {row_path} of box {room}")
     drawn_edges = picture.edges
     code_edges = import_edges(modules, rooms)
     problems += [f'edge "{a}" -> "{b}" is missing ({example}): add it'
