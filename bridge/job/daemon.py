@@ -421,7 +421,7 @@ class Bridge:
         the drain itself is bounded the same way (``Link.stop``)."""
         link = self.link
         if len(link.wire) and not link.session.live.is_set():
-            wait = min(5.0, self.config.clusterd.rpc_timeout)
+            wait = self.config.clusterd.drain_timeout
             try:
                 await asyncio.wait_for(link.session.live.wait(), wait)
             except asyncio.TimeoutError:
@@ -443,7 +443,7 @@ def stop_budget(config: BridgeConfig) -> float:
     """How long a whole stop may take: the drain (at most 5 s, one RPC deadline), the
     bounded destroy and ``STOP_SLACK``. Also the wait for ClusterD's stream when the
     controller ended. The unit's TimeoutStopSec must stay above it."""
-    drain = min(5.0, config.clusterd.rpc_timeout)
+    drain = config.clusterd.drain_timeout
     return 2 * drain + config.controller.destroy_timeout + config.controller.rank_loss_wait + STOP_SLACK
 
 
