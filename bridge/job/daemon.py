@@ -184,6 +184,7 @@ class Bridge:
             try:
                 server = MetricsServer(self.metrics, c.metrics.address, c.metrics.port, certfile=c.metrics.certfile,
                                        keyfile=c.metrics.keyfile, client_cafile=c.metrics.client_cafile)
+                server.start()
             except OSError as error:
                 raise StartupError(f"metrics endpoint {c.metrics.address}:{c.metrics.port}: {error}") from error
             self.metrics_server = server
@@ -382,7 +383,7 @@ class Bridge:
         self.recording.recorder.close()  # an open cycle ends as it stands
         await asyncio.to_thread(self.recording.close)  # bounded: the writer flushes, the exporter sends
         if self.metrics_server is not None:
-            self.metrics_server.close()
+            self.metrics_server.stop()
 
     async def _await_rank_loss(self) -> bool:
         """The HA switch at a stop that would keep the orphan marker, after giving the
