@@ -74,7 +74,7 @@ def export_one_cycle(tmp_path: Path, config: OtelConfig) -> tuple[OtlpExporter, 
     writer.start()
     run_retry_cycle(recorder, flow, clock, uuid="trace-me")
     eventually_sync(lambda: writer.closed == 1, 10, what="the cycle closed by the writer")
-    writer.close()
+    writer.stop()
     return exporter, metrics
 
 

@@ -199,7 +199,8 @@ class Bridge:
         if not c.controller.state_directory:  # the default layout: one directory per job under a root
             sweep_stale_markers(self.orphan.marker.path.parent, self.metrics)
         # Never fails the start: a store that cannot be written is counted and logged.
-        self.recording = Recording.start(c, self.flow, self.metrics)
+        self.recording = Recording.from_config(c, self.flow, self.metrics)
+        self.recording.start()
         self._link = link = Link(c, self.metrics, ControllerHost(module, c.controller), self.flow,
                                  on_kill_master=lambda: self.request_stop(EXIT_RESCHEDULED),
                                  on_state=lambda state: self._publish_status(), observer=self.observer,
@@ -381,7 +382,7 @@ class Bridge:
                                            ranks_connected=ranks_connected)
         await finish(list(self._tasks.values()))
         self.recording.recorder.close()  # an open cycle ends as it stands
-        await asyncio.to_thread(self.recording.close)  # bounded: the writer flushes, the exporter sends
+        await asyncio.to_thread(self.recording.stop)  # bounded: the writer flushes, the exporter sends
         if self.metrics_server is not None:
             self.metrics_server.stop()
 

@@ -541,12 +541,17 @@ class _Open:
 
 
 class RecorderWriter:
-    """Owns the store; drains the loop's deque on its own thread, every ``poll`` seconds
-    while events come and every ``idle_poll`` seconds after a wake-up that found none."""
+    """Owns the store; drains the loop's deque on its own thread (``tft-recorder``), every
+    ``poll`` seconds while events come and every ``idle_poll`` seconds after a wake-up
+    that found none. ``start()`` starts the thread; ``stop()`` writes what is queued and
+    joins it (bounded). ``on_closed(record)`` gets each closed cycle on the writer's
+    thread; ``on_died()``, when given, is called on the writer's thread if it ends
+    without ``stop()`` (a bug: store failures are counted, never end it)."""
 
     def __init__(self, config: RecorderConfig, directory: Path, metrics: Any, *,
                  on_closed: Callable[[dict[str, Any]], None] | None = None, poll: float = 0.2,
-                 idle_poll: float = 1.0, reopen_every: float = 30.0) -> None:
+                 idle_poll: float = 1.0, reopen_every: float = 30.0,
+                 on_died: Callable[[], None] | None = None) -> None:
         self.config = config
         self.directory = directory
         self.errors = ErrorLog(metrics)
@@ -566,18 +571,20 @@ class RecorderWriter:
         self._next_open = 0.0
         self.written = 0  # events committed (tests, status)
         self.closed = 0  # cycles closed
-        self._thread = threading.Thread(target=self._run, name="tft-recorder", daemon=True)
+        self.on_died = on_died
+        self._thread: threading.Thread | None = None
 
     @property
     def path(self) -> Path:
         return self.store.path
 
     def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="tft-recorder", daemon=True)
         self._thread.start()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
     def put(self, item: tuple[Any, ...]) -> None:
         """Event loop: O(1). Never blocks, never wakes the writer. Only events are
@@ -588,10 +595,10 @@ class RecorderWriter:
             return
         self._items.append(item)
 
-    def close(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         """Write what is queued, then stop the thread (bounded wait)."""
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
         else:
             self._drain()  # never started (tests): still write
@@ -607,8 +614,12 @@ class RecorderWriter:
                 wait = self.poll if self._items else self.idle_poll
                 self._drain_guarded()
             self._drain_guarded()
+        except Exception:
+            log.exception("flight recorder: the writer thread failed")
         finally:
             self.store.close()
+            if not self._stop.is_set() and self.on_died is not None:
+                self.on_died()
 
     def _drain_guarded(self) -> None:
         try:
@@ -721,7 +732,8 @@ class RecorderWriter:
 
 class Recording:
     """The recorder of one running bridge: the loop-side hooks, the writer thread and
-    the optional OTLP exporter, started and stopped together by the daemon."""
+    the optional OTLP exporter, started and stopped together by the daemon
+    (``from_config``, ``start()``, ``stop()``)."""
 
     def __init__(self, recorder: NullRecorder, writer: RecorderWriter | None = None, exporter: Any = None) -> None:
         self.recorder = recorder
@@ -729,15 +741,17 @@ class Recording:
         self.exporter = exporter
 
     @classmethod
-    def start(cls, config: Any, flow: ControllerFlow, metrics: Any) -> Recording:
+    def from_config(cls, config: Any, flow: ControllerFlow, metrics: Any, *,
+                    on_died: Callable[[], None] | None = None) -> Recording:
         """From a BridgeConfig's [recorder] and [otel] sections; a no-op when disabled.
-        Never raises: a recorder that cannot start is counted and the bridge runs on."""
+        Never raises: a recorder that cannot start is counted and the bridge runs on.
+        ``on_died``: the writer thread's (``RecorderWriter``)."""
         from bridge.core.recorder_config import state_directory
 
         settings: RecorderConfig = config.recorder
         if not settings.enabled:
             return cls(NullRecorder())
-        writer = RecorderWriter(settings, state_directory(settings, config.job_id), metrics)
+        writer = RecorderWriter(settings, state_directory(settings, config.job_id), metrics, on_died=on_died)
         exporter = None
         if config.otel.enabled:
             try:
@@ -747,8 +761,11 @@ class Recording:
                 writer.on_closed = exporter.submit
             except ImportError as error:
                 writer.errors("otel_export", f"the otel extra is not installed ({error}); traces are not exported")
-        writer.start()
         return cls(Recorder(config.job_id, flow, writer), writer, exporter)
+
+    def start(self) -> None:
+        if self.writer is not None:
+            self.writer.start()
 
     @property
     def alive(self) -> bool:
@@ -758,13 +775,13 @@ class Recording:
     def path(self) -> Path | None:
         return self.writer.path if self.writer is not None else None
 
-    def close(self, budget: float = 5.0) -> None:
+    def stop(self, budget: float = 5.0) -> None:
         """Blocking (run it off the loop): write what is queued, export what is closed,
         within ``budget`` seconds in all (the unit's TimeoutStopSec has the drain and the
         controller's destroy to cover too). Traces still queued then are not sent; their
         cycles are in the store."""
         deadline = time.monotonic() + budget
         if self.writer is not None:
-            self.writer.close(budget * 0.6)
+            self.writer.stop(budget * 0.6)
         if self.exporter is not None:
             self.exporter.close(max(0.1, deadline - time.monotonic()))
