@@ -767,14 +767,6 @@ class Recording:
         if self.writer is not None:
             self.writer.start()
 
-    @property
-    def alive(self) -> bool:
-        return self.writer is None or self.writer.alive
-
-    @property
-    def path(self) -> Path | None:
-        return self.writer.path if self.writer is not None else None
-
     def stop(self, budget: float = 5.0) -> None:
         """Blocking (run it off the loop): write what is queued, export what is closed,
         within ``budget`` seconds in all (the unit's TimeoutStopSec has the drain and the

@@ -58,10 +58,6 @@ class AuxStream(Subscription[T]):
         return self.loop.subscribed
 
     @property
-    def subscriptions(self) -> int:
-        return self.loop.subscriptions
-
-    @property
     def unimplemented(self) -> bool:
         """The last attempt found the method not served."""
         return self.loop.unimplemented

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,11 +116,10 @@ def validate_rank_table(text: str) -> dict[str, Any]:
 
 class RankTableSubscriber(Subscription[config_pb2.RankTableStream]):
     """Register -> SubscribeRankTable -> write, again after every stream end (``run``
-    until ``stop()``, on the event loop). ``on_written(path)`` is told of every table
-    written, on the loop."""
+    until ``stop()``, on the event loop)."""
 
     def __init__(self, config: RankTableConfig, clusterd: ClusterDConfig, metrics: BridgeMetrics,
-                 on_written: Callable[[Path], None] = lambda path: None, *, hook_timeout: float = 60.0) -> None:
+                 *, hook_timeout: float = 60.0) -> None:
         self.config = config
         self.path = Path(config.path)
         # Its own channel: never competes with the Recover stream. ClusterD writes on this
@@ -129,7 +127,6 @@ class RankTableSubscriber(Subscription[config_pb2.RankTableStream]):
         self.client = ClusterDClient(clusterd, metrics, quiet_stream=True)
         self.metrics = metrics
         self.hooks = NodeHooks(config.hook_command, hook_timeout, metrics)  # hooks.timeout of the job config
-        self.on_written = on_written
         self.current: dict[str, Any] | None = self._load_existing()
         self._info = client_info(config.job_id, clusterd.role)
         self.loop: StreamLoop[config_pb2.RankTableStream] = StreamLoop(
@@ -164,7 +161,6 @@ class RankTableSubscriber(Subscription[config_pb2.RankTableStream]):
         self.current = table
         self.metrics.ranktable_updates.labels("written").inc()
         log.info("rank table version %s written to %s", table["version"], self.path)
-        self.on_written(self.path)
         if self.config.hook_command:
             await self.hooks.run_command("ranktable_changed", [str(self.path)])
         return "written"
