@@ -24,8 +24,8 @@ from bridge.core.state_dir import state_directory
 from bridge.job.assembly import Link, spawn
 from bridge.job.metrics import BridgeMetrics
 from bridge.job.reports.operator_faults import LocalReports
-from bridge.job.session.fault_centre import FaultInfoReader
-from bridge.job.session.operator_actions import OmResponder
+from bridge.job.session.fault_centre import FaultCentreReader
+from bridge.job.session.operator_actions import OperatorActions
 
 
 class SidePart(Protocol):
@@ -43,12 +43,12 @@ class SideServices:
     order. Built once the link runs (``link.session``, ``link.recorder`` exist)."""
 
     def __init__(self, config: BridgeConfig, link: Link, metrics: BridgeMetrics, *, report_fault: bool = True) -> None:
-        self.om = OmResponder(config.job_id, link.client, metrics, ready=link.session.live.wait)
-        self.fault_info = FaultInfoReader(config.job_id, link.client, metrics, ready=link.session.live.wait,
-                                          on_info=link.recorder.clusterd_faults)
+        self.operator_actions = OperatorActions(config.job_id, link.client, metrics, ready=link.session.live.wait)
+        self.fault_centre = FaultCentreReader(config.job_id, link.client, metrics, ready=link.session.live.wait,
+                                              on_info=link.recorder.clusterd_faults)
         self.local_reports: LocalReports | None = None
         #: (task name, part), in start order.
-        self.parts: list[tuple[str, SidePart]] = [("om", self.om), ("fault-info", self.fault_info)]
+        self.parts: list[tuple[str, SidePart]] = [("om", self.operator_actions), ("fault-info", self.fault_centre)]
         if report_fault:
             directory = state_directory(config.controller.state_directory, config.job_id)
             self.local_reports = LocalReports(config.job_id, config.controller.world_size, directory, link.sink,

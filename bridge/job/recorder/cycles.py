@@ -1,50 +1,33 @@
 """The recovery flight recorder: every cycle's timeline, kept on disk beside the bridge.
 
-Nobody else sees the whole of a recovery: ClusterD logs its side on another machine, the
-controller logs in the training pods. The bridge sees both directions, so it records,
-per recovery cycle, each controller callback (fault ranks by type, codes, strategies),
-each ClusterD RPC with its code and latency, each signal (uuid, type, actions,
-strategy), each notify with the controller's return, every refusal and drop with its
-reason, and the final outcome. ``tft-bridge history`` reads it back; the phases and who
-was waited on are derived by ``bridge.job.recorder.model``.
+Per recovery cycle: each controller callback (fault ranks by type, strategies), each
+ClusterD RPC with its code and latency, each signal, each notify with the controller's
+return, every refusal and drop with its reason, and the outcome. ``tft-bridge history``
+reads it back; ``bridge.job.recorder.model`` derives the phases and waits.
 
-Two halves, because the peers forbid the obvious one:
+Two halves:
 
-* ``Recorder`` runs on the event loop, called from the report path and the dispatcher.
-  The controller blocks on every callback and ClusterD's decisions race the
-  controller's own timeout, so recording must never delay a report or a notify: each
-  call builds one small tuple and appends it to a bounded deque (O(1); a fault map
-  above 64 ranks keeps the counts the metrics made of it, and is never walked again,
-  here or on the writer, whose GIL time would delay that very report). A full deque
-  drops the event and counts ``tft_bridge_recorder_errors_total{reason="queue_full"}``
-  (a cycle's opening, uuid and close always pass: detail is lost, never the cycle or
-  its outcome). ``bench/bench_recorder.py`` measures a hook's cost. The controller's own
-  thread never runs any of this: its callbacks reach the loop through the report wire.
-* ``RecorderWriter`` is a thread that wakes on its own every ``poll`` seconds while
-  events come, every ``idle_poll`` seconds once a wake-up found none (an idle bridge
-  wakes the node no more than MindCluster's client does; the first events after a quiet
-  time wait that much longer for the disk). The loop never wakes it: a wake-up is a
-  syscall that can hand the GIL away mid-report. It writes
-  the batch to the SQLite store in one transaction (``bridge.job.recorder.store``), keeps
-  the store inside its bounds and hands each closed cycle to the optional OpenTelemetry
-  exporter. A full disk, an unwritable directory or a corrupt file never stops the
-  bridge: the failure is counted by reason, logged once per kind (then at most every
-  five minutes, with the count), and the store is re-opened later.
+* ``Recorder``, on the event loop (the report path and the dispatcher call it): each
+  hook is O(1), one small tuple appended to a bounded deque, and never blocks or wakes
+  anything; a fault map above ``INLINE_FAULTS`` ranks keeps only its per-type counts. A
+  full deque drops the event and counts ``tft_bridge_recorder_errors_total{reason=
+  "queue_full"}``; a cycle's opening, uuid and close always pass.
+* ``RecorderWriter``, a thread of its own (``tft-recorder``): wakes every ``poll``
+  seconds while events come, every ``idle_poll`` once a wake-up found none, writes each
+  batch in one transaction (``bridge.job.recorder.store``), keeps the store in its
+  bounds and hands each closed cycle to the optional OTLP exporter. A store failure
+  (full disk, unwritable directory, corrupt file) is counted by reason and logged within
+  a budget, the store re-opened later; it never stops the bridge.
 
-How events group into cycles (ClusterD's uuid is not on the controller's reports, and a
-flow may start from either side): a cycle opens at the controller's first fault report
-or ClusterD's first signal of a flow, takes ClusterD's uuid when a signal brings one
-(a later different uuid is recorded as a change, not a new cycle: the controller is
-still in the same flow), and closes when the controller's flow reaches a final outcome:
-back to idle after a result (success, isolated), or exit decided. It lingers briefly
-(``grace``) so the final report's RPC, a drop or a repeated signal of the same cycle
-land in it. A cycle a signal opens stays tentative (nothing written) until the
-controller is involved: a signal refused, or asking nothing of the controller, while it
-is idle joins the cycle that closed just before when it repeats that cycle (ClusterD
-repeats exit notices every few seconds), else closes on its own as ``not_forwarded``.
-A fault report ClusterD never answered stays open until the bridge
-stops (``unfinished``), and a cycle a crash left open is ``interrupted`` at the next
-start.
+Grouping: a cycle opens at the controller's first fault report or ClusterD's first
+signal of a flow, takes ClusterD's uuid when a signal brings one (a later different uuid
+is a change, not a new cycle), and closes when the controller's flow reaches a final
+outcome, lingering ``GRACE`` seconds for the final report's RPC, a drop or a repeated
+signal. A cycle a signal opens stays tentative until the controller is involved: while
+the controller is idle, a refused or no-op signal joins the cycle that closed just
+before when it repeats it, else closes as ``not_forwarded``. A fault report never
+answered stays open until the stop (``unfinished``); one a crash left open is
+``interrupted`` at the next start.
 """
 
 from __future__ import annotations
