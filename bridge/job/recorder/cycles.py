@@ -534,10 +534,10 @@ class RecorderWriter:
     def __init__(self, config: RecorderConfig, directory: Path, metrics: Any, *,
                  on_closed: Callable[[dict[str, Any]], None] | None = None, poll: float = 0.2,
                  idle_poll: float = 1.0, reopen_every: float = 30.0,
-                 on_died: Callable[[], None] | None = None) -> None:
+                 on_died: Callable[[], None] | None = None, errors: ErrorLog | None = None) -> None:
         self.config = config
         self.directory = directory
-        self.errors = ErrorLog(metrics)
+        self.errors = errors or ErrorLog(metrics)  # shared with the exporter when there is one
         self.on_closed = on_closed
         self.poll = poll
         self.idle_poll = max(poll, idle_poll)
@@ -734,19 +734,23 @@ class Recording:
         settings: RecorderConfig = config.recorder
         if not settings.enabled:
             return cls(NullRecorder())
-        writer = RecorderWriter(settings, state_directory(settings, config.job_id), metrics, on_died=on_died)
+        errors = ErrorLog(metrics)
         exporter = None
         if config.otel.enabled:
             try:
                 from bridge.job.recorder.otel import OtlpExporter  # imported only here: no cost when off
 
-                exporter = OtlpExporter(config.otel, writer.errors)
-                writer.on_closed = exporter.submit
+                exporter = OtlpExporter(config.otel, errors)
             except ImportError as error:
-                writer.errors("otel_export", f"the otel extra is not installed ({error}); traces are not exported")
+                errors("otel_export", f"the otel extra is not installed ({error}); traces are not exported")
+        writer = RecorderWriter(settings, state_directory(settings, config.job_id), metrics, errors=errors,
+                                on_closed=exporter.submit if exporter is not None else None, on_died=on_died)
         return cls(Recorder(config.job_id, flow, writer), writer, exporter)
 
     def start(self) -> None:
+        """The exporter first: the writer hands it closed cycles."""
+        if self.exporter is not None:
+            self.exporter.start()
         if self.writer is not None:
             self.writer.start()
 
@@ -759,4 +763,4 @@ class Recording:
         if self.writer is not None:
             self.writer.stop(budget * 0.6)
         if self.exporter is not None:
-            self.exporter.close(max(0.1, deadline - time.monotonic()))
+            self.exporter.stop(max(0.1, deadline - time.monotonic()))
