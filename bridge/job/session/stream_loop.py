@@ -7,23 +7,30 @@ pause: none when the owner asks for none, ``recheck_disabled`` when the peer doe
 serve the method, else the jittered back-off (bridge/core/backoff.py), reset by a clean end
 (ClusterD ends these streams at every cycle end and reset: docs/clusterd.md).
 
-How an owner uses it (``AuxStream``, ``RankTableSubscriber``; ``Session`` likewise)::
+How an owner uses it (``AuxStream``, ``RankTableSubscriber``). ``Session`` maps onto it
+as follows (the signal stream: ``decode`` gives (signal, raw bytes))::
 
-    class Session(Subscription[tuple[ProcessManageSignal, bytes]]):
-        def __init__(...):
-            self.loop = StreamLoop("signal", client, SUBSCRIBE, client_info(job, role),
-                                   decode_signal, silence=keepalive * intervals)
-        async def prepare(self) -> Outcome | None:   # Init, Register, catch_up, settle
-            ...  # RpcFailure -> Outcome.FAILED; Init 403 -> Outcome.UNIMPLEMENTED
-        async def opened(self) -> None:               # the Subscribe's head start
-            await asyncio.sleep(SUBSCRIBE_HEAD_START); self.subscribe_sent = True
-        async def handle(self, item) -> None:          # track the cycle, dispatch
-            ...
-        def ended(self, end: StreamEnd) -> float | None:  # the finally block; 0.0 after a heard cycle end
-            ...
-        async def run(self) -> None: await self.loop.run(self)
-        def stop(self) -> None: self.loop.stop()
-        def request_resubscribe(self, reason): self.reason = reason; self.loop.restart()
+    self.loop = StreamLoop("signal", client, SUBSCRIBE, client_info(job_id, role),
+                           lambda raw: (pb.ProcessManageSignal.FromString(raw), raw),
+                           silence=config.keepalive_interval * config.watchdog_intervals)
+    async def run(self):  await self.loop.run(self); self._set_state(STOPPED)
+    def stop(self):       self.loop.stop()
+    def request_resubscribe(self, reason):  self._end_reason = reason; self.loop.restart()
+
+    async def prepare(self):   # CONNECTING; Init and Register, each retried on RpcFailure
+        ...                    # with ``await self.loop.sleep(self.loop.backoff.next())``;
+                               # 403 -> RECOVERY_OFF, return Outcome.UNIMPLEMENTED (re-checked
+                               # every recheck_disabled); another code -> return Outcome.FAILED;
+                               # then catch_up(), await before_subscribe(), count the reconnect,
+                               # stream_count += 1; return None
+    async def opened(self):    # the Subscribe's head start, subscribe_sent, on_cycles()
+    async def handle(self, item):   # catch_up(); live/SUBSCRIBED on the first; stale check,
+                                    # track the cycle, on_signal(...)
+    def ended(self, end):      # catch_up(), end the cycle, live cleared, on_cycles(); end_reason
+                               # from end.outcome (ENDED: cycle_end, SILENT: keepalive_timeout,
+                               # FAILED: stream_<status>, goaway(end.detail) -> connection_lost);
+                               # return 0.0 after a heard cycle end (ENDED and end.messages),
+                               # else BACKOFF and None
 
 Thread: everything runs on the event loop; ``stop`` and ``restart`` too.
 """
@@ -198,8 +205,8 @@ class StreamLoop(Generic[T]):
                 try:
                     message = await asyncio.wait_for(call.read(), self.silence)
                 except asyncio.TimeoutError:
-                    log.warning("ClusterD's %s stream silent for %.0f s: treating it as dead", self.name,
-                                self.silence or 0.0)
+                    log.warning("ClusterD %s stream silent for %.0f s (no keep-alive): treating it as dead",
+                                self.name, self.silence or 0.0)
                     return StreamEnd(Outcome.SILENT, opened=True, messages=messages)
                 if message is grpc.aio.EOF:
                     return StreamEnd(Outcome.ENDED, opened=True, messages=messages)
