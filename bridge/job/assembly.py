@@ -183,7 +183,7 @@ class Link:
         # Every report the controller put so far is in the wire's outbox before the drain
         # looks at it, and the loop has taken them.
         if self.session.live.is_set():
-            await self.wire.drain(timeout=min(5.0, self.config.clusterd.rpc_timeout))
+            await self.wire.drain(timeout=self.config.clusterd.drain_timeout)
         self.session.stop()
         await asyncio.to_thread(self.wire.stop, 2.0 + self.config.clusterd.rpc_timeout)
         self.wire.catch_up()

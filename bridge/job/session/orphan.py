@@ -1,15 +1,22 @@
-"""The orphaned job: training ranks left attached to a controller that died.
+"""The orphaned-job marker: a job whose ranks are attached to a controller that died.
 
-``ControllerMarker`` keeps ``controller.json`` in the job's state directory: written
-atomically when the controller starts, removed when a stop leaves no rank on a dead
-controller (the job is ending, or no rank is connected once ``controller.rank_loss_wait``
-has passed). ``OrphanWatch``, on the event loop, turns a leftover marker at start-up into
-a CRITICAL line, ``tft_bridge_orphaned_job`` = 1 and a STATUS= prefix until a rank
-connects to this controller; while it stands a stop keeps the marker.
-``sweep_stale_markers`` removes other jobs' markers under the default state root older
-than ``STALE_MARKER_AGE`` whose bridge is not running. A marker that cannot be written
-or read is logged and counted, never fatal. The bridge never restarts the job itself.
-Why and what the operator does: docs/operations.md, "Orphaned jobs"; docs/runbook.md.
+The controller cannot adopt running ranks (docs/mindio-controller.md section 4), so a
+bridge that ends while its job trains leaves the job without fault tolerance. The rules
+an operator sees are in docs/operations.md ("Orphaned jobs"); here:
+
+* ``ControllerMarker``: ``controller.json`` in the job's state directory, written
+  atomically when the controller starts, removed when a stop leaves no rank on a dead
+  controller (``OrphanWatch.controller_stopped``).
+* ``OrphanWatch``: a leftover marker at start-up is a suspicion (CRITICAL log line,
+  ``tft_bridge_orphaned_job`` = 1, a STATUS= prefix) until a training rank connects to
+  this controller; while it stands, a stop keeps the marker.
+* ``sweep_stale_markers``: in the default state root only, other jobs' markers older than
+  ``STALE_MARKER_AGE`` whose bridge process is gone are removed.
+
+Nothing here restarts the job: the operator decides (docs/runbook.md). A marker that
+cannot be written or read is logged and counted
+(``tft_bridge_bad_inputs_total{kind="orphan_marker"}``); it never stops the bridge.
+All of it runs on the event loop's thread (start-up, the tick, the stop).
 """
 
 from __future__ import annotations
