@@ -1197,7 +1197,7 @@ class StandInApiServer:
         server, self._server = self._server, None
         if server is not None:
             server.server_close()  # joins the handler threads, which the cut connections end
-        for thread in (self._thread, self._sweeper):
+        for thread in (self._sweeper, self._thread):  # the reverse of start
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=5)
         self._thread = self._sweeper = None
