@@ -94,7 +94,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from bridge.sim.kube.selectors import FieldSelector, LabelSelector, SelectorError
 
-log = logging.getLogger("tft_bridge.platform.sim.apiserver")
+log = logging.getLogger("bridge.sim.kube.apiserver")
 
 GROUP_VERSION = "scheduling.volcano.sh/v1beta1"
 PREFIX = "/apis/" + GROUP_VERSION
