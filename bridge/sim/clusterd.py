@@ -39,7 +39,7 @@ from bridge.sim.clusterd_job import JobConfig, JobController, SimJob
 from bridge.sim.clusterd_recover import RecoverService
 from bridge.sim.clusterd_release import MASTER, RELEASES, Release
 from bridge.sim.clusterd_timings import REAL, Timings
-from bridge.sim.clusterd_wire import fault_ranks
+from bridge.sim.clusterd_messages import fault_ranks
 from bridge.sim.journal import Journal, JournalEntry
 
 __all__ = ["MASTER", "RELEASES", "REAL", "SERVER_OPTIONS", "Release", "Journal", "JournalEntry", "SimClusterD", "SimJob", "Timings"]

@@ -39,7 +39,7 @@ from bridge.sim.clusterd_rules import FaultCache, FaultPair
 from bridge.sim.clusterd_release import Release
 from bridge.sim.clusterd_retry import RetryRecords
 from bridge.sim.clusterd_timings import Timings
-from bridge.sim.clusterd_wire import faults_detail, make_signal
+from bridge.sim.clusterd_messages import faults_detail, make_signal
 
 log = logging.getLogger("bridge.sim.clusterd")
 
