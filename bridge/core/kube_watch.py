@@ -60,6 +60,7 @@ class Listed:
 
 @dataclass(frozen=True)
 class Changed:
+    """One watch event of an object: ADDED, MODIFIED or DELETED."""
     kind: str  # ADDED, MODIFIED, DELETED
     obj: dict[str, Any]
 

@@ -51,6 +51,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class AgentSettings:
+    """Scope, periods and limits of one agent (the ``tft-bridge platform`` options)."""
     namespace: str | None = None  # None: all namespaces
     selector: str | None = None  # a label selector, e.g. "platform=ours"
     resync_seconds: float = 30.0

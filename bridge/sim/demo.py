@@ -41,6 +41,7 @@ RANK_LOSS_WAIT = 1.0
 
 @dataclass(frozen=True)
 class Scenario:
+    """One demo: the job's strategies, the fault injected, and the outcome that makes it a success."""
     description: str
     strategies: tuple[str, ...]
     fault: dict[int, int]

@@ -249,6 +249,10 @@ def _named_list(value: Any) -> bool:
 
 @dataclass
 class Watcher:
+    """One open watch: what it selects, and its event queue (filled under the store's lock by
+    any writer's thread, drained by the watch's handler thread; None ends it)."""
+
+
     namespace: str | None
     selector: LabelSelector
     resource: str = PODGROUPS

@@ -31,6 +31,7 @@ __all__ = ["CONFIRM_OR_RESULT_FAILED", "STRATEGY_WAIT_TIMEOUT", "CycleReport", "
 
 @dataclass(frozen=True)
 class SimTimings:
+    """The platform-mode waits, scaled down (the real ones: ``clusterd_timings.REAL``)."""
     poll: float = 0.02  # real: 3 s
     wait: float = 2.0  # real: 300 s
     reconfirm_delay: float = 0.05  # after a 405 retry failure, before the next confirm (real: ~1 s)
@@ -49,6 +50,7 @@ class Outcomes:
 
 @dataclass
 class CycleReport:
+    """What one fault cycle did and saw: ``code`` 0, 508 or 509; ``violations`` what the platform got wrong."""
     code: int = 0
     strategies: list[str] = field(default_factory=list)  # what changeStrategy would have carried
     statuses: list[str] = field(default_factory=list)
