@@ -140,6 +140,9 @@ cdef extern from *:
     int _check_entries "bridge_check_entries"(PyObject*) except -1
     void _distrust_entries "bridge_distrust_entries"() noexcept
 
+cdef extern from *:
+    int __builtin_clzll(unsigned long long) noexcept nogil
+
 cdef extern from "Python.h":
     bint _int_exact "PyLong_CheckExact"(PyObject*)
     int _dict_next "PyDict_Next"(object, Py_ssize_t*, PyObject**, PyObject**)
@@ -247,6 +250,7 @@ cdef inline object _rank_object(PyObject* key, long long rank):
 cdef enum:
     AHEAD = 16
     CHUNK = 256
+    SHORT_SORT = 4096
 
 
 def _trust_entry_tables(enabled=True):
@@ -314,18 +318,40 @@ cdef bint _merge_walk(dict merged, dict source) except -1:
 
 # --------------------------------------------------------------------------- sorting
 
+cdef inline bint _radix_pass(const uint64_t* src, uint64_t* dst, Py_ssize_t n, int shift, int width) noexcept:
+    """One stable counting pass of ``src`` into ``dst`` by the ``width`` bits at ``shift``;
+    False, and nothing written, when every word has the same digit there."""
+    cdef Py_ssize_t counts[2048]
+    cdef Py_ssize_t i, j, total = 0, c
+    cdef Py_ssize_t buckets = (<Py_ssize_t>1) << width
+    cdef uint64_t mask = <uint64_t>(buckets - 1)
+    memset(counts, 0, buckets * sizeof(Py_ssize_t))
+    for i in range(n):
+        counts[(src[i] >> shift) & mask] += 1
+    if counts[(src[0] >> shift) & mask] == n:
+        return False
+    for i in range(buckets):
+        c = counts[i]
+        counts[i] = total
+        total += c
+    for i in range(n):
+        j = <Py_ssize_t>((src[i] >> shift) & mask)
+        dst[counts[j]] = src[i]
+        counts[j] += 1
+    return True
+
+
 cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n) noexcept:
     """Stable sort of ``rank << 2 | type`` words by rank: insertion sort for short maps,
-    three 11-bit LSD radix passes otherwise (ranks fit 31 bits), less a pass whose digit
-    is the same in every word."""
+    otherwise LSD radix passes, less a pass whose digit is the same in every word: 8-bit
+    digits over the bits below the highest rank's for a few thousand words (the count
+    table's set-up is most of a pass there), three 11-bit ones above (ranks fit 31 bits)."""
     cdef Py_ssize_t i, j
-    cdef uint64_t item
-    cdef Py_ssize_t counts[2048]
-    cdef int shift
+    cdef uint64_t item, highest = 0
+    cdef int shift, top
     cdef uint64_t* src = items
     cdef uint64_t* dst = scratch
     cdef uint64_t* tmp
-    cdef Py_ssize_t total, c
     if n < 64:
         for i in range(1, n):
             item = items[i]
@@ -335,24 +361,21 @@ cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n) noexce
                 j -= 1
             items[j + 1] = item
         return
-    for shift in range(2, 35, 11):
-        memset(counts, 0, sizeof(counts))
+    if n < SHORT_SORT:
         for i in range(n):
-            counts[(src[i] >> shift) & 2047] += 1
-        if counts[(src[0] >> shift) & 2047] == n:  # one digit for all (high bits of small ranks)
-            continue
-        total = 0
-        for i in range(2048):
-            c = counts[i]
-            counts[i] = total
-            total += c
-        for i in range(n):
-            j = (src[i] >> shift) & 2047
-            dst[counts[j]] = src[i]
-            counts[j] += 1
-        tmp = src
-        src = dst
-        dst = tmp
+            highest |= items[i]
+        top = 64 - __builtin_clzll(highest | 4)
+        for shift in range(2, top, 8):
+            if _radix_pass(src, dst, n, shift, 8):
+                tmp = src
+                src = dst
+                dst = tmp
+    else:
+        for shift in range(2, 35, 11):
+            if _radix_pass(src, dst, n, shift, 11):
+                tmp = src
+                src = dst
+                dst = tmp
     if src != items:
         memcpy(items, src, n * sizeof(uint64_t))
 

@@ -59,14 +59,32 @@ def test_format_large_unsorted_map_uses_radix_path(codec: ModuleType) -> None:
     assert text == ",".join(f"{r}:{r % 3}" for r in sorted(faults))
 
 
-@pytest.mark.parametrize("spread", [lambda r: r << 11, lambda r: r << 22, lambda r: 5 + (r << 22), lambda r: r * 40_009])
-def test_format_sorts_ranks_that_share_some_radix_digits(codec: ModuleType, spread: Callable[[int], int]) -> None:
-    """Ranks whose low, middle or high 11 bits are all alike (a radix pass with one digit
-    for every rank), in shuffled order."""
-    ranks = [spread(r) for r in range(1, 400)]
+@pytest.mark.parametrize("count", [400, 9000])
+@pytest.mark.parametrize("spread", [lambda r: r << 11, lambda r: r << 22, lambda r: 5 + (r << 22), lambda r: r * 40_009,
+                                    lambda r: (r << 8) | 3, lambda r: 2**31 - 1 - r])
+def test_format_sorts_ranks_that_share_some_radix_digits(codec: ModuleType, spread: Callable[[int], int],
+                                                         count: int) -> None:
+    """Ranks whose low, middle or high bits are all alike (radix digits that are the same
+    for every rank), in shuffled order, in maps short and long enough for each digit width."""
+    ranks = [spread(r) for r in range(1, count)]
     random.Random(3).shuffle(ranks)
-    faults = {rank: rank % 3 for rank in ranks if rank <= 2**31 - 1}
+    faults = {rank: rank % 3 for rank in ranks if 0 <= rank <= 2**31 - 1}
     assert codec.format_faults(faults) == ",".join(f"{r}:{r % 3}" for r in sorted(faults))
+
+
+@pytest.mark.parametrize("count", [100, 9000])
+def test_format_int_likes_colliding_in_a_long_map_follow_merge_rule(codec: ModuleType, count: int) -> None:
+    """Each rank given twice (an int-like and an int) in a map long enough to be radix
+    sorted: the sort must keep each rank's two entries in the map's order."""
+    rng = random.Random(5)
+    ranks = rng.sample(range(10 * count), count)
+    faults: OrderedDict[object, int] = OrderedDict()
+    for rank in ranks:
+        faults[IntLike(rank)] = rank % 3
+    for rank in reversed(ranks):
+        faults[rank] = (rank + 1) % 3
+    expected = {rank: rank % 3 if rank % 3 == 1 else (rank + 1) % 3 for rank in ranks}
+    assert codec.format_faults(faults) == ",".join(f"{r}:{expected[r]}" for r in sorted(expected))
 
 
 def test_format_accepts_int_likes_and_other_mappings(codec: ModuleType) -> None:
