@@ -443,6 +443,58 @@ def test_the_compiled_twin_reads_dict_entry_tables_in_place_on_every_supported_p
     assert compiled.merge_faults(faults) == faults and list(compiled.merge_faults({}, faults)) == list(faults)
 
 
+def test_the_compiled_twin_tells_fault_types_by_offset_on_every_supported_python() -> None:
+    """The compiled fast check tells a type by its object's offset from CPython's cached 0
+    only after an import-time check found 0, 1 and 2 evenly laid out; a Python where they
+    are not would silently take the comparisons, so on the versions built for, say so."""
+    compiled = pytest.importorskip("bridge._faults_c")
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        pytest.skip("no small-int layout relied on there")
+    assert compiled._TYPES_BY_OFFSET is True
+
+
+class IntSubclass(int):
+    pass
+
+
+@pytest.mark.parametrize("by_offset", [True, False])
+def test_fault_types_told_by_offset_or_by_comparison_agree_with_the_reference(by_offset: bool) -> None:
+    """Mixed types in a long map, and values next to 0, 1 and 2 in memory (-1, 3), or equal
+    to them but other objects (True, an int subclass, 1.0): both ways of telling a type
+    give the reference's result or error."""
+    from bridge import _faults_py
+
+    compiled = pytest.importorskip("bridge._faults_c")
+    try:
+        if compiled._type_by_offset(by_offset) is not by_offset:
+            pytest.skip("the small ints' layout is not the one relied on")
+        rng = random.Random(11)
+        faults = {rank: rng.choice((0, 1, 2)) for rank in rng.sample(range(100_000), 5000)}
+        for call in ("format_faults", "merge_faults"):
+            assert getattr(compiled, call)(faults) == getattr(_faults_py, call)(faults)
+        assert compiled.merge_faults(faults) is not faults
+        assert compiled.encode_process_fault_request("j", faults) == _faults_py.encode_process_fault_request("j", faults)
+        for value in (-1, 3, True, False, IntSubclass(1), 1.0, 2**40):
+            odd = {**faults, 77: value}
+            for call in ("format_faults", "merge_faults", "encode_process_fault_request"):
+                args = ("j", odd) if call.startswith("encode") else (odd,)
+                expected = outcome_of(lambda: getattr(_faults_py, call)(*args))
+                assert outcome_of(lambda: getattr(compiled, call)(*args)) == expected, (call, value)
+            target: dict[int, int] = {}
+            expected = outcome_of(lambda: _faults_py.merge_faults_into({}, odd))
+            assert outcome_of(lambda: compiled.merge_faults_into(target, odd)) == expected
+    finally:
+        compiled._type_by_offset()
+
+
+def outcome_of(call: Callable[[], object]) -> tuple[str, object]:
+    """("ok", result) or (exception type name, message)."""
+    try:
+        return "ok", call()
+    except (TypeError, ValueError) as error:
+        return type(error).__name__, str(error)
+
+
 def _faults_py_format(faults: dict[int, int]) -> str:
     return ",".join(f"{r}:{t}" for r, t in sorted(faults.items()))
 
