@@ -62,6 +62,27 @@ cdef extern from *:
         return (Py_ssize_t)t + 1 - (v < floor_pow10[t]);
     }
 
+    /* The fault type whose cached int object ``v`` is (0, 1 or 2), or -1, told without a
+       branch on which type it is: a map's types may come in no order the CPU can
+       predict, and a mispredicted branch also throws away the reads of the entries after
+       it. Where CPython keeps its small ints 0, 1 and 2 one after another, 32 bytes apart
+       (every 64-bit build of 3.10-3.13; checked at import by ``bridge_set_type_layout``),
+       the type is the object's offset from 0; elsewhere three comparisons. */
+    static PyObject* bridge_type_base = NULL;
+
+    static void bridge_set_type_layout(PyObject* t0, PyObject* t1, PyObject* t2) {
+        bridge_type_base = ((char*)t1 - (char*)t0 == 32 && (char*)t2 - (char*)t1 == 32) ? t0 : NULL;
+    }
+
+    static inline int bridge_type_of(PyObject* v, PyObject* const* types) {
+        const char* base = (const char*)bridge_type_base;
+        if (base != NULL) {
+            size_t d = (size_t)((const char*)v - base);
+            return (d & 31) == 0 && d <= 64 ? (int)(d >> 5) : -1;
+        }
+        return v == types[0] ? 0 : v == types[1] ? 1 : v == types[2] ? 2 : -1;
+    }
+
     /* Asks the CPU to bring the cache line at ``p`` in; never faults, whatever ``p`` is. */
     #define bridge_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
 
@@ -131,6 +152,9 @@ cdef extern from *:
     """
     dict _new_dict "bridge_new_dict"(Py_ssize_t)
     Py_ssize_t _decimal_len "bridge_decimal_len"(uint32_t) noexcept
+    int _type_of "bridge_type_of"(PyObject*, PyObject**) noexcept
+    void _set_type_layout "bridge_set_type_layout"(PyObject*, PyObject*, PyObject*) noexcept
+    PyObject* _type_base "bridge_type_base"
     bint _read_small_int "bridge_read_small_int"(PyObject*, long long*)
     void _prefetch "bridge_prefetch"(const void*) noexcept
     ctypedef struct Entry "bridge_entry":
@@ -139,6 +163,9 @@ cdef extern from *:
     const Entry* _dict_entries "bridge_dict_entries"(PyObject*, Py_ssize_t*) noexcept
     int _check_entries "bridge_check_entries"(PyObject*) except -1
     void _distrust_entries "bridge_distrust_entries"() noexcept
+
+cdef extern from *:
+    int __builtin_clzll(unsigned long long) noexcept nogil
 
 cdef extern from "Python.h":
     bint _int_exact "PyLong_CheckExact"(PyObject*)
@@ -163,6 +190,20 @@ _TYPE_OBJ[1] = <PyObject*>_TYPES[1]
 _TYPE_OBJ[2] = <PyObject*>_TYPES[2]
 
 
+def _type_by_offset(enabled=True):
+    """Tell a fault type by its object's offset from CPython's cached 0 when the layout
+    allows and ``enabled`` (False: by comparisons, which the tests also run); True when
+    it is told by offset."""
+    if enabled:
+        _set_type_layout(_TYPE_OBJ[0], _TYPE_OBJ[1], _TYPE_OBJ[2])
+    else:
+        _set_type_layout(_TYPE_OBJ[0], _TYPE_OBJ[0], _TYPE_OBJ[0])  # no stride: comparisons
+    return _type_base != NULL
+
+
+_TYPES_BY_OFFSET = _type_by_offset()
+
+
 def _sticky_type():
     """The one fault type ClusterD's duplicate rule never replaces, read from the rule's
     home in the reference module, so the twins cannot disagree about it."""
@@ -182,16 +223,13 @@ cdef PyObject* _STICKY_OBJ = _TYPE_OBJ[_STICKY]
 # encoder's loop was a libpython call per rank.
 
 cdef inline bint _fast(PyObject* key, PyObject* value, long long* rank, int* ftype) noexcept:
-    """True when both are exact ints in range (the only case handled without Python)."""
+    """True when both are exact ints in range (the only case handled without Python); the
+    type is told without a branch on it where the layout allows (``bridge_type_of``)."""
     cdef long long r
-    if value == _TYPE_OBJ[0]:
-        ftype[0] = 0
-    elif value == _TYPE_OBJ[1]:
-        ftype[0] = 1
-    elif value == _TYPE_OBJ[2]:
-        ftype[0] = 2
-    else:
+    cdef int t = _type_of(value, _TYPE_OBJ)
+    if t < 0:
         return False
+    ftype[0] = t
     if not _read_small_int(key, &r) or r < 0 or r > MAX_RANK:
         return False
     rank[0] = r
@@ -247,6 +285,7 @@ cdef inline object _rank_object(PyObject* key, long long rank):
 cdef enum:
     AHEAD = 16
     CHUNK = 256
+    SHORT_SORT = 4096
 
 
 def _trust_entry_tables(enabled=True):
@@ -314,18 +353,40 @@ cdef bint _merge_walk(dict merged, dict source) except -1:
 
 # --------------------------------------------------------------------------- sorting
 
+cdef inline bint _radix_pass(const uint64_t* src, uint64_t* dst, Py_ssize_t n, int shift, int width) noexcept:
+    """One stable counting pass of ``src`` into ``dst`` by the ``width`` bits at ``shift``;
+    False, and nothing written, when every word has the same digit there."""
+    cdef Py_ssize_t counts[2048]
+    cdef Py_ssize_t i, j, total = 0, c
+    cdef Py_ssize_t buckets = (<Py_ssize_t>1) << width
+    cdef uint64_t mask = <uint64_t>(buckets - 1)
+    memset(counts, 0, buckets * sizeof(Py_ssize_t))
+    for i in range(n):
+        counts[(src[i] >> shift) & mask] += 1
+    if counts[(src[0] >> shift) & mask] == n:
+        return False
+    for i in range(buckets):
+        c = counts[i]
+        counts[i] = total
+        total += c
+    for i in range(n):
+        j = <Py_ssize_t>((src[i] >> shift) & mask)
+        dst[counts[j]] = src[i]
+        counts[j] += 1
+    return True
+
+
 cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n) noexcept:
     """Stable sort of ``rank << 2 | type`` words by rank: insertion sort for short maps,
-    three 11-bit LSD radix passes otherwise (ranks fit 31 bits), less a pass whose digit
-    is the same in every word."""
+    otherwise LSD radix passes, less a pass whose digit is the same in every word: 8-bit
+    digits over the bits below the highest rank's for a few thousand words (the count
+    table's set-up is most of a pass there), three 11-bit ones above (ranks fit 31 bits)."""
     cdef Py_ssize_t i, j
-    cdef uint64_t item
-    cdef Py_ssize_t counts[2048]
-    cdef int shift
+    cdef uint64_t item, highest = 0
+    cdef int shift, top
     cdef uint64_t* src = items
     cdef uint64_t* dst = scratch
     cdef uint64_t* tmp
-    cdef Py_ssize_t total, c
     if n < 64:
         for i in range(1, n):
             item = items[i]
@@ -335,24 +396,21 @@ cdef void _sort_by_rank(uint64_t* items, uint64_t* scratch, Py_ssize_t n) noexce
                 j -= 1
             items[j + 1] = item
         return
-    for shift in range(2, 35, 11):
-        memset(counts, 0, sizeof(counts))
+    if n < SHORT_SORT:
         for i in range(n):
-            counts[(src[i] >> shift) & 2047] += 1
-        if counts[(src[0] >> shift) & 2047] == n:  # one digit for all (high bits of small ranks)
-            continue
-        total = 0
-        for i in range(2048):
-            c = counts[i]
-            counts[i] = total
-            total += c
-        for i in range(n):
-            j = (src[i] >> shift) & 2047
-            dst[counts[j]] = src[i]
-            counts[j] += 1
-        tmp = src
-        src = dst
-        dst = tmp
+            highest |= items[i]
+        top = 64 - __builtin_clzll(highest | 4)
+        for shift in range(2, top, 8):
+            if _radix_pass(src, dst, n, shift, 8):
+                tmp = src
+                src = dst
+                dst = tmp
+    else:
+        for shift in range(2, 35, 11):
+            if _radix_pass(src, dst, n, shift, 11):
+                tmp = src
+                src = dst
+                dst = tmp
     if src != items:
         memcpy(items, src, n * sizeof(uint64_t))
 

@@ -59,14 +59,32 @@ def test_format_large_unsorted_map_uses_radix_path(codec: ModuleType) -> None:
     assert text == ",".join(f"{r}:{r % 3}" for r in sorted(faults))
 
 
-@pytest.mark.parametrize("spread", [lambda r: r << 11, lambda r: r << 22, lambda r: 5 + (r << 22), lambda r: r * 40_009])
-def test_format_sorts_ranks_that_share_some_radix_digits(codec: ModuleType, spread: Callable[[int], int]) -> None:
-    """Ranks whose low, middle or high 11 bits are all alike (a radix pass with one digit
-    for every rank), in shuffled order."""
-    ranks = [spread(r) for r in range(1, 400)]
+@pytest.mark.parametrize("count", [400, 9000])
+@pytest.mark.parametrize("spread", [lambda r: r << 11, lambda r: r << 22, lambda r: 5 + (r << 22), lambda r: r * 40_009,
+                                    lambda r: (r << 8) | 3, lambda r: 2**31 - 1 - r])
+def test_format_sorts_ranks_that_share_some_radix_digits(codec: ModuleType, spread: Callable[[int], int],
+                                                         count: int) -> None:
+    """Ranks whose low, middle or high bits are all alike (radix digits that are the same
+    for every rank), in shuffled order, in maps short and long enough for each digit width."""
+    ranks = [spread(r) for r in range(1, count)]
     random.Random(3).shuffle(ranks)
-    faults = {rank: rank % 3 for rank in ranks if rank <= 2**31 - 1}
+    faults = {rank: rank % 3 for rank in ranks if 0 <= rank <= 2**31 - 1}
     assert codec.format_faults(faults) == ",".join(f"{r}:{r % 3}" for r in sorted(faults))
+
+
+@pytest.mark.parametrize("count", [100, 9000])
+def test_format_int_likes_colliding_in_a_long_map_follow_merge_rule(codec: ModuleType, count: int) -> None:
+    """Each rank given twice (an int-like and an int) in a map long enough to be radix
+    sorted: the sort must keep each rank's two entries in the map's order."""
+    rng = random.Random(5)
+    ranks = rng.sample(range(10 * count), count)
+    faults: OrderedDict[object, int] = OrderedDict()
+    for rank in ranks:
+        faults[IntLike(rank)] = rank % 3
+    for rank in reversed(ranks):
+        faults[rank] = (rank + 1) % 3
+    expected = {rank: rank % 3 if rank % 3 == 1 else (rank + 1) % 3 for rank in ranks}
+    assert codec.format_faults(faults) == ",".join(f"{r}:{expected[r]}" for r in sorted(expected))
 
 
 def test_format_accepts_int_likes_and_other_mappings(codec: ModuleType) -> None:
@@ -423,6 +441,58 @@ def test_the_compiled_twin_reads_dict_entry_tables_in_place_on_every_supported_p
     faults[5000] = 1
     assert compiled.format_faults(faults) == _faults_py_format(faults)
     assert compiled.merge_faults(faults) == faults and list(compiled.merge_faults({}, faults)) == list(faults)
+
+
+def test_the_compiled_twin_tells_fault_types_by_offset_on_every_supported_python() -> None:
+    """The compiled fast check tells a type by its object's offset from CPython's cached 0
+    only after an import-time check found 0, 1 and 2 evenly laid out; a Python where they
+    are not would silently take the comparisons, so on the versions built for, say so."""
+    compiled = pytest.importorskip("bridge._faults_c")
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        pytest.skip("no small-int layout relied on there")
+    assert compiled._TYPES_BY_OFFSET is True
+
+
+class IntSubclass(int):
+    pass
+
+
+@pytest.mark.parametrize("by_offset", [True, False])
+def test_fault_types_told_by_offset_or_by_comparison_agree_with_the_reference(by_offset: bool) -> None:
+    """Mixed types in a long map, and values next to 0, 1 and 2 in memory (-1, 3), or equal
+    to them but other objects (True, an int subclass, 1.0): both ways of telling a type
+    give the reference's result or error."""
+    from bridge import _faults_py
+
+    compiled = pytest.importorskip("bridge._faults_c")
+    try:
+        if compiled._type_by_offset(by_offset) is not by_offset:
+            pytest.skip("the small ints' layout is not the one relied on")
+        rng = random.Random(11)
+        faults = {rank: rng.choice((0, 1, 2)) for rank in rng.sample(range(100_000), 5000)}
+        for call in ("format_faults", "merge_faults"):
+            assert getattr(compiled, call)(faults) == getattr(_faults_py, call)(faults)
+        assert compiled.merge_faults(faults) is not faults
+        assert compiled.encode_process_fault_request("j", faults) == _faults_py.encode_process_fault_request("j", faults)
+        for value in (-1, 3, True, False, IntSubclass(1), 1.0, 2**40):
+            odd = {**faults, 77: value}
+            for call in ("format_faults", "merge_faults", "encode_process_fault_request"):
+                args = ("j", odd) if call.startswith("encode") else (odd,)
+                expected = outcome_of(lambda: getattr(_faults_py, call)(*args))
+                assert outcome_of(lambda: getattr(compiled, call)(*args)) == expected, (call, value)
+            target: dict[int, int] = {}
+            expected = outcome_of(lambda: _faults_py.merge_faults_into({}, odd))
+            assert outcome_of(lambda: compiled.merge_faults_into(target, odd)) == expected
+    finally:
+        compiled._type_by_offset()
+
+
+def outcome_of(call: Callable[[], object]) -> tuple[str, object]:
+    """("ok", result) or (exception type name, message)."""
+    try:
+        return "ok", call()
+    except (TypeError, ValueError) as error:
+        return type(error).__name__, str(error)
 
 
 def _faults_py_format(faults: dict[int, int]) -> str:
