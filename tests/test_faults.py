@@ -447,7 +447,7 @@ def test_the_compiled_twin_tells_fault_types_by_offset_on_every_supported_python
     """The compiled fast check tells a type by its object's offset from CPython's cached 0
     only after an import-time check found 0, 1 and 2 evenly laid out; a Python where they
     are not would silently take the comparisons, so on the versions built for, say so."""
-    compiled = pytest.importorskip("bridge._faults_c")
+    compiled = pytest.importorskip("bridge.faults._c")
     if sysconfig.get_config_var("Py_GIL_DISABLED"):
         pytest.skip("no small-int layout relied on there")
     assert compiled._TYPES_BY_OFFSET is True
@@ -462,9 +462,9 @@ def test_fault_types_told_by_offset_or_by_comparison_agree_with_the_reference(by
     """Mixed types in a long map, and values next to 0, 1 and 2 in memory (-1, 3), or equal
     to them but other objects (True, an int subclass, 1.0): both ways of telling a type
     give the reference's result or error."""
-    from bridge import _faults_py
+    from bridge.faults import _python as _faults_py
 
-    compiled = pytest.importorskip("bridge._faults_c")
+    compiled = pytest.importorskip("bridge.faults._c")
     try:
         if compiled._type_by_offset(by_offset) is not by_offset:
             pytest.skip("the small ints' layout is not the one relied on")
