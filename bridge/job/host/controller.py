@@ -30,7 +30,7 @@ from typing import Any
 from bridge.job.host import controller_abi
 from bridge.job.sched.affinity import ControllerPin
 from bridge.core.config import STUB_CONTROLLER, ControllerConfig
-from bridge.job.reports.kinds import CALLBACKS, ReportFields
+from bridge.job.reports.kinds import CALLBACKS, KINDS, ReportSink, misfit, record, report_of
 
 log = logging.getLogger(__name__)
 
@@ -62,33 +62,71 @@ def load_controller_module(name: str) -> ModuleType:
         ) from error
 
 
-def make_callback(callback: str, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
+def make_callback(callback: str, sink: ReportSink, on_error: Callable[[], None],
                   pin: ControllerPin | None = None) -> Callable[..., int]:
-    """A controller callback that hands its arguments to ``sink`` and returns at once.
-    With ``pin``, a thread's first callback first pins that thread to its CPU
-    (``bridge/job/sched/affinity.py``); every later one pays two attribute reads and a
-    comparison, made here so that no further Python frame runs on the controller's
-    thread."""
-    monotonic = time.monotonic  # a closure cell: no global and attribute look-up per call
+    """The controller's ``callback``: names its arguments in a ``ControllerReport`` (the
+    intake, the only place they are read by position), hands it to ``sink`` and returns
+    0 at once. Runs on the controller's thread; never raises, never blocks, runs no Python
+    frame but its own (the record is built by one C call). A call whose arguments do not
+    fit becomes a report with its ``problem`` (answered 499 and counted on the loop); a
+    sink that fails counts through ``on_error``. With ``pin``, a thread's first callback
+    pins that thread to its CPU (``bridge/job/sched/affinity.py``)."""
+    if callback not in KINDS:
+        raise ValueError(f"unknown controller callback {callback!r}")
+    monotonic = time.monotonic  # closure cells: no global and attribute look-up per call
     get_ident = threading.get_ident
+    new = record
 
-    def relay_callback(*args: Any) -> int:
+    def report_fault_ranks(*args: Any) -> int:
         try:
-            sink((callback, args, monotonic(), None))
+            if pin is not None and pin.enabled and pin.thread != get_ident():
+                pin.pin_caller()
+            if args:
+                sink(new((callback, monotonic(), args[0], None, "", (), "", None, "")))
+            else:
+                sink(misfit(callback, args, monotonic()))
         except BaseException:  # noqa: BLE001 - anything escaping would kill the job or the process
             _callback_failed(callback, on_error)
         return 0
 
-    def pinning_callback(*args: Any) -> int:
+    def report_stop_complete(*args: Any) -> int:
         try:
-            if pin.enabled and pin.thread != get_ident():  # type: ignore[union-attr]
-                pin.pin_caller()  # type: ignore[union-attr]
-            sink((callback, args, monotonic(), None))
-        except BaseException:  # noqa: BLE001 - anything escaping would kill the job or the process
+            if pin is not None and pin.enabled and pin.thread != get_ident():
+                pin.pin_caller()
+            if len(args) > 2:
+                sink(new((callback, monotonic(), args[2], args[0], args[1], (), "", None, "")))
+            else:
+                sink(report_of(callback, args, monotonic()))
+        except BaseException:  # noqa: BLE001
             _callback_failed(callback, on_error)
         return 0
 
-    chosen = pinning_callback if pin is not None else relay_callback
+    def report_strategies(*args: Any) -> int:
+        try:
+            if pin is not None and pin.enabled and pin.thread != get_ident():
+                pin.pin_caller()
+            if len(args) == 2:
+                sink(new((callback, monotonic(), args[0], None, "", args[1], "", None, "")))
+            else:
+                sink(report_of(callback, args, monotonic()))
+        except BaseException:  # noqa: BLE001
+            _callback_failed(callback, on_error)
+        return 0
+
+    def report_result(*args: Any) -> int:
+        try:
+            if pin is not None and pin.enabled and pin.thread != get_ident():
+                pin.pin_caller()
+            if len(args) > 3:
+                sink(new((callback, monotonic(), args[2], args[0], args[1], (), args[3], None, "")))
+            else:
+                sink(report_of(callback, args, monotonic()))
+        except BaseException:  # noqa: BLE001
+            _callback_failed(callback, on_error)
+        return 0
+
+    chosen = {"report_fault_ranks": report_fault_ranks, "report_stop_complete": report_stop_complete,
+              "report_strategies": report_strategies, "report_result": report_result}[callback]
     chosen.__name__ = f"relay_{callback}"
     return chosen
 
@@ -167,7 +205,7 @@ class ControllerHost:
         """Some older builds lack ``tft_notify_controller_prepare_action``."""
         return self._prepare_action is not None
 
-    def start(self, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
+    def start(self, sink: ReportSink, on_error: Callable[[], None],
               pin: ControllerPin | None = None) -> None:
         """Register all four callbacks, then init, then start (the controller checks that
         all four are registered once, while starting, and silently never calls any of

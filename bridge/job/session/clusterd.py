@@ -13,9 +13,9 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -23,7 +23,9 @@ from bridge._proto import recover_pb2 as pb
 from bridge.core.backoff import Backoff
 from bridge.job.session.codes import Code
 from bridge.core.config import ClusterDConfig
+from bridge.job.cycle_state import CycleState
 from bridge.job.metrics import BridgeMetrics, code_label, signal_type_label
+from bridge.job.session.signals import Screened, screen_signal
 
 log = logging.getLogger(__name__)
 
@@ -213,20 +215,24 @@ class ClusterDClient:
             raise self._failure(name, error, started, was_ready) from None
         return self._answered(name, status, started)
 
+    def observe_rpc(self, method: str, code: int | str, started: float, seconds: float) -> None:
+        """A call's outcome, to ``on_rpc`` when set (on the loop): this client's own calls
+        and the report wire's (``relay.RpcObserver``), so whoever watches sees them all."""
+        if self.on_rpc is not None:
+            self.on_rpc(method, code, started, seconds)
+
     def _failure(self, name: str, error: grpc.RpcError, started: float, was_ready: bool) -> RpcFailure:
         """A grpc.aio.AioRpcError, counted and classified."""
         self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
         status, delivery = classify_failure(error, was_ready)
         self.metrics.rpcs.labels(name, status).inc()
-        if self.on_rpc is not None:
-            self.on_rpc(name, status, started, time.monotonic() - started)
+        self.observe_rpc(name, status, started, time.monotonic() - started)
         return RpcFailure(name, status, error.details() or "", delivery)
 
     def _answered(self, name: str, status: pb.Status, started: float) -> pb.Status:
         self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
         self.metrics.rpcs.labels(name, code_label(status.code)).inc()
-        if self.on_rpc is not None:
-            self.on_rpc(name, status.code, started, time.monotonic() - started)
+        self.observe_rpc(name, status.code, started, time.monotonic() - started)
         return status
 
     def subscribe(self, job_id: str, role: str) -> Any:
@@ -246,11 +252,20 @@ class SessionState(enum.Enum):
     STOPPED = "stopped"
 
 
-#: (signal, raw bytes, cycle token): the token is the signal's uuid, or for the signals
-#: ClusterD sends without one (saveAndExit, pre exit) the stream's own token.
-SignalHandler = Callable[[pb.ProcessManageSignal, bytes, str], None]
-#: (signal, raw bytes) -> None when the signal is well-formed, else (refusal reason, detail).
-SignalScreen = Callable[[pb.ProcessManageSignal, bytes], "tuple[str, str] | None"]
+class SignalSink(Protocol):
+    """Where the session hands each signal it read, screened (``signals.SignalDispatcher``)."""
+
+    def submit(self, screened: Screened) -> None: ...
+
+
+class ReportHandover(Protocol):
+    """The report wire's side of the order between reports and signals (``relay.Wire``):
+    the controller's reports it has taken, to the loop's bookkeeping, before the loop
+    reacts to anything from ClusterD."""
+
+    def catch_up(self) -> None: ...
+
+
 #: Signal types whose uuid is never a cycle: ClusterD's fault centre sends preExitProcess
 #: with a fresh uuid it does not keep, and changes no state (docs/clusterd.md section 5).
 UNTRACKED_TYPES = frozenset({"preExitProcess"})
@@ -271,83 +286,69 @@ class Session:
     recovery is off for the job: nothing to subscribe to, re-checked slowly.
     """
 
-    def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, on_signal: SignalHandler,
-                 on_state: Callable[[SessionState], None] = lambda state: None,
-                 screen: SignalScreen = lambda signal, raw: None, *,
-                 catch_up: Callable[[], None], before_subscribe: Callable[[], Awaitable[Any]],
-                 on_cycles: Callable[[], None]) -> None:
-        """``catch_up`` and ``before_subscribe`` keep the report path's order against
-        ClusterD's (below); ``on_cycles`` is told, on the loop, whenever ``live``,
-        ``current_uuid`` or the stream changed (the wire's snapshot, wire.Cycles, is out of
-        date). Required, so that no way of building a session forgets them."""
-        self._on_cycles = on_cycles
+    def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, cycles: CycleState,
+                 dispatcher: SignalSink, reports: ReportHandover,
+                 on_state: Sequence[Callable[[SessionState], None]] = ()) -> None:
+        """``cycles``: where the stream's state is written (live, subscribed, the running
+        cycle), a resubscribe request is read, and the report wire is settled before each
+        Subscribe. ``dispatcher``: takes each screened signal. ``reports``: caught up before
+        the loop reacts to anything from ClusterD (a message, a stream's end, a Subscribe),
+        so the bookkeeping never learns of ClusterD's answer to a report before the report.
+        ``on_state``: told of every state change, in order."""
         self.job_id = job_id
         self.client = client
         self.config = client.config
         self.metrics = metrics
-        self.on_signal = on_signal
-        self.on_state = on_state
-        # Refuses a malformed signal before it may touch cycle tracking (the dispatcher's
-        # own checks, signals.screen_signal): a refused signal with a new uuid
-        # must not end the running cycle, or the real result is dropped as no_live_cycle.
-        self.screen = screen
-        # Awaited right before every Subscribe (link.py: the outbox's ``settle``). A
-        # Subscribe resets ClusterD's cycle and empties its one-slot report buffers; a
-        # report of the ended stream still on the wire could otherwise arrive after it and
-        # be consumed as the new cycle's answer. Report* calls use a connection of their
-        # own (wire.py), so nothing else orders the two.
-        self._before_subscribe = before_subscribe
-        # Runs on the loop before it reacts to anything from ClusterD (a message, a
-        # stream's end, a Subscribe): the wire hands over the controller's reports that
-        # left before the loop saw them (bridge/job/reports/relay.py).
-        self._catch_up = catch_up
+        self._cycles = cycles
+        self._dispatcher = dispatcher
+        self._reports = reports
+        self._on_state = tuple(on_state)
         self.state = SessionState.CONNECTING
-        self.live = asyncio.Event()  # set while a subscription is live
-        # The Subscribe request had its head start and its stream has not ended: ClusterD's
-        # handler resets the job before anything else (docs/architecture.md), so fault
-        # reports may leave from here on, without waiting for the stream's first message.
-        self.subscribe_sent = False
+        self.live = cycles.live  # set while a subscription is live
         self._heard = False  # the stream that ended delivered a message
         self.init_answered = asyncio.Event()
         self.process_recover: bool | None = None  # None until Init answered
-        self.current_uuid: str | None = None  # the running cycle as the stream shows it
         self.last_message_at: float | None = None
-        self.stream_count = 0  # subscriptions made; names the stream in cycle tokens
-        self.cycle_listeners: list[Callable[[str], None]] = []  # told when a cycle is over or aborted
         self._stopping = asyncio.Event()
-        self._resubscribe = asyncio.Event()
         self._call: Any = None
-        self._end_reason = "start"
         self._ended: dict[str, None] = {}  # uuids of cycles that are over, oldest first (bounded)
 
     def _set_state(self, state: SessionState) -> None:
         if state is not self.state:
             log.info("ClusterD session: %s -> %s", self.state.value, state.value)
         self.state = state
-        self.on_state(state)
+        for told in self._on_state:
+            told(state)
+
+    @property
+    def current_uuid(self) -> str | None:
+        """The running cycle as the stream shows it."""
+        return self._cycles.snapshot.running
+
+    @property
+    def subscribe_sent(self) -> bool:
+        """The Subscribe had its head start and its stream has not ended."""
+        return self._cycles.snapshot.subscribed
 
     @property
     def end_reason(self) -> str:
-        """Why the previous stream ended (``cycle_end``: ClusterD closed it after a cycle
-        or a reset; ``start`` before the first; otherwise a loss, a freeze or a request)."""
-        return self._end_reason
+        """Why the previous stream ended (``CycleState.end_reason``)."""
+        return self._cycles.end_reason
+
+    @property
+    def stream_count(self) -> int:
+        return self._cycles.stream_count
 
     def stream_token(self) -> str:
-        return f"stream:{self.stream_count}"
+        return self._cycles.stream_token()
 
-    def cycle_alive(self, token: str | None) -> bool:
-        """Whether a report answering cycle ``token`` may still be delivered: its uuid is
-        the running cycle's, or (for uuid-less signals) its stream is still the live one."""
-        if not token or not self.live.is_set():
-            return False
-        return token == self.current_uuid or token == self.stream_token()
+    def last_heard(self) -> float | None:
+        """When the stream last delivered a message (monotonic; None before any)."""
+        return self.last_message_at
 
     def request_resubscribe(self, reason: str) -> None:
-        """Re-run Init/Register/Subscribe (after ClusterD answered 400: it lost our job)."""
-        self._end_reason = reason
-        self._resubscribe.set()
-        if self._call is not None:
-            self._call.cancel()
+        """Re-run Init/Register/Subscribe (``CycleState.request_resubscribe``)."""
+        self._cycles.request_resubscribe(reason)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -377,7 +378,6 @@ class Session:
         backoff = Backoff(self.config.reconnect_initial, self.config.reconnect_max)
         info = client_info(self.job_id, self.config.role)
         while not self._stopping.is_set():
-            self._resubscribe.clear()
             self._set_state(SessionState.CONNECTING)
             code = await self._unary_with_retry("/Recover/Init", info, backoff)
             if code is None:
@@ -405,10 +405,9 @@ class Session:
                 if await self._sleep(backoff.next()):
                     break
                 continue
-            self._catch_up()
-            await self._before_subscribe()
+            self._reports.catch_up()
+            await self._cycles.settle(self.config.rpc_timeout + 1.0)
             reason = await self._subscribe_once()
-            self._end_reason = reason if not self._resubscribe.is_set() else self._end_reason
             if self._stopping.is_set():
                 break
             if reason == "cycle_end":
@@ -424,10 +423,10 @@ class Session:
 
     async def _subscribe_once(self) -> str:
         """One stream, until it ends; the reason it ended."""
-        self.metrics.reconnects.labels(self._end_reason).inc()
-        self.stream_count += 1
+        self.metrics.reconnects.labels(self._cycles.end_reason).inc()
         call = self.client.subscribe(self.job_id, self.config.role)
         self._call = call
+        token = self._cycles.stream_opening(call.cancel)
         self._heard = False
         silence = self.config.keepalive_interval * self.config.watchdog_intervals
         reason = "cycle_end"
@@ -437,11 +436,11 @@ class Session:
             # resets the job as its first act; nothing ClusterD sends says when (no header,
             # no message before the first keep-alive). A report sent on the report
             # channel after this lands after that reset unless the handler is later than
-            # the head start; then the fault is reported again (refault.py, reports.py).
+            # the head start; then the fault is reported again (refault.py, ledger.py).
             if await self._sleep(SUBSCRIBE_HEAD_START):
-                return "stopped"
-            self.subscribe_sent = True
-            self._on_cycles()
+                reason = "stopped"
+                return reason
+            self._cycles.subscribe_sent()
             while True:
                 try:
                     item = await asyncio.wait_for(call.read(), silence)
@@ -449,25 +448,16 @@ class Session:
                     log.warning("ClusterD signal stream silent for %.0f s (no keep-alive): treating it as dead", silence)
                     reason = "keepalive_timeout"
                     break
-                self._catch_up()
+                self._reports.catch_up()
                 if item is grpc.aio.EOF:
                     reason = "cycle_end"
                     break
                 self._heard = True
-                if not self.live.is_set():
-                    self.live.set()
-                    self._on_cycles()
-                    self.metrics.subscription_up.set(1)
-                    self._set_state(SessionState.SUBSCRIBED)
                 self.last_message_at = time.monotonic()
-                signal, raw = item
-                if self._is_stale(signal):
-                    continue
-                self._track_cycle(signal, raw)
-                self.on_signal(signal, raw, signal.uuid or self.stream_token())
+                self._on_message(*item, token)
         except asyncio.CancelledError:
-            if self._stopping.is_set() or self._resubscribe.is_set():
-                reason = "stopped" if self._stopping.is_set() else self._end_reason
+            if self._stopping.is_set() or self._cycles.resubscribe_requested:
+                reason = "stopped" if self._stopping.is_set() else self._cycles.end_reason
             else:
                 raise
         except grpc.aio.AioRpcError as error:
@@ -478,15 +468,26 @@ class Session:
         finally:
             call.cancel()
             self._call = None
-            self._catch_up()
-            self._end_cycle()
-            self.subscribe_sent = False
-            self.live.clear()
-            self._on_cycles()
+            self._reports.catch_up()
+            self._cycle_over(self.current_uuid)
+            self._cycles.stream_ended(reason)
             self.metrics.subscription_up.set(0)
         if reason == "cycle_end":
             log.info("ClusterD ended the signal stream (end of a recovery cycle or a server-side reset)")
         return reason
+
+    def _on_message(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
+        """One message of the stream: screened once, the cycle it shows published once
+        (``CycleState.heard``), then handed to the dispatcher."""
+        first = not self.live.is_set()
+        stale = self._is_stale(signal)
+        screened = None if stale else screen_signal(signal, raw, signal.uuid or token)
+        self._cycles.heard(self.current_uuid if screened is None else self._track_cycle(screened))
+        if first:
+            self.metrics.subscription_up.set(1)
+            self._set_state(SessionState.SUBSCRIBED)
+        if screened is not None:
+            self._dispatcher.submit(screened)
 
     def _is_stale(self, signal: pb.ProcessManageSignal) -> bool:
         """A signal of a cycle that is already over (reordered, or repeated by a ClusterD
@@ -501,39 +502,37 @@ class Session:
                         list(signal.actions), signal.uuid)
         return True
 
-    def _track_cycle(self, signal: pb.ProcessManageSignal, raw: bytes) -> None:
+    def _track_cycle(self, screened: Screened) -> str | None:
+        """The running cycle once ``screened`` is seen (the one before it is over when
+        they differ). A signal refused whole (``Screened.refusal``) changes nothing."""
+        signal, current = screened.signal, self.current_uuid
         uuid = signal.uuid
         if signal.jobId and signal.jobId != self.job_id:
-            return
+            return current
         if signal.signalType in UNTRACKED_TYPES:
-            return
+            return current
         if signal.signalType == "keep-alive":
-            if self.current_uuid and uuid != self.current_uuid:
-                log.warning("keep-alive shows cycle %r, not %r: ClusterD abandoned the cycle", uuid, self.current_uuid)
-                self._end_cycle()
-            if uuid and not self.current_uuid:
-                self.current_uuid = uuid
-                self._on_cycles()
-            return
-        if uuid and uuid != self.current_uuid:
-            refusal = self.screen(signal, raw)
+            if current and uuid != current:
+                log.warning("keep-alive shows cycle %r, not %r: ClusterD abandoned the cycle", uuid, current)
+                self._cycle_over(current)
+                current = None
+            return uuid if uuid and not current else current
+        if uuid and uuid != current:
+            refusal = screened.refusal
             if refusal is not None:  # counted and logged (within a budget) by the dispatcher, which refuses it too
                 log.debug("%s with uuid %s is %s: the running cycle %s stays current", signal.signalType or "(no type)",
-                            uuid, refusal[0], self.current_uuid)
-                return
-            self._end_cycle()
-            self.current_uuid = uuid
-            self._on_cycles()
+                          uuid, refusal[0], current)
+                return current
+            self._cycle_over(current)
+            return uuid
+        return current
 
-    def _end_cycle(self) -> None:
-        ended, self.current_uuid = self.current_uuid, None
-        if ended:
-            self._on_cycles()
-            self._ended[ended] = None
+    def _cycle_over(self, uuid: str | None) -> None:
+        """``uuid``'s cycle is over: a later signal of it is stale (bounded memory)."""
+        if uuid:
+            self._ended[uuid] = None
             while len(self._ended) > 256:
                 del self._ended[next(iter(self._ended))]
-            for listener in self.cycle_listeners:
-                listener(ended)
 
 
 async def run_logged(name: str, coroutine: Awaitable[Any]) -> Any:

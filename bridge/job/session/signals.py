@@ -68,7 +68,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from bridge import faults as codec
 from bridge._proto import recover_pb2 as pb
@@ -159,37 +159,43 @@ def is_orphaned_global_fault(signal: pb.ProcessManageSignal) -> bool:
             and not signal.nodeRankIds)
 
 
-def screen_signal(signal: pb.ProcessManageSignal, raw: bytes) -> tuple[str, str] | None:
-    """``signal_problem`` plus what the dispatcher finds later: fault ranks that do not
-    decode, no known action. The session asks it before a signal with a new uuid may
-    become the running cycle (seen: a garbage globalFault adopted as the cycle
-    got the real result dropped as no_live_cycle); the dispatcher refuses the same signal
-    and counts it, so a refused signal changes neither the controller nor the cycle."""
+class Screened(NamedTuple):
+    """A signal as the session read it, screened once (``screen_signal``); the
+    dispatcher acts on this, never on the signal's bytes again."""
+
+    signal: pb.ProcessManageSignal
+    token: str  # the cycle it belongs to: its uuid, or the stream's token for uuid-less signals
+    faults: dict[int, int]  # its fault ranks, decoded ({} when not decoded or malformed)
+    problem: tuple[str, str] | None  # ``signal_problem``: refused whole, before anything else
+    fault_error: str  # why its fault ranks do not decode ("" when they do): refused as malformed
+    adoptable: bool  # may become the running cycle: well-formed, with a known action
+
+    @property
+    def refusal(self) -> tuple[str, str] | None:
+        """The first reason the signal must touch neither the controller nor the cycle."""
+        if self.problem is not None:
+            return self.problem
+        if self.fault_error:
+            return "malformed", self.fault_error
+        if not self.adoptable:
+            return "unknown_action", f"none of its {len(self.signal.actions)} action(s) is known"
+        return None
+
+
+def screen_signal(signal: pb.ProcessManageSignal, raw: bytes, token: str) -> Screened:
+    """``signal`` (``raw``: its bytes) checked and its fault ranks decoded, once, on the
+    session's reader before the signal may touch cycle tracking (a garbage globalFault
+    adopted as the cycle got the real result dropped as no_live_cycle). Keep-alives and
+    killMaster carry nothing to decode. Never raises."""
     problem = signal_problem(signal)
     if problem is not None or signal.signalType in (KEEP_ALIVE, KILL_MASTER):
-        return problem
-    if not any(action in KNOWN_ACTIONS for action in signal.actions):
-        return "unknown_action", f"none of its {len(signal.actions)} action(s) is known"
+        return Screened(signal, token, {}, problem, "", problem is None)
     try:
         faults = codec.decode_signal_faults(raw)
     except ValueError as error:
-        return "malformed", str(error)
-    _screened[0] = (raw, faults)
-    return None
-
-
-#: The last signal ``screen_signal`` decoded, for the dispatcher to reuse (decoding a
-#: 100 000-rank stopTrain costs the loop about 10 ms; it is screened and then dispatched).
-_screened: list[tuple[bytes, dict[int, int]] | None] = [None]
-
-
-def decode_faults(raw: bytes) -> dict[int, int]:
-    """``codec.decode_signal_faults``, reusing what ``screen_signal`` decoded from these
-    very bytes (identity, not equality: nothing to compare); ValueError when malformed."""
-    screened, _screened[0] = _screened[0], None
-    if screened is not None and screened[0] is raw:
-        return screened[1]
-    return codec.decode_signal_faults(raw)
+        return Screened(signal, token, {}, None, str(error), False)
+    known = any(action in KNOWN_ACTIONS for action in signal.actions)
+    return Screened(signal, token, faults, None, "", known)
 
 
 def signal_problem(signal: pb.ProcessManageSignal) -> tuple[str, str] | None:
@@ -281,24 +287,46 @@ def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy
     return NotifyArguments(faults, timeout, strategy, params, tuple(notes))
 
 
+class CycleControl(Protocol):
+    """What the dispatcher tells the owner of the cycle state (``CycleState``)."""
+
+    def answering_changed(self) -> None: ...
+
+    def request_resubscribe(self, reason: str) -> None: ...
+
+
+class ReportSide(Protocol):
+    """What the dispatcher uses of the report side's bookkeeping (``ledger.ReportPath``)."""
+
+    resume: CycleResume  # answers a restarted ClusterD's new cycle (resume.py)
+    repeats: RepeatedCycles  # tells a repeat of a succeeded retry cycle (repeated_cycles.py)
+
+    def exit_decided(self) -> None: ...
+
+
 class SignalDispatcher:
+    """ClusterD's signals -> the controller's notify calls, on the event loop: ``submit``
+    on the session's reader, the rest in the ``run`` task, one signal at a time in
+    arrival order. Before each notify it moves the flow and tells ``cycles``
+    (``answering_changed``), after a refused or failed one it undoes the move and tells
+    it again; a refused orphaned globalFault asks ``cycles`` for a new subscription."""
+
     def __init__(self, job_id: str, flow: ControllerFlow, controller: ControllerHost, hooks: NodeHooks,
-                 metrics: BridgeMetrics, *, on_kill_master: Callable[[], None],
-                 resume: CycleResume | None, repeats: RepeatedCycles | None,
-                 on_exit_decided: Callable[[], None], on_orphaned_global_fault: Callable[[], None],
-                 pause_timeout: int = PAUSE_DEFAULT, observer: Callable[[str], None] | None = None,
-                 recorder: NullRecorder | None = None) -> None:
-        """The report side's parts the dispatcher calls are required (``resume``,
-        ``repeats``, both ``on_*``): a default would let a forgotten one break a recovery
-        silently. ``None`` for ``resume``/``repeats`` means no report path (a test's)."""
+                 metrics: BridgeMetrics, cycles: CycleControl, reports: ReportSide | None, *,
+                 on_kill_master: Callable[[], None], pause_timeout: int = PAUSE_DEFAULT,
+                 observer: Callable[[str], None] | None = None, recorder: NullRecorder | None = None) -> None:
+        """``reports`` None: no report path (a test's). ``on_kill_master``: ClusterD
+        reschedules the job (the daemon stops). ``pause_timeout``: a pause's default
+        length. ``observer``: the demo's timeline; ``recorder``: the flight recorder."""
         self.job_id = job_id
         self.flow = flow
         self.controller = controller
         self.hooks = hooks
         self.metrics = metrics
+        self._cycles = cycles
         self.on_kill_master = on_kill_master
         self.pause_timeout = pause_timeout
-        self._queue: asyncio.Queue[tuple[pb.ProcessManageSignal, bytes, str] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[Screened | None] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tft-notify")
         self.notify_inline = True  # False: on the tft-notify thread (after a slow notify, or the A/B bench)
         self._seen: set[tuple[Any, ...]] = set()
@@ -306,24 +334,23 @@ class SignalDispatcher:
         self._stopped = False
         self._log_budget = LogBudget(burst=5, window=60.0)  # refusal lines, per reason
         self.observer: Callable[[str], None] = observer or (lambda line: None)  # the demo's timeline
-        self.on_exit_decided = on_exit_decided  # ClusterD chose exit (no result follows)
-        # ClusterD sent an orphaned globalFault: it now waits in a cycle nobody answers (Link: re-subscribe)
-        self.on_orphaned_global_fault = on_orphaned_global_fault
         self.recorder: NullRecorder = recorder or NullRecorder()  # the flight recorder (bridge/job/recorder/): O(1) hooks
-        self.resume = resume  # answers a restarted ClusterD's new cycle (resume.py)
+        self.resume = reports.resume if reports is not None else None
+        self.repeats = reports.repeats if reports is not None else None
+        self._reports = reports
         self._exit_decided_in = ""  # the cycle token whose exit decision was counted
-        self.repeats = repeats  # tells a repeat of a succeeded retry cycle (repeats.py)
 
     # ------------------------------------------------------------------ intake (session's reader)
-    def submit(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
+    def submit(self, screened: Screened) -> None:
         """Filter what needs no controller (other jobs, keep-alives) and queue the rest."""
+        signal = screened.signal
         self.metrics.signals_received.labels(signal_type_label(signal.signalType)).inc()
         if signal.jobId != self.job_id:
             self._refuse("foreign_job", signal, f"signal for job {signal.jobId!r}")
             return
         if signal.signalType == KEEP_ALIVE:
             return
-        self._queue.put_nowait((signal, raw, token))
+        self._queue.put_nowait(screened)
 
     def stop(self) -> None:
         """Forward nothing more, not even signals already queued."""
@@ -365,11 +392,10 @@ class SignalDispatcher:
             item = await self._queue.get()
             if item is None or self._stopped:
                 return
-            signal, raw, token = item
             try:
-                await self._dispatch(signal, raw, token)
+                await self._dispatch(item)
             except Exception:  # one bad signal must not end dispatching
-                log.exception("failed to dispatch %s", signal.signalType)
+                log.exception("failed to dispatch %s", item.signal.signalType)
                 self.metrics.bad_inputs.labels("signal_dispatch").inc()
 
     def _fingerprint(self, signal: pb.ProcessManageSignal) -> tuple[Any, ...]:
@@ -392,28 +418,29 @@ class SignalDispatcher:
         self._seen.add(key)
         return False
 
-    async def _dispatch(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
+    async def _dispatch(self, screened: Screened) -> None:
+        signal, token = screened.signal, screened.token
         self.recorder.signal(signal.signalType, signal.uuid, shown_actions(signal), signal.changeStrategy,
                              signal.extraParams, len(signal.faultRanks))
         if signal.signalType == KILL_MASTER:
             log.warning("ClusterD sent killMaster for job %s: the job is being rescheduled; stopping", self.job_id)
             self.on_kill_master()
             return
-        problem = signal_problem(signal)
+        problem = screened.problem
         if problem is not None:
             self._refuse(problem[0], signal, problem[1])
             if problem[0] == "orphaned_global_fault":
-                self.on_orphaned_global_fault()
+                # ClusterD now waits in a cycle nobody answers: a reset leaves it idle (module docstring)
+                self._cycles.request_resubscribe("orphaned_global_fault")
             return
         if self._is_duplicate(signal):
             self._refuse("duplicate", signal)
             return
-        try:
-            faults = decode_faults(raw)
-        except ValueError as error:
+        if screened.fault_error:
             self.metrics.bad_inputs.labels("signal_fault_ranks").inc()
-            self._refuse("malformed", signal, str(error))
+            self._refuse("malformed", signal, screened.fault_error)
             return
+        faults = screened.faults
         refused: list[tuple[str, str]] = []
         for action in signal.actions:  # in order: never a set
             reason = await self._act(action, signal, faults, token)
@@ -477,6 +504,7 @@ class SignalDispatcher:
             self.repeats.clusterd_stop(args.faults)  # ClusterD starts the cycle: a repeat of a success?
         before = self.flow.snapshot()
         self.flow.notified(action, token, strategy, seconds=args.timeout)
+        self._cycles.answering_changed()  # before the notify: the controller answers only after it
         started = time.monotonic()
         try:
             if self.notify_inline:
@@ -486,6 +514,7 @@ class SignalDispatcher:
                 rc = await asyncio.get_running_loop().run_in_executor(self._executor, self._notify, action, args)
         except Exception as error:  # a notify that raised changed nothing in the controller: undo the move
             self.flow.restore(before)
+            self._cycles.answering_changed()
             self.metrics.notifies.labels(action, "error").inc()
             log.error("the controller's %s notify raised %s: %s (cycle %s); the flow is back at %s",
                       action, type(error).__name__, error, signal.uuid, self.flow.step.value)
@@ -496,12 +525,14 @@ class SignalDispatcher:
         if rc == 0:
             if exit_decision:
                 self._exit_decided_in = token
-                self.on_exit_decided()
+                if self._reports is not None:
+                    self._reports.exit_decided()  # ClusterD chose exit: no result follows
             detail = f" {strategy}" if action == "change_strategy" else \
                 f" ({len(args.faults)} ranks)" if args.faults else ""
             self.observer(f"ClusterD {signal.signalType} -> controller {action}{detail}")
         else:
             self.flow.restore(before)
+            self._cycles.answering_changed()
             log.error("the controller refused %s (returned %s) for cycle %s", action, rc, signal.uuid)
         self.recorder.notify(action, rc, started, time.monotonic() - started,
                              strategy if action == "change_strategy" else "")
@@ -511,6 +542,7 @@ class SignalDispatcher:
         """ClusterD gave up its hot switch (``STOP_SWITCH``): the switch is over
         for the flow, and the controller is not told."""
         self.flow.notified(STOP_SWITCH, token)
+        self._cycles.answering_changed()
         self.metrics.notifies.labels(STOP_SWITCH, "withheld").inc()  # the signal itself is in the recorder
         self.observer(f"ClusterD {signal.signalType} [stop switch] -> withheld from the controller")
         log.info("ClusterD stopped its hot switch (the backup pod did not start); not telling the controller, "
