@@ -46,12 +46,14 @@ class Link:
 
     ``on_kill_master``: ClusterD reschedules the job. ``on_state``: told of every
     session state. ``observer``: the demo's timeline. ``recorder``: the flight recorder,
-    which every part reports to."""
+    which every part reports to. ``on_wire_ended``: the report wire's thread ended (on
+    the loop; at a stop too)."""
 
     def __init__(self, config: BridgeConfig, metrics: BridgeMetrics, controller: ControllerHost,
                  flow: ControllerFlow, *, on_kill_master: Callable[[], None],
                  on_state: Callable[[SessionState], None] = lambda state: None,
-                 observer: Callable[[str], None] | None = None, recorder: NullRecorder | None = None) -> None:
+                 observer: Callable[[str], None] | None = None, recorder: NullRecorder | None = None,
+                 on_wire_ended: Callable[[], None] = lambda: None) -> None:
         job_id, clusterd = config.job_id, config.clusterd
         self.config = config
         self.metrics = metrics
@@ -70,7 +72,7 @@ class Link:
                          self.reports, self.client, metrics, rpc_timeout=clusterd.rpc_timeout,
                          backoff=Backoff(clusterd.reconnect_initial, clusterd.reconnect_max),
                          limit=config.outbox_limit, realtime_priority=config.controller.realtime_priority,
-                         pin=ControllerPin(config.controller.pin_cpu))
+                         pin=ControllerPin(config.controller.pin_cpu), on_ended=on_wire_ended)
         self.dispatcher = SignalDispatcher(
             job_id, flow, controller, NodeHooks(config.hooks.node_command, config.hooks.timeout, metrics), metrics,
             self.cycles, self.reports, on_kill_master=on_kill_master,

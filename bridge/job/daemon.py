@@ -58,6 +58,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from bridge.job.session.clusterd import Session
@@ -122,7 +123,8 @@ class Bridge:
         self._stop = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # supervised: its end stops the bridge
         self._threads: dict[str, Callable[[], bool]] = {}  # supervised threads: alive(), looked at by the tick
-        self._thread_died = asyncio.Event()  # the tick found a supervised thread ended
+        self._thread_died = asyncio.Event()  # a supervised thread ended (told, or found by the tick)
+        self._ended_threads: list[str] = []  # the threads that told they ended (``_thread_ended``)
         self._status = ""
         self.side: SideServices | None = None  # built with the link (extras.py)
         self._on_stopping = on_stopping  # told once when the stop begins (the CLI arms its exit deadline)
@@ -202,14 +204,13 @@ class Bridge:
         self._link = link = Link(c, self.metrics, ControllerHost(module, c.controller), self.flow,
                                  on_kill_master=lambda: self.request_stop(EXIT_RESCHEDULED),
                                  on_state=lambda state: self._publish_status(), observer=self.observer,
-                                 recorder=self.recording.recorder)
+                                 recorder=self.recording.recorder,
+                                 on_wire_ended=partial(self._thread_ended, "report wire thread"))
         await link.start()
         self._tasks.update(link.tasks)
         self.side = SideServices(c, link, self.metrics)
         self.side.start()
         self._tasks.update(self.side.tasks)
-        # A dead wire would leave every report of the controller unsent.
-        self._watch_thread("report wire thread", lambda: link.wire.alive)
         try:
             await asyncio.wait_for(link.session.init_answered.wait(), c.clusterd.startup_wait)
         except asyncio.TimeoutError:
@@ -243,6 +244,12 @@ class Bridge:
     def _watch_thread(self, name: str, alive: Callable[[], bool]) -> None:
         self._threads[name] = alive
 
+    def _thread_ended(self, name: str) -> None:
+        """A supervised thread's end, told on the loop (a dead wire would leave every
+        report of the controller unsent): the bridge stops (``_serve``)."""
+        self._ended_threads.append(name)
+        self._thread_died.set()
+
     def _look_at_threads(self) -> None:
         """On the tick: a supervised thread that ended stops the bridge (``_serve``)."""
         if not all(alive() for alive in self._threads.values()):
@@ -271,10 +278,10 @@ class Bridge:
                     else "returned although the bridge was not stopping"
                 log.error("background task %s ended: %s; stopping the bridge (exit code %d)", name, why, EXIT_FAILED)
                 self.notifier.status(f"stopping: background task {name} ended: {why}")
-        for name, alive in self._threads.items():
-            if not alive():
-                log.error("the %s ended; stopping the bridge (exit code %d)", name, EXIT_FAILED)
-                self.notifier.status(f"stopping: the {name} ended")
+        ended = [name for name, alive in self._threads.items() if not alive()]
+        for name in dict.fromkeys([*self._ended_threads, *ended]):
+            log.error("the %s ended; stopping the bridge (exit code %d)", name, EXIT_FAILED)
+            self.notifier.status(f"stopping: the {name} ended")
 
     async def _tick_until_stopped(self) -> None:
         interval = 1.0

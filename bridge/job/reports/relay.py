@@ -180,14 +180,14 @@ class ReportInbox:
 class Wire:
     """The outbox and the report channel, on the thread ``tft-wire``, from ``start()`` to
     ``stop()``. Takes from ``inbox``, reads ``cycles``, tells ``listener`` (on ``loop``)
-    what became of each controller report and ``rpcs`` of each call. ``catch_up``,
-    ``drain``, ``handed_all`` and ``start`` are the event loop's; ``stop`` any thread's
-    but the wire's."""
+    what became of each controller report, ``rpcs`` of each call and ``on_ended`` that
+    the thread ended. ``catch_up``, ``drain``, ``handed_all`` and ``start`` are the event
+    loop's; ``stop`` any thread's but the wire's."""
 
     def __init__(self, job_id: str, channel: grpc.Channel, loop: asyncio.AbstractEventLoop, inbox: ReportInbox,
                  cycles: CycleState, listener: WireListener, rpcs: RpcObserver, metrics: BridgeMetrics, *,
                  rpc_timeout: float, backoff: Backoff, limit: int = 10_000, realtime_priority: int = 0,
-                 pin: ControllerPin | None = None) -> None:
+                 pin: ControllerPin | None = None, on_ended: Callable[[], None] = lambda: None) -> None:
         self.job_id = job_id
         self._channel = channel
         self._loop = loop
@@ -195,6 +195,7 @@ class Wire:
         self._cycles = cycles
         self._listener = listener
         self._rpcs = rpcs
+        self._on_ended = on_ended  # told on the loop when the thread has ended, for whatever reason
         self._metrics = metrics
         self._rpc_timeout = rpc_timeout
         self._backoff = backoff  # reset on every answer
@@ -309,10 +310,11 @@ class Wire:
             self.batch_policy = realtime.batch_policy()
             self._look(try_to_connect=True)  # connected before the first report
             self._serve()
-        except BaseException:  # noqa: BLE001 - the supervisor sees the thread end; this says why
+        except BaseException:  # noqa: BLE001 - the owner is told of the end; this says why
             log.exception("the report wire failed")
         finally:
             self._shutdown()
+            self._post(self._on_ended)
 
     def _serve(self) -> None:
         while not self._stopping:
