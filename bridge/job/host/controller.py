@@ -1,19 +1,13 @@
 """Hosting the MindIO TFT controller: loading, registration order, start, notify, destroy.
 
-The controller calls its four callbacks on its own C++ state-machine thread and is
-blocked until they return; an exception escaping one makes it abandon recovery and kill
-the job's ranks, a SystemExit aborts the whole process. So the callbacks installed here
-do exactly one thing: hand the arguments to the event loop and return 0. They never
-raise, never block and never copy a fault map on the controller's thread (a map's copy
-grows with its ranks); the controller builds a fresh dict for every call and never
-touches it again, and the loop validates and copies it.
-
-Every instruction on the controller's thread counts: the thread has just woken, so
-its caches are cold and each bytecode costs several times its warm price. The callback
-builds one plain tuple and calls a C-level queue put (a fraction of a dataclass and a
-Python-level put: docs/performance.md); the report wire (``wire.Wire``) turns
-the tuple into a ``ControllerReport`` on the other side. Everything after the put is the
-return path, ``bridge/job/reports/ledger.py``.
+The controller calls its four callbacks on its own thread and is blocked until they
+return; an exception escaping one makes it give up the recovery or abort the process
+(docs/mindio-controller.md section 3). So each callback installed here (``make_callback``)
+only names its arguments in a ``ControllerReport`` and puts it into the report wire's
+inbox, and returns 0: it never raises, never blocks, never copies a fault map (the
+controller builds a fresh one for every call and never touches it again), and runs no
+Python frame but its own. Everything after the put is the report path
+(``bridge/job/reports/relay.py``, ``ledger.py``).
 """
 
 from __future__ import annotations
@@ -147,13 +141,10 @@ WAIT_ENV = "MINDIO_WAIT_MINDX_TIME"
 def export_wait_time(seconds: int) -> None:
     """Put the configured wait where the controller reads it: ``MINDIO_WAIT_MINDX_TIME``
     in this process's environment, read once by ``tft_init_controller`` and from nowhere
-    else (docs/mindio-controller.md section 6). Without it the controller kept its default
-    30 s while the flow gate (``ControllerFlow(wait_timeout=...)``, the same configured
-    value) assumed another: with 10 configured, ClusterD's globalFault at about 21 s was
-    refused as unexpected_step and the controller, still waiting, later went to EXIT.
-    The configured value already holds the environment's when the TOML
-    does not set it (config.py's precedence), so exporting it never loses the operator's
-    word; written as plain ASCII digits, the only form the controller accepts."""
+    else (docs/mindio-controller.md section 6), as plain ASCII digits, the only form it
+    accepts. The flow gate (``ControllerFlow(wait_timeout=...)``) assumes the same value.
+    The configured value already holds the environment's when the TOML does not set it
+    (config.py's precedence), so the operator's word is kept."""
     value = str(int(seconds))
     if os.environ.get(WAIT_ENV) != value:
         log.info("exporting %s=%s for the controller (was %r)", WAIT_ENV, value, os.environ.get(WAIT_ENV))
@@ -196,8 +187,7 @@ class ControllerHost:
         controller the caller started (``external=True``) was initialised by the caller,
         and the real module exposes no way to ask it (docs/mindio-controller.md section
         2), while this host's ``config.world_size`` is only the default 1. A guard that
-        needs it must then skip its check, never assume the default: the seed API's
-        notify guard dropped every fault rank but 0 of ClusterD's globalFault."""
+        needs it skips its check then, never assumes the default."""
         return self.config.world_size if self.owned else None
 
     @property

@@ -585,10 +585,10 @@ class Wire:
 
     def _idle(self) -> None:
         """Nothing to send: the loop learns of what was taken, and the thread goes back to
-        SCHED_BATCH before it waits for the next callback, whose wake-up must never
+        SCHED_BATCH before it waits for the next report, whose wake-up must never
         preempt the controller's thread. It follows the controller's thread to its CPU
-        here, not as it takes a callback: moving migrates this thread, and the first
-        fault report, measured on the real peers, waited 0.12-0.17 ms for it."""
+        here, not as it takes a report: moving migrates this thread, which the first
+        report would wait for (docs/performance.md)."""
         if self._handed:
             self._post(self.catch_up)
         if self._boosted:

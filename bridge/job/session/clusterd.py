@@ -143,7 +143,7 @@ def channel_credentials(config: ClusterDConfig) -> grpc.ChannelCredentials:
 
 
 def report_channel(config: ClusterDConfig) -> grpc.Channel:
-    """The Report* calls' synchronous channel (the wire's, wire.py): ``grpc.aio`` hands
+    """The Report* calls' synchronous channel (the report wire's, reports/relay.py): ``grpc.aio`` hands
     each call between the event loop and gRPC's poller thread, one more wake-up per hop.
     It does not ping (``channel_options``)."""
     options = channel_options(config, pings=0)
@@ -204,7 +204,7 @@ class ClusterDClient:
 
     async def call_status(self, method: str, payload: bytes, timeout: float | None = None) -> pb.Status:
         """Send one pre-encoded request; ClusterD's whole Status, or RpcFailure. (The
-        Report* calls are the wire's, on a channel of its own: wire.py.)"""
+        Report* calls are the report wire's, on a channel of its own: reports/relay.py.)"""
         name = method.rsplit("/", 1)[-1]
         # whether the channel the call goes over was connected: never-resend depends on it
         was_ready = self.connected()
@@ -278,12 +278,16 @@ SUBSCRIBE_HEAD_START = 0.02
 
 
 class Session:
-    """Init -> Register -> Subscribe, forever: the job's only ClusterD subscriber.
+    """Init -> Register -> Subscribe, forever: the job's only ClusterD subscriber, on the
+    event loop from ``run()`` to ``stop()``.
 
-    ClusterD ends the stream with OK after every recovery cycle (and on any reset), so a
-    stream end is routine: re-subscribe after a short jittered pause. Silence longer than
-    ``watchdog_intervals`` keep-alive intervals means a dead stream. 403 means process
-    recovery is off for the job: nothing to subscribe to, re-checked slowly.
+    Each message of the stream is screened once, the cycle it shows is written to the
+    cycle state (one publication), and it goes to the dispatcher. ClusterD ends the
+    stream with OK after every recovery cycle and on any reset, so a stream end is
+    routine: subscribe again at once after a stream that delivered, else after a short
+    jittered pause. Silence longer than ``watchdog_intervals`` keep-alive intervals
+    means a dead stream; Init 403 means process recovery is off for the job, re-checked
+    every ``recheck_disabled`` (docs/clusterd.md section 4).
     """
 
     def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, cycles: CycleState,

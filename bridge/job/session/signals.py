@@ -1,63 +1,23 @@
-"""ClusterD signals -> controller notify calls, in order, de-duplicated, gated.
+"""ClusterD's signals -> the controller's notify calls: screened, de-duplicated, gated, in order.
 
-Signals arrive on the session's stream and are queued here, so reading the stream (and
-feeding the keep-alive watchdog) never waits for the controller. One task then handles
-them in arrival order and makes each notify call on the event loop itself: a notify
-only checks its arguments and signals the controller's state machine (the stub takes
-about 30 us; the real one releases the GIL in C++). Measured under CPU load, the hand-off to a
-dedicated notify thread, the design before, as the signal path's avoidable cost: on the
-loaded 2-core machine that wake-up took p99 3.6-6.9 ms, up to 49 ms, and the whole
-signal -> notify p99 was 83 ms against 9 ms inline (``bench/bench_loaded.py``). Should
-one notify ever take longer than ``INLINE_NOTIFY_LIMIT``, every later one runs on the
-dedicated thread again (logged once), so a slow controller costs the loop at most once.
+The session's reader screens each signal once (``screen_signal``: well-formed, fault
+ranks decoded) and hands the ``Screened`` record to ``SignalDispatcher.submit``; one task
+handles them in arrival order and makes each notify on the event loop, or on
+``tft-notify`` once a notify took longer than ``INLINE_NOTIFY_LIMIT`` (figures:
+docs/performance.md). The peer facts behind the rules are in docs/architecture.md
+("Invariants"), docs/mindio-controller.md (section 2) and docs/clusterd.md (sections 5, 7):
 
-What each rule guards against (bad arguments, floods of actions, the orphaned globalFault):
-
-* **Arguments are checked and clamped before the flow moves** (``notify_arguments``).
-  The controller's notify functions are SWIG wrappers: a pause ``timeout`` that is
-  negative or >= 2^32 raises ``OverflowError`` (docs/mindio-controller.md section 2),
-  an ``on_global_rank`` time outside 1..3600 returns 1, a fault rank outside
-  ``[0, world_size)`` returns 1 *after* the entries before it were merged, and
-  ``downgrade``/``upgrade`` need 1..1023 bytes of params. The flow tracker moves before
-  the call (the next callback may run before the call returns), so a call that then
-  failed left it at PAUSE_SENT and the next real stopTrain was refused: the controller
-  timed out and killed the job.
-* **Every notify failure restores the flow**: a non-zero return and an exception alike.
-* **One signal has a bounded cost.** A signal with 10 000 unknown actions wrote one
-  warning each (428 MB of log) and held the next real stopTrain back by > 8 s. Real
-  signals carry at most two actions (docs/clusterd.md section 5): more than
-  ``MAX_ACTIONS`` is refused whole (``too_many_actions``); an unknown action is counted
-  as ``unknown_action`` (it used to be counted as ``unexpected_step``); one signal's
-  refusals make one log line, and those lines are budgeted (``bridge/core/log_budget.py``,
-  the same mechanism as the flow tracker's desync lines).
-* **The orphaned globalFault is refused** (``orphaned_global_fault``). When a client
-  re-subscribes while a type-1 cycle waits before its globalFault, the real ClusterD
-  still sends that globalFault, 11 s after the old StopComplete, on the *new* stream,
-  with uuid "", no fault ranks and no node ranks (docs/clusterd.md section 7). Every
-  signal of a real cycle carries the cycle's uuid (section 5), so this one belongs to
-  no cycle: forwarded, the controller reported strategies into nothing, the stale
-  ReportRecoverStrategy sat in ClusterD's one-slot buffer and the next real stopTrain
-  was refused. Its ``fault_nodes_exit`` names no node and ends nothing real, so its
-  node hook is not run either. The server builds the orphan from the job's state when
-  it fires: uuid "" and no ranks exactly when no cycle runs on the new stream, so the
-  shape alone says "a stream with no cycle". Once the bridge's resume (resume.py) has
-  started a new cycle, the orphan carries that cycle's uuid and its whole-pod ranks and
-  cannot be told from the cycle's own globalFault: it is forwarded as that cycle's,
-  the real one after it is refused (unexpected_step) and the cycle still completes
-  (tests/test_orphaned_global_fault.py). uuid-less signals that are legitimate
-  (saveAndExit, preExitProcess) carry no on_global_rank. Having sent the orphan, ClusterD
-  waits for a ReportRecoverStrategy of a cycle nobody runs (for 15 minutes), and a fault
-  reported meanwhile *joins* that cycle instead of starting one: observed when the
-  resume's re-report (resume.py) reached ClusterD just after the orphan, the controller
-  stopped for a cycle that could never move again and went to EXIT at the end of its
-  wait. So a refused orphan also makes the session subscribe again at once
-  (``on_orphaned_global_fault``; reconnect reason ``orphaned_global_fault``): the reset
-  leaves ClusterD idle (the orphan came after its globalFault wait, so a reset makes no
-  second one), and the resume re-reports on the new stream.
-
-``signal_problem`` says whether a signal is well-formed and why not, without the
-controller or the flow, so the session can ask it before the signal may touch cycle
-tracking.
+* a notify's arguments are checked and clamped before the flow moves
+  (``notify_arguments``); every notify failure, a non-zero return or an exception,
+  puts the flow back;
+* one signal has a bounded cost: more than ``MAX_ACTIONS`` actions is refused whole
+  (``too_many_actions``), an unknown action is counted as ``unknown_action``, and one
+  signal's refusals make one log line, within a budget (``bridge/core/log_budget.py``);
+* the orphaned globalFault (``is_orphaned_global_fault``: the leftover of a cycle a
+  stream reset aborted) is refused, runs no node hook, and asks the cycle state for a
+  new subscription (reason ``orphaned_global_fault``), which leaves ClusterD idle;
+* ClusterD's ``stop switch`` ends the switch in the flow and is withheld from the
+  controller (``STOP_SWITCH``).
 """
 
 from __future__ import annotations
@@ -154,7 +114,8 @@ def asks_nodes_to_exit(action: str, signal: pb.ProcessManageSignal) -> bool:
 
 def is_orphaned_global_fault(signal: pb.ProcessManageSignal) -> bool:
     """The globalFault ClusterD sends on a new stream for a cycle a reset aborted
-    (module docstring): on_global_rank with no uuid, no fault ranks and no node ranks."""
+    (docs/clusterd.md section 7): on_global_rank with no uuid, no fault ranks and no node
+    ranks. Every signal of a real cycle carries its uuid, so this one belongs to none."""
     return (not signal.uuid and "on_global_rank" in signal.actions and not signal.faultRanks
             and not signal.nodeRankIds)
 
@@ -254,9 +215,8 @@ def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy
     """
     notes: list[str] = []
     if action in RANK_ACTIONS and world_size is not None:
-        # One max() in C (~3 ms for 100 000 ranks on a loaded core): the common all-valid
-        # map costs no Python-level loop on the event loop; only a map with bad ranks is
-        # walked. The codec yields no negative rank (ASCII digits only); the walk checks both.
+        # One max() in C: the common all-valid map costs no Python-level loop on the
+        # event loop; only a map with bad ranks is walked. The codec yields no negative rank (ASCII digits only); the walk checks both.
         bad = [rank for rank in faults if not 0 <= rank < world_size] \
             if faults and max(faults) >= world_size else []
         if bad:
