@@ -55,7 +55,8 @@ def serve(kind: str) -> None:
         port, close = server.server_port, server.shutdown
     else:
         bounded = MetricsServer(metrics, "127.0.0.1", 0)
-        port, close = bounded.port, bounded.close
+        bounded.start()
+        port, close = bounded.port, bounded.stop
     print(port, flush=True)
     sys.stdin.read()  # the parent closes stdin when it is done
     close()

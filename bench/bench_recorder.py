@@ -72,7 +72,7 @@ def hook_costs(n: int = 20_000) -> None:
             print(f"  {name:<36} p50 {samples[len(samples) // 2] * 1e6:6.2f} us   "
                   f"p99 {samples[int(len(samples) * 0.99)] * 1e6:6.2f} us")
         writer._items.clear()
-        writer.close()
+        writer.stop()
 
 
 def main() -> int:

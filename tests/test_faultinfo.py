@@ -59,8 +59,8 @@ async def recorded_recovery(jobs: list[SimulatedJob], store: Path, **kwargs) -> 
     job = await start_job(jobs, SimJob(JOB, world_size=8, devices_per_pod=4),
                           config_overrides={"recorder": {"enabled": True, "directory": str(store)}}, **kwargs)
     assert job.bridge is not None and job.bridge.side is not None
-    await eventually(lambda: job.bridge.side.fault_info.stream.subscribed.is_set()  # type: ignore[union-attr]
-                     or job.bridge.side.fault_info.stream.unimplemented, 10, what="fault info stream")  # type: ignore[union-attr]
+    await eventually(lambda: job.bridge.side.fault_centre.stream.subscribed.is_set()  # type: ignore[union-attr]
+                     or job.bridge.side.fault_centre.stream.unimplemented, 10, what="fault info stream")  # type: ignore[union-attr]
     return job
 
 
@@ -69,7 +69,7 @@ async def test_the_npu_and_code_of_a_recovered_fault_are_in_its_record(
     job = await recorded_recovery(jobs, tmp_path)
     job.sim.device_fault(JOB, [6])  # the device plugin's report: node-1, NPU 2
     assert job.bridge is not None and job.bridge.side is not None
-    reader = job.bridge.side.fault_info
+    reader = job.bridge.side.fault_centre
     await eventually(lambda: reader.last is not None and reader.last["signal"] == "fault", 10,
                      what="the fault message")
     job.training.inject_fault({6: 1})  # ... and the rank on it fails
@@ -120,7 +120,7 @@ def test_the_seed_api_logs_the_npu_and_code_of_a_recovered_fault(
     manager = hosting_the_controller(server, training)
     try:
         assert manager.side is not None
-        reader = manager.side.fault_info
+        reader = manager.side.fault_centre
         eventually_sync(lambda: reader.stream.subscribed.is_set(), 10, what="fault info stream")
         server.call(server.sim.device_fault, SEED_JOB, [6])  # the device plugin's report: node-1, NPU 2
         eventually_sync(lambda: reader.last is not None and reader.last["signal"] == "fault", 10,
@@ -176,7 +176,7 @@ async def test_the_reader_registers_again_after_a_clusterd_restart(jobs: list[Si
     faults that came meanwhile are read at once (GetFaultMsgSignal), not at their next change."""
     job = await recorded_recovery(jobs, tmp_path)
     assert job.bridge is not None and job.bridge.side is not None
-    reader = job.bridge.side.fault_info
+    reader = job.bridge.side.fault_centre
     await job.sim.stop()
     job.sim.device_fault(JOB, [1])  # reported while ClusterD is down: kept in its device info
     await job.sim.start(job.sim.address or "")

@@ -41,7 +41,7 @@ def store(tmp_path: Path) -> Path:
     flow.__init__(clock=clock)  # a fresh controller (the bridge restarted for the rescheduled job)
     flow.on_callback("report_fault_ranks")
     recorder.callback("report_fault_ranks", clock(), faults={7: 2})
-    writer.close()
+    writer.stop()
     return tmp_path
 
 
@@ -133,7 +133,7 @@ def test_history_reads_a_store_while_the_bridge_writes_it(tmp_path: Path,
         code, out, _ = history(capsys, "--state-dir", str(tmp_path), "--json")
         assert [c["open"] for c in json.loads(out)["cycles"]] == [False, True]
     finally:
-        writer.close()
+        writer.stop()
 
 
 def test_a_stopped_bridges_store_in_a_read_only_directory(store: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -103,7 +104,13 @@ async def test_a_dead_metrics_endpoint_stops_the_bridge(caplog: pytest.LogCaptur
         await job.start()
         await job.subscribed()
         assert job.bridge is not None and job.bridge.metrics_server is not None
-        await asyncio.to_thread(job.bridge.metrics_server.close)  # its thread ends as if it had died
+        server = job.bridge.metrics_server
+
+        def broken(client: socket.socket) -> bool:
+            raise RuntimeError("a bug in the accept path")
+
+        server._has_request = broken  # type: ignore[method-assign]  # the next connection kills its thread
+        await asyncio.to_thread(lambda: socket.create_connection(("127.0.0.1", server.port), timeout=20).close())
         await assert_stopped_cleanly(job)
         assert "the metrics endpoint thread ended; stopping the bridge" in caplog.text
     finally:

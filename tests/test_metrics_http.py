@@ -37,8 +37,9 @@ def metrics() -> BridgeMetrics:
 @pytest.fixture
 def server(metrics: BridgeMetrics) -> Iterator[MetricsServer]:
     srv = MetricsServer(metrics, "127.0.0.1", 0, max_connections=8, header_timeout=1.0, write_timeout=1.0)
+    srv.start()
     yield srv
-    srv.close()
+    srv.stop()
 
 
 def scrape(port: int, path: str = "/metrics", timeout: float = 20, **headers: str) -> tuple[int, dict[str, str], bytes]:
@@ -202,13 +203,15 @@ def test_a_client_that_stops_reading_is_cut_at_the_write_deadline(server: Metric
     eventually_sync(lambda: server.stats.open_connections == 0, 30, what="the connection released")
 
 
-def test_close_stops_the_thread_and_the_port(metrics: BridgeMetrics) -> None:
-    srv = MetricsServer(metrics, "127.0.0.1", 0)
+def test_stop_stops_the_thread_and_the_port(metrics: BridgeMetrics) -> None:
+    died: list[str] = []
+    srv = MetricsServer(metrics, "127.0.0.1", 0, on_died=lambda: died.append(threading.current_thread().name))
+    srv.start()
     idle = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
     idle.sendall(b"GET /met")
     eventually_sync(lambda: srv.stats.open_connections == 1, 30, what="the idle connection open")
-    srv.close()
-    assert not srv.alive
+    srv.stop()
+    assert not srv.alive and died == []  # a stop is not a death
     # The open connection was cut: a FIN, or a reset when the server closed it with the
     # partial request still unread (whether it had read it yet is a race); an open one
     # would time out instead.
@@ -221,9 +224,27 @@ def test_close_stops_the_thread_and_the_port(metrics: BridgeMetrics) -> None:
         socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
 
 
+def test_a_dying_server_thread_tells_its_owner(metrics: BridgeMetrics, monkeypatch: pytest.MonkeyPatch) -> None:
+    died = threading.Event()
+    srv = MetricsServer(metrics, "127.0.0.1", 0, on_died=died.set)
+
+    def broken(client: socket.socket) -> bool:
+        raise RuntimeError("a bug in the accept path")
+
+    monkeypatch.setattr(srv, "_has_request", broken)
+    srv.start()
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            assert died.wait(20), "the owner was not told"
+        assert not srv.alive
+    finally:
+        srv.stop()
+
+
 def test_a_taken_port_raises_oserror_in_the_caller(server: MetricsServer, metrics: BridgeMetrics) -> None:
     with pytest.raises(OSError):
-        MetricsServer(metrics, "127.0.0.1", server.port)
+        MetricsServer(metrics, "127.0.0.1", server.port).start()
 
 
 def test_ipv6_loopback(metrics: BridgeMetrics) -> None:
@@ -231,6 +252,7 @@ def test_ipv6_loopback(metrics: BridgeMetrics) -> None:
         pytest.skip("no IPv6")
     try:
         srv = MetricsServer(metrics, "::1", 0)
+        srv.start()
     except OSError as error:
         pytest.skip(f"no IPv6 loopback here: {error}")
     try:
@@ -239,7 +261,7 @@ def test_ipv6_loopback(metrics: BridgeMetrics) -> None:
         assert connection.getresponse().status == 200
         connection.close()
     finally:
-        srv.close()
+        srv.stop()
 
 
 # ------------------------------------------------------------------------- TLS
@@ -276,6 +298,7 @@ def https_get(port: int, context: ssl.SSLContext) -> int:
 def test_https_with_a_required_client_certificate(metrics: BridgeMetrics, pki: dict[str, object]) -> None:
     srv = MetricsServer(metrics, "127.0.0.1", 0, certfile=str(pki["server.pem"]), keyfile=str(pki["server.key"]),
                         client_cafile=str(pki["ca.pem"]))
+    srv.start()
     try:
         assert https_get(srv.port, client_context(pki, "ca")) == 200
         for wrong in (None, "other_ca"):
@@ -285,19 +308,20 @@ def test_https_with_a_required_client_certificate(metrics: BridgeMetrics, pki: d
             scrape(srv.port)
         assert srv.stats.served == 1
     finally:
-        srv.close()
+        srv.stop()
 
 
 def test_https_without_client_certificates(metrics: BridgeMetrics, pki: dict[str, object]) -> None:
     srv = MetricsServer(metrics, "127.0.0.1", 0, certfile=str(pki["server.pem"]), keyfile=str(pki["server.key"]))
+    srv.start()
     try:
         assert https_get(srv.port, client_context(pki, None)) == 200
     finally:
-        srv.close()
+        srv.stop()
 
 
 def test_a_bad_key_file_raises_in_the_caller(metrics: BridgeMetrics, pki: dict[str, object], tmp_path: Path) -> None:
     bad = tmp_path / "bad.key"
     bad.write_text("not a key")
     with pytest.raises(OSError):  # ssl.SSLError is an OSError: the daemon's start-up error path
-        MetricsServer(metrics, "127.0.0.1", 0, certfile=str(pki["server.pem"]), keyfile=str(bad))
+        MetricsServer(metrics, "127.0.0.1", 0, certfile=str(pki["server.pem"]), keyfile=str(bad)).start()

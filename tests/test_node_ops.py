@@ -414,6 +414,7 @@ def test_a_bridge_with_no_rank_connected_is_stopped_at_once(service: Any) -> Non
     gauge = Gauge(RANKS_GAUGE, "ranks", registry=Registry.registry)
     gauge.set(2)
     endpoint = MetricsServer(Registry(), "127.0.0.1", 0)
+    endpoint.start()
     try:
         job = served(endpoint.port)
         service._maybe_terminate("uid-1", job, 1000.0 + 1)
@@ -422,7 +423,7 @@ def test_a_bridge_with_no_rank_connected_is_stopped_at_once(service: Any) -> Non
         service._maybe_terminate("uid-1", job, 1000.0 + 2)
         assert job.process.terminated == 1
     finally:
-        endpoint.close()
+        endpoint.stop()
 
 
 def test_a_given_up_job_is_tried_again_after_refusal_retry(service: Any) -> None:

@@ -48,7 +48,7 @@ def om_streams_open(sim: SimClusterD, job_id: str, streams: list[AuxStream[Any]]
 
 async def om_subscribed(job: SimulatedJob) -> None:
     assert job.bridge is not None and job.bridge.side is not None
-    streams = job.bridge.side.om.streams
+    streams = job.bridge.side.operator_actions.streams
     await eventually(lambda: om_streams_open(job.sim, JOB, streams), 10, what="OM streams open")
 
 
@@ -133,7 +133,7 @@ def test_seed_api_declines_a_stress_test_and_training_resumes(server: ServerThre
     manager = hosting_the_controller(server, training)
     try:
         assert manager.link is not None and manager.side is not None
-        link, streams = manager.link, manager.side.om.streams
+        link, streams = manager.link, manager.side.operator_actions.streams
         eventually_sync(lambda: server.call(om_streams_open, server.sim, SEED_JOB, streams), 10,
                         what="OM streams open")
         outcome = server.run(stress_test(server.address, SEED_JOB, [0, 1]))
@@ -156,7 +156,7 @@ def test_seed_api_declines_a_nic_switch(server: ServerThread, training: Any) -> 
     manager = hosting_the_controller(server, training)
     try:
         assert manager.side is not None
-        streams = manager.side.om.streams
+        streams = manager.side.operator_actions.streams
         eventually_sync(lambda: server.call(om_streams_open, server.sim, SEED_JOB, streams), 10,
                         what="OM streams open")
         outcome = server.run(switch_nic(server.address, SEED_JOB))

@@ -70,11 +70,12 @@ def attrs(span: Any) -> dict[str, Any]:
 def export_one_cycle(tmp_path: Path, config: OtelConfig) -> tuple[OtlpExporter, BridgeMetrics]:
     recorder, writer, flow, clock, metrics = make(tmp_path)
     exporter = OtlpExporter(config, ErrorLog(metrics))
+    exporter.start()
     writer.on_closed = exporter.submit
     writer.start()
     run_retry_cycle(recorder, flow, clock, uuid="trace-me")
     eventually_sync(lambda: writer.closed == 1, 10, what="the cycle closed by the writer")
-    writer.close()
+    writer.stop()
     return exporter, metrics
 
 
@@ -84,7 +85,7 @@ def test_a_cycle_is_one_trace_with_phase_rpc_and_notify_spans(tmp_path: Path,
     exporter, metrics = export_one_cycle(tmp_path, OtelConfig(enabled=True, endpoint=f"127.0.0.1:{port}",
                                                               headers=("x-tenant=ml",)))
     eventually_sync(lambda: receiver.requests, 10, what="an OTLP export received")
-    exporter.close()
+    exporter.stop()
     (request,) = receiver.requests
     assert receiver.metadata[0]["x-tenant"] == "ml"
     resource = attrs(request.resource_spans[0].resource)
@@ -137,7 +138,7 @@ def test_otlp_http_protobuf(tmp_path: Path) -> None:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
         exporter, _ = export_one_cycle(tmp_path, OtelConfig(enabled=True, protocol="http/protobuf", endpoint=url))
         eventually_sync(lambda: received, 10, what="an OTLP/HTTP export received")
-        exporter.close()
+        exporter.stop()
     finally:
         server.shutdown()
         server.server_close()
@@ -153,7 +154,7 @@ def test_an_unreachable_collector_is_counted_within_the_deadline(tmp_path: Path)
                                                                   timeout=0.5))
         eventually_sync(lambda: metrics.sample("tft_bridge_recorder_errors_total", {"reason": "otel_export"}) == 1,
                         10, what="the failed export counted")
-        exporter.close()
+        exporter.stop()
     assert exporter.exported == 0
 
 
@@ -223,7 +224,7 @@ def test_otlp_grpc_over_tls_with_a_private_ca(tmp_path: Path) -> None:
         exporter, metrics = export_one_cycle(tmp_path / "store", OtelConfig(
             enabled=True, endpoint=f"localhost:{port}", insecure=False, ca_file=str(ca_file)))
         eventually_sync(lambda: receiver.requests, 10, what="an OTLP export over TLS received")
-        exporter.close()
+        exporter.stop()
     finally:
         server.stop(grace=None)
     root = next(s for s in spans_of(receiver.requests[0]) if not s.parent_span_id)

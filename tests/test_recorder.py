@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def test_a_retry_cycle_is_one_record_with_phases_waits_and_outcome(tmp_path: Pat
     recorder, writer, flow, clock, _ = make(tmp_path)
     run_retry_cycle(recorder, flow, clock)
     assert recorder.current is None, "the result RPC after a successful result closes the cycle"
-    writer.close()
+    writer.stop()
     (cycle,) = stored(writer.path)
     assert (cycle.uuid, cycle.outcome, cycle.strategy, cycle.opened_by) == ("u-1", "success", "retry", "fault")
     assert cycle.ended - cycle.started == pytest.approx(10.75)
@@ -129,7 +130,7 @@ def test_a_failed_retry_stays_one_cycle_until_the_final_result(tmp_path: Path) -
     flow.on_callback("report_result", code=0, strategy="recover")
     recorder.callback("report_result", clock(), code=0, strategy="recover")
     recorder.rpc("ReportRecoverStatus", 0, clock(), 0.001)
-    writer.close()
+    writer.stop()
     (cycle,) = stored(writer.path)
     assert (cycle.outcome, cycle.strategy, cycle.uuid, cycle.uuids) == ("success", "recover", "u-2", ["u-1", "u-2"])
     names = [p["name"] for p in cycle.summary["phases"]]
@@ -146,7 +147,7 @@ def test_a_signal_refused_while_idle_is_its_own_not_forwarded_cycle(tmp_path: Pa
     recorder.tick()
     assert recorder.current is None
     recorder.refused("foreign_job", "stop_train", "x", ["stop_train"])  # no cycle: not this job's history
-    writer.close()
+    writer.stop()
     (cycle,) = stored(writer.path)
     assert cycle.outcome == "not_forwarded"
     assert cycle.summary["refusals"] == 2
@@ -158,7 +159,7 @@ def test_a_fault_clusterd_never_answers_is_unfinished_at_stop_and_interrupted_af
     recorder.callback("report_fault_ranks", clock(), faults={3: 1})
     recorder.dropped("fault", None, "shutdown")
     recorder.close()
-    writer.close()
+    writer.stop()
     (cycle,) = stored(writer.path)
     assert cycle.outcome == "unfinished" and cycle.summary["drops"] == 1
 
@@ -173,7 +174,7 @@ def test_a_fault_clusterd_never_answers_is_unfinished_at_stop_and_interrupted_af
     _, restarted, *_ = make(tmp_path)
     restarted.start()
     eventually_sync(lambda: restarted.store.is_open, 10, what="the store re-opened after the restart")
-    restarted.close()
+    restarted.stop()
     cycles = stored(restarted.path)
     assert [c.outcome for c in cycles] == ["unfinished", "interrupted"], "a restart keeps the history"
 
@@ -183,7 +184,7 @@ def test_the_store_keeps_the_last_n_cycles(tmp_path: Path) -> None:
     for n in range(12):
         run_retry_cycle(recorder, flow, clock, uuid=f"u-{n}")
         writer._drain()  # written batch by batch, as the thread would
-    writer.close()
+    writer.stop()
     assert [c.uuid for c in stored(writer.path)] == [f"u-{n}" for n in range(7, 12)]
 
 
@@ -199,7 +200,7 @@ def test_the_store_stays_under_its_size_bound(tmp_path: Path) -> None:
         writer._drain()
     assert writer.store.used_bytes() <= 0.25 * 1024 * 1024
     assert writer.store.trimmed > 0
-    writer.close()
+    writer.stop()
     cycles = stored(writer.path)
     assert 1 < len(cycles) < 150
     assert os.path.getsize(writer.path) < 2 * 0.25 * 1024 * 1024, "freed pages go back to the file system"
@@ -218,7 +219,26 @@ def test_an_unwritable_directory_is_counted_and_never_raises(tmp_path: Path) -> 
     eventually_sync(lambda: metrics.sample("tft_bridge_recorder_errors_total", {"reason": "unwritable"}) >= 1, 10,
                     what="the unwritable store counted")
     recorder.close()
-    writer.close()
+    writer.stop()
+    assert not writer.alive
+
+
+def test_a_dying_writer_thread_tells_its_owner_and_a_stop_does_not(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    died = threading.Event()
+    writer = RecorderWriter(RecorderConfig(), tmp_path, BridgeMetrics(), poll=0.01, idle_poll=0.01, on_died=died.set)
+    writer.start()
+    eventually_sync(lambda: writer.store.is_open, 10, what="the store open")
+    writer.stop()
+    assert not writer.alive and not died.is_set()
+
+    def broken() -> None:
+        raise RuntimeError("a bug in the writer")
+
+    writer = RecorderWriter(RecorderConfig(), tmp_path, BridgeMetrics(), poll=0.01, idle_poll=0.01, on_died=died.set)
+    monkeypatch.setattr(writer, "_ensure_store", broken)
+    writer.start()
+    assert died.wait(10), "the owner was not told"
     assert not writer.alive
 
 
@@ -235,7 +255,7 @@ def test_a_full_disk_is_counted_and_the_store_recovers(tmp_path: Path) -> None:
     assert metrics.sample("tft_bridge_recorder_errors_total", {"reason": "disk_full"}) == 1
     writer.store._db.execute("PRAGMA max_page_count=1073741823")  # space freed
     run_retry_cycle(recorder, flow, clock, uuid="after")
-    writer.close()
+    writer.stop()
     assert any(c.uuid == "after" for c in stored(writer.path))
 
 
@@ -246,7 +266,7 @@ def test_a_full_queue_drops_and_counts_without_blocking(tmp_path: Path) -> None:
         recorder.callback("report_fault_ranks", clock(), faults={1: 0})
     assert metrics.sample("tft_bridge_recorder_errors_total", {"reason": "queue_full"}) == 51  # 1 open + 99 events
     recorder.close()  # the close passes the full queue: the cycle and its outcome are never lost
-    writer.close()
+    writer.stop()
     (cycle,) = stored(writer.path)
     assert cycle.outcome == "unfinished"
 
@@ -263,7 +283,7 @@ def test_large_fault_maps_keep_the_metrics_counts_and_are_never_walked_again(tmp
     for _ in range(20):
         recorder.callback("report_fault_ranks", clock(), faults={1: 0})
     recorder.close()
-    writer.close()
+    writer.stop()
     (cycle,) = stored(writer.path)
     assert cycle.summary["faults"]["by_type"] == {"uce": 10_000, "other": 10_000, "hccl": 10_000}
     assert cycle.summary["faults"]["approximate"] is True
@@ -280,7 +300,7 @@ def test_the_store_is_readable_while_the_writer_holds_it(tmp_path: Path) -> None
     cycles = stored(writer.path)
     assert [c.outcome for c in cycles] == ["success", None]
     assert cycles[1].events[0]["faults"]["by_type"] == {"hccl": 1}
-    writer.close()
+    writer.stop()
 
 
 def test_configuration_bounds_and_the_state_directory() -> None:
@@ -301,7 +321,7 @@ def test_configuration_bounds_and_the_state_directory() -> None:
 def test_sqlite_wal_mode_is_set(tmp_path: Path) -> None:
     _, writer, *_ = make(tmp_path)
     writer._ensure_store()
-    writer.close()
+    writer.stop()
     (mode,) = sqlite3.connect(writer.path).execute("PRAGMA journal_mode").fetchone()
     assert mode == "wal"
 
@@ -317,7 +337,7 @@ def test_a_signal_repeated_after_its_cycle_closed_joins_that_cycle(tmp_path: Pat
     recorder.signal("changeStrategy", "u-other", ["change_strategy"], strategy="retry")  # not a repeat
     recorder.refused("unexpected_step", "changeStrategy", "u-other", ["change_strategy"])
     recorder.close()
-    writer.close()
+    writer.stop()
     first, second = stored(writer.path)
     db = open_reader(writer.path)
     (full,) = find_cycle(db, "u-1")
@@ -340,7 +360,7 @@ def test_a_dump_then_its_exit_notice_is_one_dump_cycle(tmp_path: Path) -> None:
     recorder.notify("change_strategy", 0, clock(), 0.001, strategy="exit")
     clock.advance(recorder.grace + 0.01)  # the grace itself is the behaviour under test
     recorder.tick()
-    writer.close()
+    writer.stop()
     (cycle,) = stored(writer.path)
     assert (cycle.outcome, cycle.strategy) == ("exit", "dump")
 
@@ -353,7 +373,7 @@ def test_a_signal_that_asks_the_controller_for_nothing_does_not_absorb_the_next_
     clock.advance(recorder.grace)
     recorder.tick()
     run_retry_cycle(recorder, flow, clock, uuid="u-2")
-    writer.close()
+    writer.stop()
     first, second = stored(writer.path)
     assert (first.uuid, first.outcome) == ("u-log", "not_forwarded")
     assert (second.uuid, second.outcome, second.opened_by) == ("u-2", "success", "fault")
@@ -367,7 +387,7 @@ def test_a_repeated_retry_cycle_closes_as_a_repeat_not_a_failure(tmp_path: Path)
     clock.advance(0.7)
     run_retry_cycle(recorder, flow, clock, uuid="u-2", result=499, repeat=True)
     recorder.close()
-    writer.close()
+    writer.stop()
     first, second = stored(writer.path)
     assert (first.uuid, first.outcome) == ("u-1", "success")
     assert (second.uuid, second.outcome) == ("u-2", "repeat_after_success")

@@ -1,5 +1,6 @@
 """Capped exponential backoff with jitter, for every retry loop of the bridge and the
-platform agent: the session, the report wire, the rank table subscriber, the PodGroup watcher."""
+platform agent (ClusterD's streams through ``bridge.job.session.stream_loop``, the report
+relay, the PodGroup watcher). Not thread-safe: one owner per instance."""
 
 from __future__ import annotations
 

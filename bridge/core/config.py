@@ -82,6 +82,8 @@ LOCAL_PROXY_ADDRESS = f"127.0.0.1:{CLUSTERD_PORT}"
 #: (``SWITCH_NIC_MAX_TIMEOUT``, 120 minutes); seconds.
 PAUSE_DEFAULT = 600
 PAUSE_MAX = 7200
+#: The longest a stop waits for the controller's last reports (``ClusterDConfig.drain_timeout``).
+MAX_DRAIN_TIMEOUT = 5.0
 
 
 class ConfigError(ValueError):
@@ -114,6 +116,13 @@ class ClusterDConfig:
     ca_file: str = ""
     cert_file: str = ""
     key_file: str = ""
+
+    @property
+    def drain_timeout(self) -> float:
+        """How long a stop waits for the last reports to reach ClusterD, and after the
+        controller ended for the stream to come back: one RPC deadline, at most
+        ``MAX_DRAIN_TIMEOUT`` seconds."""
+        return min(MAX_DRAIN_TIMEOUT, self.rpc_timeout)
 
 
 #: ``controller.handoff`` values: accepted and ignored (the old hand-off modes).

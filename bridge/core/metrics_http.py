@@ -1,49 +1,29 @@
 """The /metrics endpoint: a small bounded HTTP/1.1 server on one thread of its own.
 
-prometheus_client's default server (``start_http_server``) was measured failing under
-load that any node sees from a port scanner, a stuck sidecar or an eager dashboard:
-a listen backlog of 5, one thread per connection and no read
-timeout, so idle half-open connections each held a thread and concurrent scrapers
-timed out (docs/performance.md, "Measurements behind the design").
-This server keeps prometheus_client for what it does well (the registry and the text
-encoders, OpenMetrics negotiation, gzip) and replaces only the transport:
+prometheus_client keeps the registry, the encoders, OpenMetrics negotiation and gzip;
+this module is only the transport, bounded so that no client (a port scanner, a stuck
+sidecar, an eager dashboard) can delay a fault report or take the endpoint down
+(the figures: docs/performance.md, "The metrics endpoint"):
 
-* **One thread, its own asyncio loop**, never the bridge's: rendering a big registry
-  must not delay a fault report, and no client can make more threads.
-* **A real listen backlog** (``backlog``, 1024): a burst of scrapers waits in the kernel
-  instead of losing SYNs and retrying after 1, 3, 7 s.
-* **A cap on open connections** (``max_connections``, 64: the unit's file limit is
-  shared with the controller's rank connections). When it is reached, the connection
-  that has waited longest for a complete request header is closed to make room, so
-  idle or slow-loris clients cannot keep a real scrape out. A real scraper sends its
-  whole request at once, so a connection accepted with a complete request already in
-  its socket buffer (``MSG_PEEK``; for TLS, any data: the ClientHello) is protected
-  for ``protect_for`` seconds, ample to answer it. On Linux, ``TCP_DEFER_ACCEPT``
-  keeps a connection that has sent nothing in the kernel until it sends (or the
-  deadline passes), so the gap between a scraper's connect and its request never
-  makes it look idle. When every slot is protected or busy, the next connection waits
-  in the backlog. (Measured on the way: evicting only connections idle for 0.5 s let
-  1 000 idle connections queued ahead of the scrapers drain at 64 per 0.5 s, scrapes
-  took up to 6.5 s; evicting any connection without a complete request at accept,
-  without deferred accept, cut 136 of 1 000 real scrapes in their connect-to-send gap.)
-* **Shared renders**: requests whose headers were read before a render started share
-  it (one per content type), so 200 concurrent scrapers cost a handful of renders, not
-  200, and no answer is older than its request.
-* **A header deadline** (``header_timeout``) from the moment the server waits for a
-  request (the first one, or the next on a kept-alive connection), a TLS handshake
-  deadline of the same length, and a **write deadline** (``write_timeout``) for
-  clients that stop reading.
+* **One thread, its own asyncio loop**, never the bridge's; no client makes more threads.
+* **A listen backlog** (``backlog``): a burst of scrapers waits in the kernel.
+* **At most ``max_connections`` open connections.** At the cap, the connection that has
+  waited longest for a complete request header is closed to make room; one accepted with
+  its request already buffered (``MSG_PEEK``; for TLS, any data) is protected for
+  ``protect_for`` seconds; ``TCP_DEFER_ACCEPT`` (Linux) keeps a connection that has sent
+  nothing in the kernel. When every slot is protected or busy, the next one waits in the
+  backlog.
+* **Shared renders**: requests whose headers were read before a render started share it
+  (one per content type); no answer is older than its request.
+* **Deadlines**: ``header_timeout`` for each request header and the TLS handshake,
+  ``write_timeout`` for clients that stop reading.
 * HTTP/1.1 with keep-alive, ``GET``/``HEAD`` on ``/metrics`` and ``/``; 404 elsewhere,
   405 for other methods, 400/431/505 for malformed, oversized or unknown-version
-  requests, each counted in ``tft_bridge_bad_inputs_total{kind="metrics_http_request"}``
-  when the registry has that counter (clients cut at a deadline or evicted:
-  ``kind="metrics_http_slow_client"``): no new metric name, so dashboards stay exact.
-* TLS with ``certfile``/``keyfile``; ``client_cafile`` makes a client certificate
-  signed by that CA mandatory (prometheus_client's server loaded the CA but never
-  required a certificate).
-
-The class has the interface of the server it replaces (``port``, ``close()``,
-``alive``), so callers switch by import.
+  requests, counted in ``tft_bridge_bad_inputs_total{kind="metrics_http_request"}`` when
+  the registry has that counter (clients cut at a deadline or evicted:
+  ``kind="metrics_http_slow_client"``).
+* TLS with ``certfile``/``keyfile``; ``client_cafile`` makes a client certificate signed
+  by that CA mandatory.
 """
 
 from __future__ import annotations
@@ -57,6 +37,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -136,46 +117,72 @@ def _tls_context(certfile: str, keyfile: str, client_cafile: str) -> ssl.SSLCont
 
 
 class MetricsServer:
-    """The HTTP(S) endpoint of one registry (``metrics.registry``) on a thread of its own;
-    ``close`` stops it and joins the thread. Used by the bridge and the platform agent."""
+    """The HTTP(S) endpoint of one registry (``metrics.registry``) on a thread of its own
+    (``tft-metrics-http``). Used by the bridge, the node service and the platform agent.
+
+    ``start()`` loads the TLS files, binds and listens, then starts the thread; a file or
+    an address that fails raises OSError (or ValueError) there, in the caller's thread.
+    ``port`` is the bound port from then on. ``stop()`` cuts every connection and joins
+    the thread (bounded). ``on_died``, when given, is called on the server's thread if
+    that thread ends without ``stop()``; the owner hands it over to its own thread."""
 
     def __init__(self, metrics: Any, address: str, port: int, *, certfile: str = "", keyfile: str = "",
                  client_cafile: str = "", max_connections: int = 64, backlog: int = 1024,
-                 header_timeout: float = 5.0, write_timeout: float = 10.0, protect_for: float = 1.0) -> None:
+                 header_timeout: float = 5.0, write_timeout: float = 10.0, protect_for: float = 1.0,
+                 on_died: Callable[[], None] | None = None) -> None:
         self.registry = metrics.registry
         self._bad_inputs = getattr(metrics, "bad_inputs", None)
+        self.address = address
+        self.port = port
         self.max_connections = max(1, max_connections)
+        self.backlog = backlog
         self.header_timeout = header_timeout
         self.write_timeout = write_timeout
         self.protect_for = protect_for
-        self._renders: dict[str, asyncio.Future[tuple[bytes, str]]] = {}  # accept header -> a render not yet run
+        self._certfile, self._keyfile, self._client_cafile = certfile, keyfile, client_cafile
+        self._on_died = on_died
         self.stats = ServerStats()
-        self._tls = _tls_context(certfile, keyfile, client_cafile) if certfile and keyfile else None
-        self._socket = _server_socket(address, port, backlog, math.ceil(header_timeout))
-        self.port: int = self._socket.getsockname()[1]
+        # Owned by the server's thread once started:
+        self._renders: dict[str, asyncio.Future[tuple[bytes, str]]] = {}  # accept header -> a render not yet run
         self._connections: dict[asyncio.Task[None], _Connection] = {}
-        self._loop = asyncio.new_event_loop()
+        self._tls: ssl.SSLContext | None = None
+        self._socket: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
         self._stop = asyncio.Event()
         self._slot_freed = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Listen and serve; OSError/ValueError for a bad TLS file or address."""
+        if self._certfile and self._keyfile:
+            self._tls = _tls_context(self._certfile, self._keyfile, self._client_cafile)
+        self._socket = _server_socket(self.address, self.port, self.backlog, math.ceil(self.header_timeout))
+        self.port = self._socket.getsockname()[1]
+        self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="tft-metrics-http", daemon=True)
         self._thread.start()
 
-    # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
+    def stop(self) -> None:
         """Stop accepting, cut every connection, join the thread (bounded)."""
-        if self._thread.is_alive():
+        self._stopping = True
+        if self._thread is not None and self._thread.is_alive():
+            assert self._loop is not None
             try:
                 self._loop.call_soon_threadsafe(self._stop.set)
             except RuntimeError:  # the loop already closed
                 pass
             self._thread.join(timeout=5)
-        self._socket.close()
+        if self._socket is not None:
+            self._socket.close()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
+        assert self._loop is not None
         asyncio.set_event_loop(self._loop)
         try:
             self._loop.run_until_complete(self._serve())
@@ -183,19 +190,25 @@ class MetricsServer:
             log.exception("metrics endpoint stopped")
         finally:
             self._loop.close()
+            if not self._stopping and self._on_died is not None:
+                self._on_died()
 
     async def _serve(self) -> None:
+        """Accept until ``stop()``, or until accepting fails (then the thread ends and
+        ``on_died`` is told)."""
         accepting = asyncio.ensure_future(self._accept_loop())
-        await self._stop.wait()
-        accepting.cancel()
-        tasks = list(self._connections)
-        for task in tasks:
+        stop = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({accepting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (accepting, stop, *self._connections):
             task.cancel()
-        await asyncio.gather(accepting, *tasks, return_exceptions=True)
+        results = await asyncio.gather(accepting, stop, *self._connections, return_exceptions=True)
+        if isinstance(results[0], Exception):
+            log.error("metrics endpoint: accepting connections failed: %r", results[0])
 
     # ------------------------------------------------------------------ accepting
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
+        assert self._socket is not None
         while True:
             try:
                 client, _ = await loop.sock_accept(self._socket)

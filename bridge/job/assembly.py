@@ -111,7 +111,7 @@ class Link:
         """Hand the controller no new action, run ``before_destroy`` (the host stops its
         other work there), destroy an owned controller off its own thread
         (``controller.destroy_timeout``) *while the session and the wire still run*,
-        drain the outbox for at most one RPC deadline (5 s at most) while a stream is
+        drain the outbox for at most ``clusterd.drain_timeout`` while a stream is
         live, then stop the rest in reverse order of ``start``. The controller still
         calls back while it is destroyed (docs/mindio-controller.md section 7): its last
         reports reach ClusterD. Bounded by ``daemon.stop_budget``."""
@@ -121,7 +121,7 @@ class Link:
             if self.controller.started and self.controller.owned:
                 await asyncio.to_thread(self.controller.destroy, self.config.controller.destroy_timeout)
             if self.session.live.is_set():
-                await self.wire.drain(timeout=min(5.0, self.config.clusterd.rpc_timeout))
+                await self.wire.drain(timeout=self.config.clusterd.drain_timeout)
             self.session.stop()
             await finish(self.tasks.values())
             await asyncio.to_thread(self.wire.stop, 2.0 + self.config.clusterd.rpc_timeout)

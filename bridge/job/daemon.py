@@ -160,6 +160,7 @@ class Bridge:
             try:
                 server = MetricsServer(self.metrics, c.metrics.address, c.metrics.port, certfile=c.metrics.certfile,
                                        keyfile=c.metrics.keyfile, client_cafile=c.metrics.client_cafile)
+                server.start()
             except OSError as error:
                 raise StartupError(f"metrics endpoint {c.metrics.address}:{c.metrics.port}: {error}") from error
             self.metrics_server = server
@@ -174,7 +175,8 @@ class Bridge:
         if not c.controller.state_directory:  # the default layout: one directory per job under a root
             sweep_stale_markers(self.orphan.marker.path.parent, self.metrics)
         # Never fails the start: a store that cannot be written is counted and logged.
-        self.recording = Recording.start(c, self.flow, self.metrics)
+        self.recording = Recording.from_config(c, self.flow, self.metrics)
+        self.recording.start()
         self._link = link = Link(c, self.metrics, ControllerHost(module, c.controller), self.flow,
                                  on_kill_master=lambda: self.request_stop(EXIT_RESCHEDULED),
                                  on_state=lambda state: self._publish_status(), observer=self.observer,
@@ -361,9 +363,9 @@ class Bridge:
                                            ranks_connected=ranks_connected)
         await finish(list(self._tasks.values()))
         self.recording.recorder.close()  # an open cycle ends as it stands
-        await asyncio.to_thread(self.recording.close)  # bounded: the writer flushes, the exporter sends
+        await asyncio.to_thread(self.recording.stop)  # bounded: the writer flushes, the exporter sends
         if self.metrics_server is not None:
-            self.metrics_server.close()
+            self.metrics_server.stop()
 
     async def _await_rank_loss(self) -> bool:
         """The HA switch at a stop that would keep the orphan marker, after giving the
@@ -402,7 +404,7 @@ class Bridge:
         the drain itself is bounded the same way (``Link.stop``)."""
         link = self.link
         if len(link.wire) and not link.session.live.is_set():
-            wait = min(5.0, self.config.clusterd.rpc_timeout)
+            wait = self.config.clusterd.drain_timeout
             try:
                 await asyncio.wait_for(link.session.live.wait(), wait)
             except asyncio.TimeoutError:
@@ -424,7 +426,7 @@ def stop_budget(config: BridgeConfig) -> float:
     """How long a whole stop may take: the drain (at most 5 s, one RPC deadline), the
     bounded destroy and ``STOP_SLACK``. Also the wait for ClusterD's stream when the
     controller ended. The unit's TimeoutStopSec must stay above it."""
-    drain = min(5.0, config.clusterd.rpc_timeout)
+    drain = config.clusterd.drain_timeout
     return 2 * drain + config.controller.destroy_timeout + config.controller.rank_loss_wait + STOP_SLACK
 
 

@@ -156,6 +156,7 @@ def cmd_node(args: argparse.Namespace) -> int:
             m = config.metrics
             server = MetricsServer(metrics, m.address, m.port, certfile=m.certfile, keyfile=m.keyfile,
                                    client_cafile=m.client_cafile)
+            server.start()
         except (OSError, ValueError) as error:  # ssl.SSLError is an OSError: a bad certificate or key
             log.error("metrics endpoint %s:%d: %s", config.metrics.address, config.metrics.port, error)
             return 1
@@ -175,5 +176,5 @@ def cmd_node(args: argparse.Namespace) -> int:
         notifier.stopping("leaving every bridge running")
         series.close()
         if server is not None:
-            server.close()
+            server.stop()
         api.close()

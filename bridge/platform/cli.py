@@ -106,6 +106,7 @@ def cmd_platform(args: argparse.Namespace) -> int:
     if not args.no_metrics:
         try:
             server = MetricsServer(metrics, args.metrics_address, args.metrics_port)
+            server.start()
         except OSError as error:
             print(f"tft-bridge platform: metrics endpoint {args.metrics_address}:{args.metrics_port}: {error}",
                   file=sys.stderr)
@@ -120,7 +121,7 @@ def cmd_platform(args: argparse.Namespace) -> int:
     finally:
         api.close()
         if server is not None:
-            server.close()
+            server.stop()
 
 
 async def _serve(agent: Any, policy_path: str | None) -> int:

@@ -1,50 +1,33 @@
 """The recovery flight recorder: every cycle's timeline, kept on disk beside the bridge.
 
-Nobody else sees the whole of a recovery: ClusterD logs its side on another machine, the
-controller logs in the training pods. The bridge sees both directions, so it records,
-per recovery cycle, each controller callback (fault ranks by type, codes, strategies),
-each ClusterD RPC with its code and latency, each signal (uuid, type, actions,
-strategy), each notify with the controller's return, every refusal and drop with its
-reason, and the final outcome. ``tft-bridge history`` reads it back; the phases and who
-was waited on are derived by ``bridge.job.recorder.model``.
+Per recovery cycle: each controller callback (fault ranks by type, strategies), each
+ClusterD RPC with its code and latency, each signal, each notify with the controller's
+return, every refusal and drop with its reason, and the outcome. ``tft-bridge history``
+reads it back; ``bridge.job.recorder.model`` derives the phases and waits.
 
-Two halves, because the peers forbid the obvious one:
+Two halves:
 
-* ``Recorder`` runs on the event loop, called from the report path and the dispatcher.
-  The controller blocks on every callback and ClusterD's decisions race the
-  controller's own timeout, so recording must never delay a report or a notify: each
-  call builds one small tuple and appends it to a bounded deque (O(1); a fault map
-  above 64 ranks keeps the counts the metrics made of it, and is never walked again,
-  here or on the writer, whose GIL time would delay that very report). A full deque
-  drops the event and counts ``tft_bridge_recorder_errors_total{reason="queue_full"}``
-  (a cycle's opening, uuid and close always pass: detail is lost, never the cycle or
-  its outcome). ``bench/bench_recorder.py`` measures a hook's cost. The controller's own
-  thread never runs any of this: its callbacks reach the loop through the report wire.
-* ``RecorderWriter`` is a thread that wakes on its own every ``poll`` seconds while
-  events come, every ``idle_poll`` seconds once a wake-up found none (an idle bridge
-  wakes the node no more than MindCluster's client does; the first events after a quiet
-  time wait that much longer for the disk). The loop never wakes it: a wake-up is a
-  syscall that can hand the GIL away mid-report. It writes
-  the batch to the SQLite store in one transaction (``bridge.job.recorder.store``), keeps
-  the store inside its bounds and hands each closed cycle to the optional OpenTelemetry
-  exporter. A full disk, an unwritable directory or a corrupt file never stops the
-  bridge: the failure is counted by reason, logged once per kind (then at most every
-  five minutes, with the count), and the store is re-opened later.
+* ``Recorder``, on the event loop (the report path and the dispatcher call it): each
+  hook is O(1), one small tuple appended to a bounded deque, and never blocks or wakes
+  anything; a fault map above ``INLINE_FAULTS`` ranks keeps only its per-type counts. A
+  full deque drops the event and counts ``tft_bridge_recorder_errors_total{reason=
+  "queue_full"}``; a cycle's opening, uuid and close always pass.
+* ``RecorderWriter``, a thread of its own (``tft-recorder``): wakes every ``poll``
+  seconds while events come, every ``idle_poll`` once a wake-up found none, writes each
+  batch in one transaction (``bridge.job.recorder.store``), keeps the store in its
+  bounds and hands each closed cycle to the optional OTLP exporter. A store failure
+  (full disk, unwritable directory, corrupt file) is counted by reason and logged within
+  a budget, the store re-opened later; it never stops the bridge.
 
-How events group into cycles (ClusterD's uuid is not on the controller's reports, and a
-flow may start from either side): a cycle opens at the controller's first fault report
-or ClusterD's first signal of a flow, takes ClusterD's uuid when a signal brings one
-(a later different uuid is recorded as a change, not a new cycle: the controller is
-still in the same flow), and closes when the controller's flow reaches a final outcome:
-back to idle after a result (success, isolated), or exit decided. It lingers briefly
-(``grace``) so the final report's RPC, a drop or a repeated signal of the same cycle
-land in it. A cycle a signal opens stays tentative (nothing written) until the
-controller is involved: a signal refused, or asking nothing of the controller, while it
-is idle joins the cycle that closed just before when it repeats that cycle (ClusterD
-repeats exit notices every few seconds), else closes on its own as ``not_forwarded``.
-A fault report ClusterD never answered stays open until the bridge
-stops (``unfinished``), and a cycle a crash left open is ``interrupted`` at the next
-start.
+Grouping: a cycle opens at the controller's first fault report or ClusterD's first
+signal of a flow, takes ClusterD's uuid when a signal brings one (a later different uuid
+is a change, not a new cycle), and closes when the controller's flow reaches a final
+outcome, lingering ``GRACE`` seconds for the final report's RPC, a drop or a repeated
+signal. A cycle a signal opens stays tentative until the controller is involved: while
+the controller is idle, a refused or no-op signal joins the cycle that closed just
+before when it repeats it, else closes as ``not_forwarded``. A fault report never
+answered stays open until the stop (``unfinished``); one a crash left open is
+``interrupted`` at the next start.
 """
 
 from __future__ import annotations
@@ -541,15 +524,20 @@ class _Open:
 
 
 class RecorderWriter:
-    """Owns the store; drains the loop's deque on its own thread, every ``poll`` seconds
-    while events come and every ``idle_poll`` seconds after a wake-up that found none."""
+    """Owns the store; drains the loop's deque on its own thread (``tft-recorder``), every
+    ``poll`` seconds while events come and every ``idle_poll`` seconds after a wake-up
+    that found none. ``start()`` starts the thread; ``stop()`` writes what is queued and
+    joins it (bounded). ``on_closed(record)`` gets each closed cycle on the writer's
+    thread; ``on_died()``, when given, is called on the writer's thread if it ends
+    without ``stop()`` (a bug: store failures are counted, never end it)."""
 
     def __init__(self, config: RecorderConfig, directory: Path, metrics: Any, *,
                  on_closed: Callable[[dict[str, Any]], None] | None = None, poll: float = 0.2,
-                 idle_poll: float = 1.0, reopen_every: float = 30.0) -> None:
+                 idle_poll: float = 1.0, reopen_every: float = 30.0,
+                 on_died: Callable[[], None] | None = None, errors: ErrorLog | None = None) -> None:
         self.config = config
         self.directory = directory
-        self.errors = ErrorLog(metrics)
+        self.errors = errors or ErrorLog(metrics)  # shared with the exporter when there is one
         self.on_closed = on_closed
         self.poll = poll
         self.idle_poll = max(poll, idle_poll)
@@ -566,18 +554,20 @@ class RecorderWriter:
         self._next_open = 0.0
         self.written = 0  # events committed (tests, status)
         self.closed = 0  # cycles closed
-        self._thread = threading.Thread(target=self._run, name="tft-recorder", daemon=True)
+        self.on_died = on_died
+        self._thread: threading.Thread | None = None
 
     @property
     def path(self) -> Path:
         return self.store.path
 
     def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="tft-recorder", daemon=True)
         self._thread.start()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
     def put(self, item: tuple[Any, ...]) -> None:
         """Event loop: O(1). Never blocks, never wakes the writer. Only events are
@@ -588,10 +578,10 @@ class RecorderWriter:
             return
         self._items.append(item)
 
-    def close(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         """Write what is queued, then stop the thread (bounded wait)."""
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
         else:
             self._drain()  # never started (tests): still write
@@ -607,8 +597,12 @@ class RecorderWriter:
                 wait = self.poll if self._items else self.idle_poll
                 self._drain_guarded()
             self._drain_guarded()
+        except Exception:
+            log.exception("flight recorder: the writer thread failed")
         finally:
             self.store.close()
+            if not self._stop.is_set() and self.on_died is not None:
+                self.on_died()
 
     def _drain_guarded(self) -> None:
         try:
@@ -721,7 +715,8 @@ class RecorderWriter:
 
 class Recording:
     """The recorder of one running bridge: the loop-side hooks, the writer thread and
-    the optional OTLP exporter, started and stopped together by the daemon."""
+    the optional OTLP exporter, started and stopped together by the daemon
+    (``from_config``, ``start()``, ``stop()``)."""
 
     def __init__(self, recorder: NullRecorder, writer: RecorderWriter | None = None, exporter: Any = None) -> None:
         self.recorder = recorder
@@ -729,42 +724,43 @@ class Recording:
         self.exporter = exporter
 
     @classmethod
-    def start(cls, config: Any, flow: ControllerFlow, metrics: Any) -> Recording:
+    def from_config(cls, config: Any, flow: ControllerFlow, metrics: Any, *,
+                    on_died: Callable[[], None] | None = None) -> Recording:
         """From a BridgeConfig's [recorder] and [otel] sections; a no-op when disabled.
-        Never raises: a recorder that cannot start is counted and the bridge runs on."""
+        Never raises: a recorder that cannot start is counted and the bridge runs on.
+        ``on_died``: the writer thread's (``RecorderWriter``)."""
         from bridge.core.recorder_config import state_directory
 
         settings: RecorderConfig = config.recorder
         if not settings.enabled:
             return cls(NullRecorder())
-        writer = RecorderWriter(settings, state_directory(settings, config.job_id), metrics)
+        errors = ErrorLog(metrics)
         exporter = None
         if config.otel.enabled:
             try:
                 from bridge.job.recorder.otel import OtlpExporter  # imported only here: no cost when off
 
-                exporter = OtlpExporter(config.otel, writer.errors)
-                writer.on_closed = exporter.submit
+                exporter = OtlpExporter(config.otel, errors)
             except ImportError as error:
-                writer.errors("otel_export", f"the otel extra is not installed ({error}); traces are not exported")
-        writer.start()
+                errors("otel_export", f"the otel extra is not installed ({error}); traces are not exported")
+        writer = RecorderWriter(settings, state_directory(settings, config.job_id), metrics, errors=errors,
+                                on_closed=exporter.submit if exporter is not None else None, on_died=on_died)
         return cls(Recorder(config.job_id, flow, writer), writer, exporter)
 
-    @property
-    def alive(self) -> bool:
-        return self.writer is None or self.writer.alive
+    def start(self) -> None:
+        """The exporter first: the writer hands it closed cycles."""
+        if self.exporter is not None:
+            self.exporter.start()
+        if self.writer is not None:
+            self.writer.start()
 
-    @property
-    def path(self) -> Path | None:
-        return self.writer.path if self.writer is not None else None
-
-    def close(self, budget: float = 5.0) -> None:
+    def stop(self, budget: float = 5.0) -> None:
         """Blocking (run it off the loop): write what is queued, export what is closed,
         within ``budget`` seconds in all (the unit's TimeoutStopSec has the drain and the
         controller's destroy to cover too). Traces still queued then are not sent; their
         cycles are in the store."""
         deadline = time.monotonic() + budget
         if self.writer is not None:
-            self.writer.close(budget * 0.6)
+            self.writer.stop(budget * 0.6)
         if self.exporter is not None:
-            self.exporter.close(max(0.1, deadline - time.monotonic()))
+            self.exporter.stop(max(0.1, deadline - time.monotonic()))

@@ -176,8 +176,9 @@ def _status(error: bool, ok: bool, message: str) -> trace.Status:
 
 
 class OtlpExporter:
-    """Queues closed cycles (``submit``, from the recorder's writer) and exports each on
-    a thread of its own, under a deadline."""
+    """Queues closed cycles (``submit``, from the recorder's writer thread; never blocks:
+    a full queue is counted) and exports each, under a deadline, on a thread of its own
+    (``tft-otel``) that ``start()`` starts and ``stop()`` ends."""
 
     def __init__(self, config: OtelConfig, errors: Callable[..., None], queue_limit: int = 32) -> None:
         self.config = config
@@ -187,6 +188,9 @@ class OtlpExporter:
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
         self.exported = 0  # traces a collector accepted (tests)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="tft-otel", daemon=True)
         self._thread.start()
 
@@ -196,9 +200,11 @@ class OtlpExporter:
         except queue.Full:
             self.errors("otel_queue_full", f"more than {self._queue.maxsize} cycles waiting for export")
 
-    def close(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         """Export what is queued (each under its own deadline) for at most ``timeout``
         seconds, then stop; what is left is not sent (the thread is a daemon)."""
+        if self._thread is None:
+            return
         deadline = time.monotonic() + timeout
         try:
             self._queue.put(None, timeout=timeout)

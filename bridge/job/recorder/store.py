@@ -1,25 +1,13 @@
-"""The flight recorder's on-disk store: one SQLite file, written by one thread.
+"""The flight recorder's on-disk store: one SQLite file in WAL mode, written by one thread.
 
-Why SQLite (stdlib ``sqlite3``) in WAL mode and not append-only JSON-lines segments:
-
-* ``tft-bridge history`` must read the store of a *running* bridge. In WAL mode a reader
-  sees the last committed transaction and never blocks the writer, nor the writer it;
-  a JSON-lines reader would have to cope with a half-written last line and a segment
-  being rotated under it.
-* The bound is "the last N cycles or M MB, whichever first". Deleting the oldest cycles
-  is one statement, and with ``auto_vacuum=INCREMENTAL`` their pages go back to the file
-  system; segments would have to be sized per cycle to honour both bounds.
-* A crash or a full disk mid-write leaves the last committed state (a transaction is
-  atomic); a torn segment would need repair on every start.
-* ``--cycle UUID`` is an indexed lookup, not a scan of every segment.
-
-``synchronous=NORMAL``: a commit is durable against a crash of the bridge, and at worst
-the last transactions are lost on a power cut. Nothing here is worth an fsync per
-event: the record is diagnostic, the bridge's own work must never wait for it.
-
-Only the recorder's writer thread writes (``Store``); readers (``open_reader``) open the
-file read-only, so ``history`` never needs write access to the unit's state directory
-(an ``immutable`` fallback reads a stopped bridge's store from a read-only place).
+Invariants: only the recorder's writer thread writes (``Store``), one transaction per
+batch, so a crash or a full disk leaves the last committed state; a reader
+(``open_reader``: read-only, with an ``immutable`` fallback for a store in a read-only
+place) sees the last commit of a running bridge without blocking its writer. The store
+keeps the last ``max_cycles`` cycles or ``max_bytes``, whichever is reached first
+(``enforce_bounds``: the oldest cycles go, their pages back to the file system).
+``synchronous=NORMAL``: durable against a crash of the bridge, at worst the last
+transactions lost on a power cut; the bridge's work never waits for an fsync.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
-"""What ClusterD's fault centre saw for the job: nodes, NPUs, fault codes and levels.
+"""What ClusterD's fault centre saw for the job (its Fault service, docs/clusterd.md
+section 13), kept for the flight recorder.
 
-The controller reports ranks and fault types; the cause (which NPU, which fault code, at
-which level) is known only to ClusterD's fault centre, which publishes it per job on its
-Fault service (``interface/grpc/fault/fault.proto``): ``Register(jobId, role)`` creates
-the job's publisher for that role (replacing one of the same role), and
-``SubscribeFaultMsgSignal`` streams a ``FaultMsgSignal`` whenever the job's faults
-change: ``signalType`` "fault" with one ``NodeFaultInfo`` per node (node name, IP,
-level, and its ``DeviceFaultInfo``: device id and type, fault codes and levels), or
-"normal" once they cleared. The stream's end deletes the publisher, so every
-subscription is preceded by a Register. Observed on the real-peers harness: after an
-NPU fault on rank 2, node ``node-1``, device ``0``, codes ``80C98000``, level
-``RestartNPU``. ClusterD v7.3.2 does not serve the service (``UNIMPLEMENTED``).
-
-The bridge keeps a bounded summary of each message (``summarise``: at most
-``MAX_DEVICES`` devices, ``MAX_CODES`` codes and levels each, every string cut to
-``MAX_TEXT``) and hands it to the flight recorder, which puts it in the cycle it belongs
-to (``Recorder.clusterd_faults``). None of it becomes a metric label: only the result of
-each message is counted (``tft_bridge_fault_info_messages_total{result}``).
+``FaultCentreReader`` registers and subscribes for the whole run (an ``AuxStream``),
+reads the job's faults as they stand after each Register, and hands a bounded summary of
+each message (``summarise``: at most ``MAX_DEVICES`` devices, ``MAX_CODES`` codes and
+levels each, every string cut to ``MAX_TEXT``) to ``on_info``. A release that does not
+serve the service yields the summary ``{"signal": "unavailable"}``. Only each message's
+result is counted (``tft_bridge_fault_info_messages_total{result}``); nothing of a
+message becomes a metric label.
 """
 
 from __future__ import annotations
@@ -81,10 +72,11 @@ def summarise(message: fault_pb2.FaultMsgSignal) -> tuple[FaultInfo, bool]:
     return info, cut
 
 
-class FaultInfoReader:
-    """Register + SubscribeFaultMsgSignal for the job, for the whole run.
-    ``on_info(summary)`` gets every message's summary on the loop (O(1) for its caller:
-    the recorder appends it)."""
+class FaultCentreReader:
+    """Register + SubscribeFaultMsgSignal for the job: ``run()`` on the event loop until
+    ``stop()``, subscribing only while ``ready``. ``on_info(summary)`` gets every
+    message's summary on the loop and must be O(1) (the recorder appends it); ``last``
+    is the latest summary."""
 
     def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, *,
                  ready: Callable[[], Awaitable[Any]], on_info: Callable[[FaultInfo], None]) -> None:

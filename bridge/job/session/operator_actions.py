@@ -1,39 +1,15 @@
-"""ClusterD's operator (OM) actions on the job's ranks: answered at once, declined.
+"""ClusterD's operator (OM) actions on the job's ranks, declined at once.
 
-An operator's ``SwitchNicTrack`` (Atlas A3 super pods) or ``StressTest`` makes ClusterD
-pause training (``stopTrain ["pause_train"]``, the controller reports stop-complete) and
-then hand the job's client the work on a stream of its own: ``SubscribeNotifySwitch``
-(``SwitchRankList``) or ``SubscribeNotifyExecStressTest`` (``StressTestRankParams``).
-ClusterD then waits for ``ReplySwitchNicResult`` / ``ReplyStressTestResult``; with nobody
-subscribed its state machine stays in ``NotifySwitchNicState`` / ``NotifyStressTestState``
-and training stays paused (measured on the real server).
-
-Switching NICs and stressing NPUs needs the ranks' processes (TaskD's workers do it);
-the bridge hosts only the controller. So it subscribes to both streams and answers each
-request within a second (``REPLY_DELAY``) that it did not perform it, each with the
-answer that says so in ClusterD's terms (``om_controller.go``):
-
-* NIC switch: ``SwitchResult{result: false}``, what TaskD answers for a switch that
-  failed. ``handleWaitSwitchNicFinish`` answers the operator "switch nic failed"
-  (``SwitchNicFailEvent``) and ClusterD runs its ``handleNotifyStopTrain``:
-  ``stopTrain ["stop_train"]`` with the cycle's cached faults (none), a recovery cycle
-  with no fault rank. Measured (real ClusterD on super-pod nodes, real controller): with
-  ``retry`` configured ClusterD chooses dump and the job exits to be restarted; without,
-  it chooses recover and the controller's repair of no ranks waits for workers that never
-  come, until ClusterD's report timeout (docs/clusterd.md section 12). The only answer
-  that resumes training, ``result: true``, would tell the operator the NICs were switched.
-* Stress test: every rank and op answered with code ``"1"`` (``StressTestExecFail``,
-  "exec failed", the code TaskD's worker gives a test it could not run).
-  ``parseStressTestResult`` isolates a node only for code ``"2"`` (fault found: the node
-  is marked ``UnHealthy`` and its ranks recovered) and recovers ranks only for ``"3"``
-  and ``"4"``; for ``"1"`` it answers the operator with the per-rank result and sends
-  ``changeStrategy continue``: training resumes, nothing is isolated. Any code that
-  ClusterD counts as a failure would isolate or recover healthy ranks.
+A NIC switch (``SubscribeNotifySwitch``) or a stress test (``SubscribeNotifyExecStressTest``)
+needs the ranks' processes, and the bridge hosts only the controller. ``OperatorActions``
+holds both notify streams for the whole run and answers each request, after
+``REPLY_DELAY``, that it did not perform it, in ClusterD's terms: ``SwitchResult{result:
+false}`` for a NIC switch, code ``"1"`` (exec failed) for every rank and op of a stress
+test. Why these answers and what ClusterD does with them: docs/clusterd.md section 12.
 
 Each request is logged and counted in ``tft_bridge_om_requests_total{operation,result}``;
-its reply is a unary call with the RPC deadline (in the flight recorder's cycle of the
-pause as an RPC), made once: ClusterD's result channels hold one answer, a second reply
-would block its handler.
+its reply is one unary call with the RPC deadline, never repeated (ClusterD's result
+channels hold one answer: a second would block its handler).
 """
 
 from __future__ import annotations
@@ -65,10 +41,9 @@ MAX_RESULT_RANKS = 4096
 #: ClusterD's stress ops (om_service.go: "0: aic, 1: p2p"), as result keys.
 STRESS_OP_NAMES = {0: "aic", 1: "p2p"}
 SHOWN_RANKS = 8  # how many ranks a log line names
-#: How long an answer waits. ClusterD gives the operator the outcome on a response stream
-#: that can be opened only while the flow runs ("is not stress test" otherwise) and whose
-#: unread message a reset drops; answered at once, the whole flow ended within about 10 ms
-#: of the operator's call, before an operator's tool had opened that stream (measured).
+#: How long an answer waits: the operator's response stream can be opened only while the
+#: flow runs, and an answer at once ends the flow before an operator's tool opened it
+#: (docs/clusterd.md section 12).
 REPLY_DELAY = 0.25
 
 
@@ -91,8 +66,9 @@ def _shown(ranks: list[str]) -> str:
     return ",".join(ranks[:SHOWN_RANKS]) + more
 
 
-class OmResponder:
-    """The two notify streams and their answers."""
+class OperatorActions:
+    """The two notify streams and their answers: ``run()`` on the event loop until
+    ``stop()``; subscribes only while ``ready`` (the signal stream is live)."""
 
     def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, *,
                  ready: Callable[[], Awaitable[Any]], reply_delay: float = REPLY_DELAY) -> None:

@@ -1,54 +1,22 @@
-"""The orphaned job: a training job whose ranks were attached to a controller that died.
+"""The orphaned-job marker: a job whose ranks are attached to a controller that died.
 
-Why this exists (docs/mindio-controller.md section 4): the real MindIO controller cannot
-adopt running ranks. A controller started again on the same address rejects every
-heartbeat of ranks it did not start ("not exist in statusMap"). So when the bridge's
-process ends while the job keeps running -- a crash, an OOM kill, ``kill -9``, a
-``systemctl restart`` for an upgrade -- the job trains on with no fault tolerance at all
-and hangs at its next fault, and nothing on the new bridge would show it.
+The controller cannot adopt running ranks (docs/mindio-controller.md section 4), so a
+bridge that ends while its job trains leaves the job without fault tolerance. The rules
+an operator sees are in docs/operations.md ("Orphaned jobs"); here:
 
-The bridge therefore keeps a small marker file, ``controller.json``, in its state
-directory (``controller.state_directory``; default the unit's ``$STATE_DIRECTORY``, else
-``/var/lib/tft-bridge/<job>``, the directory the flight recorder uses too). It is written
-atomically when the controller starts and removed when a stop leaves no rank attached to
-a dead controller:
+* ``ControllerMarker``: ``controller.json`` in the job's state directory, written
+  atomically when the controller starts, removed when a stop leaves no rank on a dead
+  controller (``OrphanWatch.controller_stopped``).
+* ``OrphanWatch``: a leftover marker at start-up is a suspicion (CRITICAL log line,
+  ``tft_bridge_orphaned_job`` = 1, a STATUS= prefix) until a training rank connects to
+  this controller; while it stands, a stop keeps the marker.
+* ``sweep_stale_markers``: in the default state root only, other jobs' markers older than
+  ``STALE_MARKER_AGE`` whose bridge process is gone are removed.
 
-* the job is going away anyway: killMaster (ClusterD reschedules it) or the controller
-  ended on its own (it told its ranks to exit, or ClusterD acknowledged the exit);
-* no training rank is connected at the stop (the HA switch is off). The controller counts
-  a killed rank as connected until its heartbeats have been missing for ~8-10 s, and the
-  usual teardown kills the ranks and then stops the bridge at once; so a stop that finds
-  the switch on first asks again for up to ``controller.rank_loss_wait`` seconds
-  (``Bridge._await_rank_loss``): ranks that are gone turn it off, ranks that train on
-  keep it on.
-
-A stop while ranks are connected (SIGTERM mid-training, the "upgrade" case) keeps the
-marker: the ranks outlive the controller and the next one will not accept them. A
-process that dies without a stop (crash, SIGKILL, the watchdog's SIGABRT) leaves it too.
-
-At start-up a leftover marker means the job may be orphaned: a CRITICAL log line, the
-gauge ``tft_bridge_orphaned_job`` = 1 (alert ``TftBridgeOrphanedJob``, docs/runbook.md)
-and a STATUS= prefix, until a training rank connects to *this* controller (the HA switch
-turns true: the job was restarted and its fresh ranks registered here); then 0 and an
-INFO line. While the suspicion stands a stop keeps the marker whatever the HA switch
-says, so a second restart does not forget it.
-
-Not done on purpose: asking ClusterD to restart the job on its own (a fault report for
-every rank). Whether that ends in a clean job restart depends on the job's strategies
-and ClusterD's version, and it was not shown in the simulation; a wrong guess kills a
-healthy, training job. The operator decides (runbook).
-
-Markers of jobs that will not come back do not pile up: at start-up a bridge whose state
-directory is the default one (``$STATE_DIRECTORY`` or /var/lib/tft-bridge/<job>, one per
-job under a common root) removes the markers of *other* jobs under that root that are
-older than ``STALE_MARKER_AGE`` (7 days) and whose bridge process is not running on this
-node (``sweep_stale_markers``). A job whose bridge comes back within that time is still
-reported; after it, the job has been without fault tolerance for a week, which its own
-next fault will have shown long before. A configured ``controller.state_directory`` is
-never swept around: its siblings may be anything.
-
-A marker that cannot be written or read is logged and counted
+Nothing here restarts the job: the operator decides (docs/runbook.md). A marker that
+cannot be written or read is logged and counted
 (``tft_bridge_bad_inputs_total{kind="orphan_marker"}``); it never stops the bridge.
+All of it runs on the event loop's thread (start-up, the tick, the stop).
 """
 
 from __future__ import annotations

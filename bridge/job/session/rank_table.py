@@ -12,24 +12,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from bridge._proto import config_pb2
-from bridge.core.backoff import Backoff
 from bridge.job.session.clusterd import ClusterDClient, RpcFailure, client_info
 from bridge.job.session.codes import Code
 from bridge.core.files import write_atomically
 from bridge.core.config import ClusterDConfig, RankTableConfig
 from bridge.job.session.node_hooks import NodeHooks
 from bridge.job.metrics import BridgeMetrics
+from bridge.job.session.stream_loop import Outcome, StreamLoop, Subscription
 
 log = logging.getLogger(__name__)
 
 VERSIONS = ("1.0", "1.2")
+REGISTER = "/config.Config/Register"
+SUBSCRIBE = "/config.Config/SubscribeRankTable"
 
 
 class RankTableError(ValueError):
@@ -115,11 +114,12 @@ def validate_rank_table(text: str) -> dict[str, Any]:
     return table
 
 
-class RankTableSubscriber:
-    """Register -> SubscribeRankTable -> write, again after every stream end."""
+class RankTableSubscriber(Subscription[config_pb2.RankTableStream]):
+    """Register -> SubscribeRankTable -> write, again after every stream end (``run``
+    until ``stop()``, on the event loop)."""
 
     def __init__(self, config: RankTableConfig, clusterd: ClusterDConfig, metrics: BridgeMetrics,
-                 on_written: Callable[[Path], None] = lambda path: None, *, hook_timeout: float = 60.0) -> None:
+                 *, hook_timeout: float = 60.0) -> None:
         self.config = config
         self.path = Path(config.path)
         # Its own channel: never competes with the Recover stream. ClusterD writes on this
@@ -127,10 +127,10 @@ class RankTableSubscriber:
         self.client = ClusterDClient(clusterd, metrics, quiet_stream=True)
         self.metrics = metrics
         self.hooks = NodeHooks(config.hook_command, hook_timeout, metrics)  # hooks.timeout of the job config
-        self.on_written = on_written
         self.current: dict[str, Any] | None = self._load_existing()
-        self._stopping = asyncio.Event()
-        self._call: Any = None
+        self._info = client_info(config.job_id, clusterd.role)
+        self.loop: StreamLoop[config_pb2.RankTableStream] = StreamLoop(
+            "rank_table", self.client, SUBSCRIBE, self._info, config_pb2.RankTableStream.FromString)
 
     def _load_existing(self) -> dict[str, Any] | None:
         try:
@@ -139,9 +139,7 @@ class RankTableSubscriber:
             return None
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._call is not None:
-            self._call.cancel()
+        self.loop.stop()
 
     async def handle(self, message: config_pb2.RankTableStream) -> str:
         """Validate and maybe write one pushed table; the result label."""
@@ -163,7 +161,6 @@ class RankTableSubscriber:
         self.current = table
         self.metrics.ranktable_updates.labels("written").inc()
         log.info("rank table version %s written to %s", table["version"], self.path)
-        self.on_written(self.path)
         if self.config.hook_command:
             await self.hooks.run_command("ranktable_changed", [str(self.path)])
         return "written"
@@ -175,41 +172,21 @@ class RankTableSubscriber:
         return "rejected"
 
     async def run(self) -> None:
+        """Open the channel, subscribe until ``stop()``, close the channel."""
         await self.client.open()
-        backoff = Backoff(self.client.config.reconnect_initial, self.client.config.reconnect_max)
-        info = client_info(self.config.job_id, self.client.config.role)
         try:
-            while not self._stopping.is_set():
-                try:
-                    code = await self.client.call("/config.Config/Register", info)
-                    if code == Code.OK:
-                        await self._subscribe_once(info)
-                        backoff.reset()
-                    else:
-                        log.warning("rank table Register answered %s", Code.describe(code))
-                except RpcFailure as failure:
-                    log.warning("rank table Register failed: %s %s", failure.status, failure.detail)
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), backoff.next())
-                except asyncio.TimeoutError:
-                    pass
+            await self.loop.run(self)
         finally:
             await self.client.close()
 
-    async def _subscribe_once(self, info: bytes) -> None:
-        assert self.client.channel is not None
-        stream = self.client.channel.unary_stream(
-            "/config.Config/SubscribeRankTable", request_serializer=None,
-            response_deserializer=config_pb2.RankTableStream.FromString)
-        self._call = call = stream(info)
+    async def prepare(self) -> Outcome | None:
+        """Register before every subscription: every stream end needs it again."""
         try:
-            async for message in call:
-                await self.handle(message)
-        except asyncio.CancelledError:
-            if not self._stopping.is_set():
-                raise
-        except grpc.aio.AioRpcError as error:
-            log.warning("rank table stream ended: %s %s", error.code().name, error.details())
-        finally:
-            call.cancel()
-            self._call = None
+            code = await self.client.call(REGISTER, self._info)
+        except RpcFailure as failure:
+            log.warning("rank table Register failed: %s %s", failure.status, failure.detail)
+            return Outcome.FAILED
+        if code != Code.OK:
+            log.warning("rank table Register answered %s", Code.describe(code))
+            return Outcome.FAILED
+        return None
