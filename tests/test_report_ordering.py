@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 
 from bridge._proto import recover_pb2 as pb
-from bridge.job.session.clusterd import Session
+from bridge.job.session.signal_session import Session
 from bridge.job.session.codes import Code
 from bridge.core.config import ClusterDConfig
 from bridge.core.backoff import Backoff
@@ -52,6 +52,11 @@ class GatedClient:
     def subscribe(self, job_id: str, role: str) -> Any:
         self.log.append("Subscribe")
         return EndedStream()
+
+    @property
+    def channel(self) -> Any:
+        """The signal channel as the stream loop opens the stream on it."""
+        return SimpleNamespace(unary_stream=lambda method, **how: lambda request, timeout=None: self.subscribe("", ""))
 
 
 class EndedStream:
@@ -148,5 +153,6 @@ async def test_the_session_catches_up_with_the_reports_before_it_reacts_to_clust
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     first = log[:log.index("Subscribe", log.index("Subscribe") + 1) + 1]
+    # Before the Subscribe, before each message, at the stream's end: once each.
     assert first == ["catch up", "Subscribe", "read", "catch up", "signal stopTrain", "read", "catch up",
-                     "catch up", "catch up", "Subscribe"]
+                     "catch up", "Subscribe"]

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import types
 from collections import deque
+from types import SimpleNamespace
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -179,8 +180,15 @@ async def test_a_signal_wakes_the_report_wire_once() -> None:
     async def answered(method: str, payload: bytes, timeout: float | None = None) -> int:
         return Code.OK
 
+    async def opened() -> None:  # the signal channel: the stream loop opens the test's stream on it
+        link.client.channel = SimpleNamespace(  # type: ignore[assignment]
+            unary_stream=lambda method, **how: lambda request, timeout=None: stream, close=closed)
+
+    async def closed(grace: float | None = None) -> None:
+        pass
+
     link.client.call = answered  # type: ignore[method-assign]  # Init and Register
-    link.client.subscribe = lambda job_id, role: stream  # type: ignore[method-assign]
+    link.client.open = opened  # type: ignore[method-assign]
     module: FakeController = link.controller.module  # type: ignore[assignment]
     dispatched = lambda: link.dispatcher._queue.empty()  # noqa: E731 - taken and handled (no await inside)
     await link.start()

@@ -32,8 +32,9 @@ from bridge.job.reports.relay import ReportInbox, Wire
 from bridge.job.sched import realtime
 from bridge.job.sched.affinity import ControllerPin
 from bridge.job.sched.realtime import LoopPriority
-from bridge.job.session.clusterd import ClusterDClient, Session, SessionState, report_channel, run_logged
+from bridge.job.session.clusterd import ClusterDClient, SessionState, report_channel, run_logged
 from bridge.job.session.node_hooks import NodeHooks
+from bridge.job.session.signal_session import Session
 from bridge.job.session.signals import SignalDispatcher
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from bridge.job.session.clusterd import Session
+from bridge.job.session.signal_session import Session
 from bridge.core.config import BridgeConfig, config_warnings
 from bridge.job.host.controller import ControllerHost, StartupError, load_controller_module
 from bridge.job.side_services import SideServices

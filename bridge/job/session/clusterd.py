@@ -1,10 +1,12 @@
-"""The ClusterD side: one channel, deadline-bound unary calls, and the signal session.
+"""ClusterD's channels and calls: options, credentials, deadline-bound unary calls, and
+how a failed call is classified.
 
 Requests go out as bytes already encoded by the fast codec (``bridge.faults``), so the
 generated message classes are used only for the small ``ClientInfo`` and ``Status``.
 Every unary call has a deadline; a call that failed is classified by whether it
 provably did not reach ClusterD (``qps exceeded``, no connection) or its outcome is
-unknown, because ClusterD's one-slot report buffers make a blind resend dangerous.
+unknown, because ClusterD's one-slot report buffers make a blind resend dangerous. The
+signal session is ``signal_session.py``; the streams run on ``stream_loop.py``.
 """
 
 from __future__ import annotations
@@ -13,19 +15,15 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
 from bridge._proto import recover_pb2 as pb
-from bridge.core.backoff import Backoff
-from bridge.job.session.codes import Code
 from bridge.core.config import ClusterDConfig
-from bridge.job.cycle_state import CycleState
-from bridge.job.metrics import BridgeMetrics, code_label, signal_type_label
-from bridge.job.session.signals import Screened, screen_signal
+from bridge.job.metrics import BridgeMetrics, code_label
 
 log = logging.getLogger(__name__)
 
@@ -235,14 +233,6 @@ class ClusterDClient:
         self.observe_rpc(name, status.code, started, time.monotonic() - started)
         return status
 
-    def subscribe(self, job_id: str, role: str) -> Any:
-        """The signal stream; each message arrives as (ProcessManageSignal, raw bytes)."""
-        assert self.channel is not None
-        stream = self.channel.unary_stream(
-            SUBSCRIBE, request_serializer=None, response_deserializer=lambda raw: (pb.ProcessManageSignal.FromString(raw), raw)
-        )
-        return stream(client_info(job_id, role), timeout=None)
-
 
 class SessionState(enum.Enum):
     CONNECTING = "connecting"
@@ -250,293 +240,6 @@ class SessionState(enum.Enum):
     SUBSCRIBED = "subscribed"
     BACKOFF = "reconnecting"
     STOPPED = "stopped"
-
-
-class SignalSink(Protocol):
-    """Where the session hands each signal it read, screened (``signals.SignalDispatcher``)."""
-
-    def submit(self, screened: Screened) -> None: ...
-
-
-class ReportHandover(Protocol):
-    """The report wire's side of the order between reports and signals (``relay.Wire``):
-    the controller's reports it has taken, to the loop's bookkeeping, before the loop
-    reacts to anything from ClusterD."""
-
-    def catch_up(self) -> None: ...
-
-
-#: Signal types whose uuid is never a cycle: ClusterD's fault centre sends preExitProcess
-#: with a fresh uuid it does not keep, and changes no state (docs/clusterd.md section 5).
-UNTRACKED_TYPES = frozenset({"preExitProcess"})
-
-
-#: Seconds a Subscribe request gets before fault reports may follow it on the report
-#: channel (docs/architecture.md, "A fault right after a recovery"): far above a LAN's
-#: delivery and ClusterD's handler start, far below what a fault may wait (50 ms).
-SUBSCRIBE_HEAD_START = 0.02
-
-
-class Session:
-    """Init -> Register -> Subscribe, forever: the job's only ClusterD subscriber, on the
-    event loop from ``run()`` to ``stop()``.
-
-    Each message of the stream is screened once, the cycle it shows is written to the
-    cycle state (one publication), and it goes to the dispatcher. ClusterD ends the
-    stream with OK after every recovery cycle and on any reset, so a stream end is
-    routine: subscribe again at once after a stream that delivered, else after a short
-    jittered pause. Silence longer than ``watchdog_intervals`` keep-alive intervals
-    means a dead stream; Init 403 means process recovery is off for the job, re-checked
-    every ``recheck_disabled`` (docs/clusterd.md section 4).
-    """
-
-    def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, cycles: CycleState,
-                 dispatcher: SignalSink, reports: ReportHandover,
-                 on_state: Sequence[Callable[[SessionState], None]] = ()) -> None:
-        """``cycles``: where the stream's state is written (live, subscribed, the running
-        cycle), a resubscribe request is read, and the report wire is settled before each
-        Subscribe. ``dispatcher``: takes each screened signal. ``reports``: caught up before
-        the loop reacts to anything from ClusterD (a message, a stream's end, a Subscribe),
-        so the bookkeeping never learns of ClusterD's answer to a report before the report.
-        ``on_state``: told of every state change, in order."""
-        self.job_id = job_id
-        self.client = client
-        self.config = client.config
-        self.metrics = metrics
-        self._cycles = cycles
-        self._dispatcher = dispatcher
-        self._reports = reports
-        self._on_state = tuple(on_state)
-        self.state = SessionState.CONNECTING
-        self.live = cycles.live  # set while a subscription is live
-        self._heard = False  # the stream that ended delivered a message
-        self.init_answered = asyncio.Event()
-        self.process_recover: bool | None = None  # None until Init answered
-        self.last_message_at: float | None = None
-        self._stopping = asyncio.Event()
-        self._call: Any = None
-        self._ended: dict[str, None] = {}  # uuids of cycles that are over, oldest first (bounded)
-
-    def _set_state(self, state: SessionState) -> None:
-        if state is not self.state:
-            log.info("ClusterD session: %s -> %s", self.state.value, state.value)
-        self.state = state
-        for told in self._on_state:
-            told(state)
-
-    @property
-    def current_uuid(self) -> str | None:
-        """The running cycle as the stream shows it."""
-        return self._cycles.snapshot.running
-
-    @property
-    def subscribe_sent(self) -> bool:
-        """The Subscribe had its head start and its stream has not ended."""
-        return self._cycles.snapshot.subscribed
-
-    @property
-    def end_reason(self) -> str:
-        """Why the previous stream ended (``CycleState.end_reason``)."""
-        return self._cycles.end_reason
-
-    @property
-    def stream_count(self) -> int:
-        return self._cycles.stream_count
-
-    def stream_token(self) -> str:
-        return self._cycles.stream_token()
-
-    def last_heard(self) -> float | None:
-        """When the stream last delivered a message (monotonic; None before any)."""
-        return self.last_message_at
-
-    def request_resubscribe(self, reason: str) -> None:
-        """Re-run Init/Register/Subscribe (``CycleState.request_resubscribe``)."""
-        self._cycles.request_resubscribe(reason)
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._call is not None:
-            self._call.cancel()
-
-    async def _sleep(self, seconds: float) -> bool:
-        """Sleep unless stopped first; True when stopping."""
-        try:
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-            return True
-        except asyncio.TimeoutError:
-            return False
-
-    async def _unary_with_retry(self, method: str, payload: bytes, backoff: Backoff) -> int | None:
-        """Init/Register: retried on any transport failure; None when stopping."""
-        while not self._stopping.is_set():
-            try:
-                return await self.client.call(method, payload)
-            except RpcFailure as failure:
-                log.warning("ClusterD %s failed: %s %s", failure.method, failure.status, failure.detail)
-                if await self._sleep(backoff.next()):
-                    return None
-        return None
-
-    async def run(self) -> None:
-        backoff = Backoff(self.config.reconnect_initial, self.config.reconnect_max)
-        info = client_info(self.job_id, self.config.role)
-        while not self._stopping.is_set():
-            self._set_state(SessionState.CONNECTING)
-            code = await self._unary_with_retry("/Recover/Init", info, backoff)
-            if code is None:
-                break
-            self.process_recover = code != Code.ProcessRescheduleOff
-            self.metrics.process_recover_enabled.set(1 if self.process_recover else 0)
-            self.init_answered.set()
-            if code == Code.ProcessRescheduleOff:
-                self._set_state(SessionState.RECOVERY_OFF)
-                log.warning("ClusterD: process-level recovery is off for job %s (Init 403); re-checking every %.0f s",
-                            self.job_id, self.config.recheck_disabled)
-                if await self._sleep(self.config.recheck_disabled):
-                    break
-                continue
-            if code != Code.OK:
-                log.warning("ClusterD Init answered %s", Code.describe(code))
-                if await self._sleep(backoff.next()):
-                    break
-                continue
-            code = await self._unary_with_retry("/Recover/Register", info, backoff)
-            if code is None:
-                break
-            if code != Code.OK:
-                log.warning("ClusterD Register answered %s", Code.describe(code))
-                if await self._sleep(backoff.next()):
-                    break
-                continue
-            self._reports.catch_up()
-            await self._cycles.settle(self.config.rpc_timeout + 1.0)
-            reason = await self._subscribe_once()
-            if self._stopping.is_set():
-                break
-            if reason == "cycle_end":
-                backoff.reset()  # routine: ClusterD closes the stream after every cycle
-                if self._heard:
-                    # At once, as MindCluster's client does: a fault in the moment after a
-                    # recovery must find the next subscription without a back-off's delay.
-                    continue
-            self._set_state(SessionState.BACKOFF)
-            if await self._sleep(backoff.next()):
-                break
-        self._set_state(SessionState.STOPPED)
-
-    async def _subscribe_once(self) -> str:
-        """One stream, until it ends; the reason it ended."""
-        self.metrics.reconnects.labels(self._cycles.end_reason).inc()
-        call = self.client.subscribe(self.job_id, self.config.role)
-        self._call = call
-        token = self._cycles.stream_opening(call.cancel)
-        self._heard = False
-        silence = self.config.keepalive_interval * self.config.watchdog_intervals
-        reason = "cycle_end"
-        try:
-            # A head start for the Subscribe: its request leaves on the signal channel
-            # (connected: Init and Register just answered on it), and ClusterD's handler
-            # resets the job as its first act; nothing ClusterD sends says when (no header,
-            # no message before the first keep-alive). A report sent on the report
-            # channel after this lands after that reset unless the handler is later than
-            # the head start; then the fault is reported again (refault.py, ledger.py).
-            if await self._sleep(SUBSCRIBE_HEAD_START):
-                reason = "stopped"
-                return reason
-            self._cycles.subscribe_sent()
-            while True:
-                try:
-                    item = await asyncio.wait_for(call.read(), silence)
-                except asyncio.TimeoutError:
-                    log.warning("ClusterD signal stream silent for %.0f s (no keep-alive): treating it as dead", silence)
-                    reason = "keepalive_timeout"
-                    break
-                self._reports.catch_up()
-                if item is grpc.aio.EOF:
-                    reason = "cycle_end"
-                    break
-                self._heard = True
-                self.last_message_at = time.monotonic()
-                self._on_message(*item, token)
-        except asyncio.CancelledError:
-            if self._stopping.is_set() or self._cycles.resubscribe_requested:
-                reason = "stopped" if self._stopping.is_set() else self._cycles.end_reason
-            else:
-                raise
-        except grpc.aio.AioRpcError as error:
-            reason = f"stream_{error.code().name.lower()}"
-            log.warning("ClusterD signal stream ended: %s %s", error.code().name, error.details())
-            if goaway(error.details() or ""):
-                connection_lost(self.metrics, "signal", error.details() or "")
-        finally:
-            call.cancel()
-            self._call = None
-            self._reports.catch_up()
-            self._cycle_over(self.current_uuid)
-            self._cycles.stream_ended(reason)
-            self.metrics.subscription_up.set(0)
-        if reason == "cycle_end":
-            log.info("ClusterD ended the signal stream (end of a recovery cycle or a server-side reset)")
-        return reason
-
-    def _on_message(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
-        """One message of the stream: screened once, the cycle it shows published once
-        (``CycleState.heard``), then handed to the dispatcher."""
-        first = not self.live.is_set()
-        stale = self._is_stale(signal)
-        screened = None if stale else screen_signal(signal, raw, signal.uuid or token)
-        self._cycles.heard(self.current_uuid if screened is None else self._track_cycle(screened))
-        if first:
-            self.metrics.subscription_up.set(1)
-            self._set_state(SessionState.SUBSCRIBED)
-        if screened is not None:
-            self._dispatcher.submit(screened)
-
-    def _is_stale(self, signal: pb.ProcessManageSignal) -> bool:
-        """A signal of a cycle that is already over (reordered, or repeated by a ClusterD
-        that lost track) must neither reach the controller nor be adopted as the running
-        cycle: ClusterD never resumes a cycle once it ended."""
-        if not signal.uuid or signal.uuid not in self._ended:
-            return False
-        if signal.signalType != "keep-alive":
-            self.metrics.signals_received.labels(signal_type_label(signal.signalType)).inc()
-            self.metrics.signals_refused.labels("stale_cycle").inc()
-            log.warning("not forwarding %s %s: its cycle %s is already over", signal.signalType,
-                        list(signal.actions), signal.uuid)
-        return True
-
-    def _track_cycle(self, screened: Screened) -> str | None:
-        """The running cycle once ``screened`` is seen (the one before it is over when
-        they differ). A signal refused whole (``Screened.refusal``) changes nothing."""
-        signal, current = screened.signal, self.current_uuid
-        uuid = signal.uuid
-        if signal.jobId and signal.jobId != self.job_id:
-            return current
-        if signal.signalType in UNTRACKED_TYPES:
-            return current
-        if signal.signalType == "keep-alive":
-            if current and uuid != current:
-                log.warning("keep-alive shows cycle %r, not %r: ClusterD abandoned the cycle", uuid, current)
-                self._cycle_over(current)
-                current = None
-            return uuid if uuid and not current else current
-        if uuid and uuid != current:
-            refusal = screened.refusal
-            if refusal is not None:  # counted and logged (within a budget) by the dispatcher, which refuses it too
-                log.debug("%s with uuid %s is %s: the running cycle %s stays current", signal.signalType or "(no type)",
-                          uuid, refusal[0], current)
-                return current
-            self._cycle_over(current)
-            return uuid
-        return current
-
-    def _cycle_over(self, uuid: str | None) -> None:
-        """``uuid``'s cycle is over: a later signal of it is stale (bounded memory)."""
-        if uuid:
-            self._ended[uuid] = None
-            while len(self._ended) > 256:
-                del self._ended[next(iter(self._ended))]
 
 
 async def run_logged(name: str, coroutine: Awaitable[Any]) -> Any:
