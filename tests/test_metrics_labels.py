@@ -148,7 +148,7 @@ def test_every_refusal_reason_the_code_uses_is_created_up_front() -> None:
     used: set[str] = set()
     used |= set(re.findall(r'_refuse\("([a-z_]+)"', (bridge / "job" / "session" / "signals.py").read_text()))
     used |= set(re.findall(r'reason = "([a-z_]+)"', (bridge / "job" / "session" / "signals.py").read_text()))
-    used |= set(re.findall(r'signals_refused\.labels\("([a-z_]+)"\)', (bridge / "job" / "session" / "clusterd.py").read_text()))
+    used |= set(re.findall(r'signals_refused\.labels\("([a-z_]+)"\)', (bridge / "job" / "session" / "signal_session.py").read_text()))
     gate = (bridge / "job" / "reports" / "controller_flow.py").read_text().split("def refusal", 1)[1].split("def snapshot", 1)[0]
     used |= set(re.findall(r'return "([a-z_]+)"', gate))
     used |= set(re.findall(r'else "([a-z_]+)"', gate))
