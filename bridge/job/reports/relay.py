@@ -48,7 +48,7 @@ import grpc
 
 from bridge import faults as codec
 from bridge.core.backoff import Backoff
-from bridge.job.cycle_state import Cycles, CycleState
+from bridge.job.cycle_state import CycleState
 from bridge.job.metrics import BridgeMetrics, code_label, drop_reason_for_code
 from bridge.job.reports.kinds import KINDS, METHODS, ControllerReport, status_code
 from bridge.job.sched import grpc_internals, realtime
