@@ -138,13 +138,13 @@ CONNECTIVITY_LOOK = 1.0
 class ReportInbox:
     """The wire's inbox: every report and instruction for the wire goes through it.
     ``put`` is the controller callbacks' sink (any thread, one C call, never blocks); the
-    rest are the event loop's. Only the wire's thread takes from it (``Wire``); the
-    inbox itself holds no state but the queue."""
+    rest are the event loop's (``stop``: whoever stops the wire). Only the wire's thread
+    takes from it (``Wire``). It holds the queue and a count of its wake-ups, nothing else."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()  # any thread -> the wire
         self.put: Callable[[ControllerReport], None] = self._queue.put  # the callbacks' sink
-        self.wakes = 0  # how many times the wire was woken with nothing to take (tests count them)
+        self.wakes = 0  # wake-ups put (``wake``, on the loop only): one per change of the stream
 
     def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None) -> None:
         """A fault report of the loop's own (a re-report, the resume's)."""
