@@ -24,7 +24,7 @@ from typing import Any
 from bridge.job.host import controller_abi
 from bridge.job.sched.affinity import ControllerPin
 from bridge.core.config import STUB_CONTROLLER, ControllerConfig
-from bridge.job.reports.kinds import CALLBACKS, KINDS, ReportSink, misfit, record, report_of
+from bridge.job.reports.kinds import CALLBACKS, KINDS, ControllerReport, ReportSink, misfit, report_of
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +69,14 @@ def make_callback(callback: str, sink: ReportSink, on_error: Callable[[], None],
         raise ValueError(f"unknown controller callback {callback!r}")
     monotonic = time.monotonic  # closure cells: no global and attribute look-up per call
     get_ident = threading.get_ident
-    new = record
+    new, report = tuple.__new__, ControllerReport  # the record in one C call, no partial in between
 
     def report_fault_ranks(*args: Any) -> int:
         try:
             if pin is not None and pin.enabled and pin.thread != get_ident():
                 pin.pin_caller()
             if args:
-                sink(new((callback, monotonic(), args[0], None, "", (), "", None, "")))
+                sink(new(report, (callback, monotonic(), args[0], None, "", (), "", None, "")))
             else:
                 sink(misfit(callback, args, monotonic()))
         except BaseException:  # noqa: BLE001 - anything escaping would kill the job or the process
@@ -88,7 +88,7 @@ def make_callback(callback: str, sink: ReportSink, on_error: Callable[[], None],
             if pin is not None and pin.enabled and pin.thread != get_ident():
                 pin.pin_caller()
             if len(args) > 2:
-                sink(new((callback, monotonic(), args[2], args[0], args[1], (), "", None, "")))
+                sink(new(report, (callback, monotonic(), args[2], args[0], args[1], (), "", None, "")))
             else:
                 sink(report_of(callback, args, monotonic()))
         except BaseException:  # noqa: BLE001
@@ -100,7 +100,7 @@ def make_callback(callback: str, sink: ReportSink, on_error: Callable[[], None],
             if pin is not None and pin.enabled and pin.thread != get_ident():
                 pin.pin_caller()
             if len(args) == 2:
-                sink(new((callback, monotonic(), args[0], None, "", args[1], "", None, "")))
+                sink(new(report, (callback, monotonic(), args[0], None, "", args[1], "", None, "")))
             else:
                 sink(report_of(callback, args, monotonic()))
         except BaseException:  # noqa: BLE001
@@ -112,7 +112,7 @@ def make_callback(callback: str, sink: ReportSink, on_error: Callable[[], None],
             if pin is not None and pin.enabled and pin.thread != get_ident():
                 pin.pin_caller()
             if len(args) > 3:
-                sink(new((callback, monotonic(), args[2], args[0], args[1], (), args[3], None, "")))
+                sink(new(report, (callback, monotonic(), args[2], args[0], args[1], (), args[3], None, "")))
             else:
                 sink(report_of(callback, args, monotonic()))
         except BaseException:  # noqa: BLE001

@@ -64,8 +64,8 @@ class ControllerReport(NamedTuple):
     problem: str  # why the arguments do not fit the callback ("": they do)
 
 
-#: A ControllerReport from its nine fields as one tuple, in one C call: NamedTuple's
-#: ``__new__`` is a Python function, a frame more on the controller's thread.
+#: A ControllerReport from its nine fields as one tuple, in C (NamedTuple's ``__new__``
+#: is a Python function); the controller's callbacks call ``tuple.__new__`` themselves.
 record: Callable[[tuple[Any, ...]], ControllerReport] = partial(tuple.__new__, ControllerReport)
 
 #: What each callback takes, for the message of a call that does not fit it.
