@@ -42,6 +42,7 @@ def load_or_report(path: str) -> BridgeConfig | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """``tft-bridge run``: the per-job bridge in this process until it stops; its exit code."""
     config = load_or_report(args.config)
     if config is None:
         return 2
@@ -94,6 +95,7 @@ def cmd_ranktable(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    """``tft-bridge check-config``: the effective configuration and its warnings; 2 when it is invalid."""
     config = load_or_report(args.file)
     if config is None:
         return 2
@@ -106,6 +108,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- faults
 
 def cmd_faults(args: argparse.Namespace) -> int:
+    """``tft-bridge faults``: parse, merge or format fault strings; 2 for bad input."""
     try:
         if args.faults_command == "merge":
             merged = codec.merge_faults(*(codec.parse_faults(text) for text in args.texts))
@@ -185,6 +188,7 @@ def cmd_report_fault(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every ``tft-bridge`` subcommand, each with its ``func``."""
     parser = argparse.ArgumentParser(prog="tft-bridge", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=VersionReport, help="print the version, the codec in use, the Python, "
@@ -271,6 +275,7 @@ def _lazy(module: str, name: str):  # type: ignore[no-untyped-def]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``tft-bridge`` entry point: the subcommand's exit code."""
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

@@ -1,57 +1,16 @@
-"""The seed client API (``mindx_elastic.recover_manager``), on the bridge's own engine.
+"""The seed client API (``mindx_elastic.recover_manager``) on the per-job bridge's engine.
 
-Training launchers written against seeds 000/001 switch by changing one import::
+``DLRecoverManager`` (``init_clusterd``, ``register``, ``start_subscribe``, ``close``) and
+the report functions ``report_stop_complete``, ``report_recover_strategy``,
+``report_recover_status`` and ``report_process_fault``, with the seed's signatures and
+int codes (``bridge.job.session.codes.Code``). Underneath: a ``bridge.job.assembly.Link``
+around the caller's controller (``ControllerHost(..., external=True)``: never started or
+destroyed here), whose loop runs on the thread ``tft-recover-manager``.
 
-    from bridge import recover_manager          # was: from mindx_elastic import recover_manager
-    from bridge.recover_manager import DLRecoverManager, pb, report_process_fault, ...
-
-``DLRecoverManager(info, server_addr, secure_conn=True, cert_path="")`` with
-``init_clusterd()``, ``register(request)`` and ``start_subscribe()``, and the module
-functions ``report_stop_complete``, ``report_recover_strategy``,
-``report_recover_status`` and ``report_process_fault``, with the seed signatures and int
-return codes from ``bridge.job.session.codes``. Underneath is the daemon's own link to ClusterD
-(``bridge.job.assembly.Link``: session, outbox, dispatcher, return path) around the caller's
-controller (``ControllerHost(..., external=True)``: never started or destroyed here),
-not a second client: reports are ordered, tied to the cycle they answer, never resent
-blindly, and signals reach the controller de-duplicated and only when it expects them.
-
-What differs from the old client, on purpose:
-
-* ``start_subscribe()`` returns at once; the subscription runs on a background thread
-  and re-subscribes after every cycle, as ClusterD requires.
-* The report functions never block and never raise: they are what the controller calls
-  back, and an exception there kills the job. They return 0 once the report is queued
-  for ordered delivery (the same "queued" ClusterD's own 0 means), ``Code.UnRegistry``
-  (400) when no manager is subscribed yet, ``Code.ClientError`` (499) for bad input.
-  Pass ``wait=SECONDS`` to block until the report is delivered or dropped and get the
-  real outcome: ClusterD's code, ``Code.OrderMix`` (401) when the cycle it answers is
-  over (it is dropped, never handed to the next cycle), ``Code.WaitReportTimeout``
-  (507) when ``wait`` ran out, ``Code.ServerInnerError`` (599) when it was not sent.
-* ``report_process_fault`` accepts the controller's second dict (fault codes).
-* Once subscribed it runs the daemon's side services (``bridge.job.side_services.SideServices``)
-  and stops them in ``close()``: ClusterD's operator NIC switch and stress test are
-  declined at once (``bridge.job.session.operator_actions``; with nobody on those streams the real ClusterD keeps
-  training paused without limit), and what ClusterD's fault centre saw for the job
-  (``bridge.job.session.fault_centre``) is logged, as the cause of the recovery that follows (this API
-  keeps no flight recorder). ``tft-bridge report-fault`` is not served: the command finds
-  the bridge's socket through its configuration file and the state directory named
-  there, and checks ranks against the configured world size; a launcher on this API has
-  no configuration file, no state directory of its own and no known world size.
-* The controller's wait (``MINDIO_WAIT_MINDX_TIME``, read from this process's
-  environment as the controller reads it) bounds the reconnect back-off at half of it,
-  as the daemon's configuration does, and a wait of 11 s or less is logged as a warning.
-* The fault ranks of ClusterD's signals reach the controller as ClusterD named them.
-  The caller initialised the controller, and the real module cannot be asked its world
-  size, so this path knows none (``ControllerHost.world_size`` is None) and checks no
-  rank range: a range check against a default of 1 once turned the globalFault
-  ``{2: 1, 3: 1}`` into ``on_global_rank({})``, and the controller, repairing too few
-  ranks while the node agent restarted the whole pod, hung.
-
-Exceptions (the seed says callers must catch them), all ``RecoverManagerError``:
-``CertificateError`` at construction when a named certificate cannot be read (there is
-no silent fall back to plaintext), ``ClusterDUnavailable`` when ClusterD cannot be
-reached within the deadline, ``ProcessRecoveryOff`` when Init answers 403,
-``ClusterDError`` for any other refusal of Init.
+Invariants: the report functions are the controller's callbacks, so they never block
+(unless given ``wait=SECONDS``) and never raise: 0 once queued, 400 before a manager is
+subscribed, 499 for bad input. Methods raise ``RecoverManagerError`` subclasses. Where
+and why it differs from MindCluster's client: docs/seed-api.md.
 """
 
 from __future__ import annotations
@@ -103,6 +62,7 @@ class ClusterDUnavailable(RecoverManagerError):
 
 
 class ClusterDError(RecoverManagerError):
+    """ClusterD refused ``method`` with ``code``."""
     def __init__(self, method: str, code: int) -> None:
         super().__init__(f"ClusterD {method} answered {Code.describe(code)}")
         self.code = code

@@ -303,18 +303,52 @@ class BlockingStream:
 def watch_log(caplog: pytest.LogCaptureFixture, failures: int, error: Exception) -> list[logging.LogRecord]:
     from bridge.core.backoff import Backoff
     from bridge.node.metrics import NodeMetrics
-    from bridge.core.kube_watch import PodGroupWatcher
+    from bridge.core.kube_watch import ListWatcher
 
     metrics = NodeMetrics()
-    watcher = PodGroupWatcher(FlakyApi(failures, error), None, DEFAULT_SELECTOR, lambda _: None, metrics,
-                              backoff=Backoff(0.01, 0.02), what="Pod")
+    deaths: list[BaseException] = []
+    watcher = ListWatcher(FlakyApi(failures, error), None, DEFAULT_SELECTOR, lambda _: None, metrics,
+                          on_death=deaths.append, backoff=Backoff(0.01, 0.02), what="Pod")
     with caplog.at_level(logging.INFO, logger="tft_bridge.platform.watch"):
         watcher.start()
         try:
             eventually_sync(lambda: metrics.watch_up._value.get() == 1, 10, "the watch open")
         finally:
             watcher.stop()
+    assert deaths == []  # a requested stop is not a death
     return [r for r in caplog.records if r.name == "tft_bridge.platform.watch"]
+
+
+class WatchBug(BaseException):
+    """What the watch loop does not catch: its thread dies."""
+
+
+class DyingApi:
+    node_name = "node-1"
+
+    def list(self, namespace: str | None, selector: str | None) -> tuple[list[dict[str, Any]], str]:
+        raise WatchBug("the list loop itself failed")
+
+    def event(self, *args: Any) -> None:
+        pass
+
+
+def test_a_dying_pod_watch_stops_the_node_service_with_exit_1(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    from bridge.node.metrics import NodeMetrics
+    from bridge.node.service import NodeService
+
+    config = build_node_config({"node": {"state_root": str(tmp_path / "state")}})
+    service = NodeService(config, DyingApi(), launcher=None, metrics=NodeMetrics(),  # type: ignore[arg-type]
+                          bridge_argv=lambda path: [], resolve=lambda name: None)
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(service.run()), daemon=True)
+    with caplog.at_level(logging.ERROR, logger="tft_bridge.node"):
+        runner.start()
+        runner.join(20)
+    assert result == [1]  # no request_stop: the watch's death ended it
+    assert service.failure is not None and "pod watch" in service.failure
+    assert any("node service ended" in r.getMessage() for r in caplog.records)
 
 
 def test_a_watch_back_after_failures_says_so_at_info(caplog: pytest.LogCaptureFixture) -> None:
@@ -372,7 +406,6 @@ def service(tmp_path: Path) -> Iterator[Any]:
     made = NodeService(config, NoApi(), launcher=None, metrics=NodeMetrics(),  # type: ignore[arg-type]
                        bridge_argv=lambda path: [], resolve=lambda name: None)
     yield made
-    made.events.close()
 
 
 def served(port: int) -> Any:

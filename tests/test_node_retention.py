@@ -61,7 +61,7 @@ def test_finished_jobs_directories_go_after_the_retention_and_no_other(tmp_path:
         assert removed == [old]
         assert not old.exists() and young.exists() and running.exists() and in_view.exists() and recent_write.exists()
     finally:
-        service.events.close()
+        service.events.stop()
 
 
 def test_a_retention_of_zero_keeps_everything(tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_a_retention_of_zero_keeps_everything(tmp_path: Path) -> None:
         service.reconcile()  # a pass with retention 0 sweeps nothing
         assert old.exists()
     finally:
-        service.events.close()
+        service.events.stop()
 
 
 def test_a_bridge_log_past_its_limit_is_set_aside_at_a_start(tmp_path: Path) -> None:

@@ -321,6 +321,21 @@ async def test_api_server_restart_during_a_cycle(rig: Rig, how: str) -> None:
     assert sample(agent, "tft_bridge_platform_watch_restarts_total", reason="error") >= 1
 
 
+class WatchBug(BaseException):
+    """What the watch loop does not catch: its thread dies."""
+
+
+class DyingWatchApi:
+    def list(self, namespace: str | None, selector: str | None) -> tuple[list[dict[str, Any]], str]:
+        raise WatchBug("the list loop itself failed")
+
+
+async def test_a_dying_watch_thread_stops_the_agent_with_its_failure() -> None:
+    agent = PlatformAgent(DyingWatchApi(), Policy(), FAST, PlatformMetrics())  # type: ignore[arg-type]
+    await asyncio.wait_for(agent.run(), 10)  # no request_stop: the watch's death ends it
+    assert agent.failure is not None and "watch thread failed" in agent.failure
+
+
 # --------------------------------------------------------------------------- start-up, scope, policy
 
 

@@ -1,8 +1,8 @@
 """Platform mode in the gRPC simulated ClusterD, against plain grpc.aio clients.
 
 Each test pins what the real server does when the job's PodGroup carries
-``ProcessRecoverStrategy`` (component/clusterd's recover service; seed 003's platform
-mode, observed on the real peers by tests/conformance/test_real_peers.py and the
+``ProcessRecoverStrategy`` (component/clusterd's recover service; platform
+mode as observed on the real peers by tests/conformance/test_real_peers.py and the
 differential's ``platform-recover``): nothing is sent until the platform's strategy is
 there; the faults are confirmed in ``ProcessConfirmFault`` before the globalFault, and a
 confirm left uncleared, a missing result or a missing strategy are 508/509 and
@@ -27,8 +27,8 @@ from .test_sim_clusterd import JOB, T, Client, Stream, faults_of, own_sim
 
 pytestmark = pytest.mark.timeout(20)
 
-#: Seed 003's PodGroup: platform mode on, no strategy yet, an empty result (allowed).
-SEED_003 = {"ProcessRecoverStrategy": "", "ProcessResultFault": ""}
+#: A platform-mode PodGroup: platform mode on, no strategy yet, an empty result (allowed).
+PLATFORM_PODGROUP = {"ProcessRecoverStrategy": "", "ProcessResultFault": ""}
 #: 2 pods x 2 ranks, as on the real peers.
 STRATEGIES = ("retry", "recover", "dump")
 #: The poll period of these tests (the real 3 s, scaled) and a few of them.
@@ -43,7 +43,7 @@ RECOVER_PATH = (
     "WaitReportProcessRecoverStatusState(receiveReport)-->CheckRecoverResultState(recoverSuccess)-->INIT")
 
 
-def platform_job(annotations: Mapping[str, str] = SEED_003, strategies: tuple[str, ...] = STRATEGIES) -> SimJob:
+def platform_job(annotations: Mapping[str, str] = PLATFORM_PODGROUP, strategies: tuple[str, ...] = STRATEGIES) -> SimJob:
     return SimJob(JOB, world_size=4, devices_per_pod=2, strategies=strategies, annotations=dict(annotations))
 
 
@@ -118,7 +118,7 @@ async def test_no_strategy_within_the_wait_is_508_and_fault_retry() -> None:
 
 
 async def test_a_confirm_left_from_the_last_fault_is_509_without_a_global_fault() -> None:
-    leftover = {**SEED_003, "ProcessRecoverStrategy": "recover", "ProcessConfirmFault": "1:1"}
+    leftover = {**PLATFORM_PODGROUP, "ProcessRecoverStrategy": "recover", "ProcessConfirmFault": "1:1"}
     async with own_sim(platform_job(leftover)) as (sim, client):
         stream = await client.session(sim)
         assert await client.fault({2: 1}) == 0
@@ -136,7 +136,7 @@ async def test_a_confirm_left_from_the_last_fault_is_509_without_a_global_fault(
 async def test_on_v7_3_fault_retry_sends_no_exit_notice() -> None:
     """v7.3.2's FaultRetry resets without a dump_exit (observed on its harness after a
     509); master's sends one first."""
-    leftover = {**SEED_003, "ProcessRecoverStrategy": "recover", "ProcessConfirmFault": "1:1"}
+    leftover = {**PLATFORM_PODGROUP, "ProcessRecoverStrategy": "recover", "ProcessConfirmFault": "1:1"}
     async with own_sim(platform_job(leftover), release=RELEASES["7.3"]) as (sim, client):
         stream = await client.session(sim)
         assert await client.fault({2: 1}) == 0
@@ -175,7 +175,7 @@ async def test_the_platforms_result_faults_join_the_cycle() -> None:
 async def test_a_rank_table_not_ready_falls_back_past_recover_under_the_platforms_veto() -> None:
     """RankTableReady "false" fails at once; the platform still says recover, so dump
     (configured, offered) is vetoed too and exit is all that is left."""
-    failed = {**SEED_003, "ProcessRecoverStrategy": "recover", "RankTableReady": "false"}
+    failed = {**PLATFORM_PODGROUP, "ProcessRecoverStrategy": "recover", "RankTableReady": "false"}
     async with own_sim(platform_job(failed)) as (sim, client):
         stream = await client.session(sim)
         assert await client.fault({2: 1}) == 0
@@ -189,7 +189,7 @@ async def test_a_rank_table_not_ready_falls_back_past_recover_under_the_platform
 async def test_the_platforms_strategy_vetoes_the_jobs() -> None:
     """A UCE with the platform saying recover: no retry (supportRetryStrategy is the
     platform's), the fault goes the type-1 way and is confirmed as it was reported."""
-    plat = {**SEED_003, "ProcessRecoverStrategy": "recover", "RankTableReady": "true"}
+    plat = {**PLATFORM_PODGROUP, "ProcessRecoverStrategy": "recover", "RankTableReady": "true"}
     async with own_sim(platform_job(plat)) as (sim, client):
         stream = await client.session(sim)
         assert await client.fault({2: 0}) == 0
@@ -216,3 +216,51 @@ def test_platform_rules() -> None:
     assert rules.platform_job_strategies(job, "") == ("elastic-training", "exit")
     assert rules.merge_platform_faults([("2", "0")], "2:1,4:0", "2:0") == [("2", "1"), ("4", "0")]
     assert rules.faults_string([("2", "1"), ("3", "1")]) == "2:1,3:1"
+
+
+class PodGroup:
+    """A PodGroup whose platform answers once ClusterD's confirm is read ``answer_after`` times."""
+
+    def __init__(self, annotations: Mapping[str, str], answer: Mapping[str, str], answer_after: int = 2) -> None:
+        self.values = dict(annotations)
+        self.answer = dict(answer)
+        self.reads_left = answer_after
+        self.writes: list[tuple[str, str]] = []
+
+    def annotations(self) -> Mapping[str, str]:
+        if "ProcessConfirmFault" in self.values and self.reads_left == 0:
+            self.values.update(self.answer)
+        self.reads_left -= 1
+        return dict(self.values)
+
+    def write(self, key: str, value: str) -> None:
+        self.writes.append((key, value))
+        self.values[key] = value
+
+
+async def test_the_one_model_refuses_a_confirm_left_over_and_writes_nothing() -> None:
+    from bridge.sim.clusterd_platform import NOT_CLEAR, PlatformMode
+
+    podgroup = PodGroup({"ProcessRecoverStrategy": "retry", "ProcessConfirmFault": "1:1"}, {})
+    out = await PlatformMode(podgroup, POLL, 6 * POLL).confirm([("2", "0")], "2:0")
+    assert (out.failure, out.blocking_confirm, out.written, podgroup.writes) == (NOT_CLEAR, "1:1", None, [])
+
+
+async def test_the_one_model_merges_the_result_and_reads_the_strategy_again_after_it() -> None:
+    from bridge.sim.clusterd_platform import PlatformMode
+
+    podgroup = PodGroup({"ProcessRecoverStrategy": "retry"},
+                        {"ProcessResultFault": "2:1,4:0", "ProcessRecoverStrategy": " exit,"})
+    mode = PlatformMode(podgroup, POLL, 6 * POLL)
+    out = await mode.confirm([("2", "0")], "2:0")
+    assert podgroup.writes == [("ProcessConfirmFault", "2:0")]
+    assert (out.failure, out.result, out.merged) == (None, "2:1,4:0", [("2", "1"), ("4", "0")])
+    assert out.strategy == mode.strategy == "exit"  # confirm mode: exit allowed, trimmed
+
+
+async def test_the_one_model_gives_up_on_a_result_that_never_comes() -> None:
+    from bridge.sim.clusterd_platform import NO_RESULT, PlatformMode
+
+    podgroup = PodGroup({"ProcessRecoverStrategy": "retry"}, {}, answer_after=10_000)
+    out = await PlatformMode(podgroup, POLL, 3 * POLL).confirm([("2", "0")], "2:0")
+    assert (out.failure, out.written, out.result) == (NO_RESULT, "2:0", None)

@@ -160,3 +160,27 @@ async def test_restart_ends_the_open_stream_and_subscribes_again(server: Server,
     assert [e.outcome for e in owner.ends] == [Outcome.RESTARTED]
     loop.stop()
     await asyncio.wait_for(task, 5)
+
+
+async def test_a_step_cancelled_under_it_is_a_failure_not_a_stop(server: Server, client: ClusterDClient) -> None:
+    """A prepare whose awaited call is cancelled from elsewhere (its channel closed under
+    it) ends the round as a failure; the loop goes on."""
+    pending: list[asyncio.Future[None]] = []
+
+    class Cancelled(Owner):
+        async def prepare(self) -> Outcome | None:
+            self.prepared += 1
+            if self.prepared == 1:
+                pending.append(asyncio.get_running_loop().create_future())
+                await pending[0]
+            return None
+
+    await server.scripts.put([None])
+    loop, owner = loop_of(client), Cancelled()
+    task = asyncio.create_task(loop.run(owner))
+    await eventually(lambda: pending, what="prepare waiting")
+    pending[0].cancel()
+    await eventually(lambda: loop.subscribed.is_set(), what="subscribed after the failed round")
+    assert [(e.outcome, e.status) for e in owner.ends] == [(Outcome.FAILED, "CANCELLED")]
+    loop.stop()
+    await asyncio.wait_for(task, 5)

@@ -1,53 +1,12 @@
-"""The bridge's configuration: one frozen dataclass from a TOML file and the environment.
+"""The per-job bridge's configuration: one frozen ``BridgeConfig`` from a TOML file and the environment.
 
-Precedence, lowest first: built-in defaults, the MindCluster environment variables a
-training pod or an ``EnvironmentFile=`` provides, then the per-job TOML file, which is
-the operator's explicit word. Every problem is collected and reported at once, one
-line per key, so an operator fixes a bad file in one pass (``tft-bridge check-config``);
-a value that came from the environment is named by its variable as well, because that
-is where the operator has to fix it.
-
-Why every value is checked this strictly (each rule is a failure seen, not a taste):
-
-* Numbers must be finite and inside a documented range (``RANGES``): ``inf`` for
-  ``grpc_keepalive`` or ``reconnect_max`` crashed the daemon at run time with exit 1,
-  which systemd restarts forever instead of stopping on exit 2; ``nan`` compares false
-  with everything, so ``rpc_timeout = nan`` made every RPC fail at once and
-  ``keepalive_interval = nan`` re-subscribed every second.
-* Integers from the environment must be plain ASCII decimals: Python's ``int()``
-  accepts full-width and other Unicode digits and ``1_000``, which no other MindCluster
-  component reads the same way.
-* ``PROCESS_RECOVER`` must be a recognisable on/off value: taskd compares it with "on",
-  so a typo silently turned process-level recovery off.
-* Addresses must be IP literals or syntactically valid host names; an all-numeric
-  dotted name (``999.1.1.1``) is a broken IPv4 address, not a host name. The metrics
-  endpoint is never bound to the unspecified address (``0.0.0.0``/``::``/empty): it
-  would publish the job's state on every interface, and the controller itself refuses
-  those addresses (``tft_start_controller`` exits 2).
-* ``clusterd.reconnect_max`` must be at most half of ``controller.wait_mindx_time``:
-  the controller gives a ClusterD decision ``wait_mindx_time`` seconds and then kills
-  the cycle; one back-off sleep after a ClusterD restart must leave room for the
-  re-subscription, the re-report and ClusterD's own reaction (about 1 s for type-0/2
-  faults).
-* ``clusterd.grpc_keepalive`` (HTTP/2 pings on the signal stream's channel, only while
-  the stream is open) must be at least 10 s and at least twice
-  ``clusterd.keepalive_interval``: ClusterD's master rejects pings closer than 3 s, and
-  v7.3.2 and earlier enforce gRPC's default policy (a ping less than 5 minutes after the
-  last one is a strike unless ClusterD wrote something in between; the third strike
-  closes the connection with GOAWAY ``too_many_pings``). ClusterD writes a keep-alive
-  every ``keepalive_interval``, so pings further apart than that always follow a write
-  (docs/releases.md).
-* A file that is not UTF-8 is a configuration error naming the byte, not a traceback.
-
-Some values are legal but cannot work with the real peers; those are warnings
-(``config_warnings``), printed by ``check-config`` and logged when the bridge starts,
-and the configuration still loads:
-
-* ``controller.wait_mindx_time`` of 11 s or less: ClusterD sends a type-1 (process)
-  fault's globalFault 11 s after it received the StopComplete (a 1 s flush and a 10 s
-  sleep, fixed in its code; docs/clusterd.md section 6), and the controller's wait for
-  it started before that, when its stop-complete callback returned. Measured: with a
-  wait of 10 s every type-1 cycle of the job ended in EXIT.
+``load_config(path, env)`` applies built-in defaults, then the MindCluster environment
+variables, then the TOML file (the operator's explicit word). Every value is checked
+(finite, inside ``RANGES``, ASCII decimals, IP literals or host names, cross-key limits)
+and every problem is reported at once in one ``ConfigError``, one line per key, naming
+the environment variable a value came from. ``config_warnings`` lists legal values that
+cannot work with the real peers. Pure: no I/O besides reading the file. Keys, ranges and
+the peer fact behind each rule: docs/configuration.md.
 """
 
 from __future__ import annotations

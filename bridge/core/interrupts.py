@@ -1,16 +1,10 @@
-"""SIGTERM and SIGINT, handled the same way by every long-running command (``run``,
-``ranktable``, ``platform``, ``node``, ``sim-clusterd``, ``demo``).
+"""SIGTERM and SIGINT, handled the same way by every long-running command.
 
-systemd stops a unit with SIGTERM and, ``TimeoutStopSec`` later, SIGKILL; an operator at
-a terminal presses Ctrl-C, and presses it again when the graceful stop takes too long.
-So, as uvicorn's ``capture_signals`` does: the first SIGTERM or SIGINT only asks the
-command to stop -- the handler calls ``stop`` (which must only set a flag or an event)
-and returns; the graceful stop itself (drain, controller destroy, closing) runs in the
-command's own code. A second one forces the exit at once, with 128 + the signal number
-as the exit code, skipping whatever the graceful stop had left to do.
-
-The handlers are installed on the running event loop, so they run as loop callbacks
-between two steps of a task, never in the middle of one, and are removed on exit.
+``capture_signals(stop, others)``, a context manager used inside the running event loop:
+the first signal calls ``stop`` (which only sets a flag or an event) and returns, so the
+command's own code runs its graceful stop; a second one exits at once with 128 + the
+signal number. ``others`` maps further signals (SIGHUP: reload) to handlers. The handlers
+run as loop callbacks, between two steps of a task, and are removed on leaving.
 """
 
 from __future__ import annotations

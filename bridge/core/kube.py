@@ -39,27 +39,27 @@ class KubeError(Exception):
 
 
 class Conflict(KubeError):
-    pass
+    """409: the resourceVersion a write was conditioned on is stale; re-read and decide again."""
 
 
 class Expired(KubeError):
-    pass
+    """410 Gone: the watch's resourceVersion was compacted away; list again."""
 
 
 class NotFound(KubeError):
-    pass
+    """404: the object does not exist (any more)."""
 
 
 class Unavailable(KubeError):
-    pass
+    """No usable answer: refused, broken, timed out, 5xx, 429; back off and try again."""
 
 
 class RequestFailed(KubeError):
-    pass
+    """Any other refusal (400, 401, 403, 422...): the request or the credentials are wrong."""
 
 
 class MissingClient(RuntimeError):
-    pass
+    """The ``kubernetes`` package is not installed (the ``node``/``platform`` extras)."""
 
 
 def kubernetes_module() -> Any:
@@ -91,7 +91,7 @@ def api_client(kubeconfig: str | None = None, context: str | None = None, server
 
 
 def classify(error: BaseException) -> KubeError:
-    """Map a client, urllib3 or socket error to the agent's error classes."""
+    """Map a client, urllib3 or socket error to one of the error classes above."""
     if isinstance(error, KubeError):
         return error
     status = getattr(error, "status", None)

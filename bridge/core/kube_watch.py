@@ -1,21 +1,17 @@
-"""List-then-watch on a dedicated thread, surviving expiry and restarts: the platform
-agent's PodGroups, and the node service's pods (``bridge/node``), through any API object
-with the ``list``/``watch`` pair of :class:`bridge.platform.podgroup_api.PodGroupApi`.
+"""List-then-watch of one kind of Kubernetes object on a thread of its own, surviving
+expiry and API server restarts: the platform agent's PodGroups, the node service's pods.
 
-The official client blocks, so the watch lives on its own thread and hands what it
-receives to the agent through ``deliver`` (the agent makes that a thread-safe call
-into its event loop). The loop is the classic reflector:
+:class:`ListWatcher` is the classic reflector over any :class:`ListWatchApi`: list (the
+full state and the resourceVersion to watch from) and deliver it whole as
+:class:`Listed`; watch from there and deliver each event as :class:`Changed`, keeping the
+newest resourceVersion (BOOKMARKs included); the server ends the watch: watch again;
+410 Gone (an ERROR event or an HTTP status): list again at once; refused, broken, timed
+out or 5xx: back off (jittered, capped) and list again.
 
-* list (the full state, and the resourceVersion to watch from), deliver it whole;
-* watch from that resourceVersion; deliver each event; remember the newest version
-  (BOOKMARKs included);
-* the server ends the watch (its ``timeoutSeconds``): watch again from there;
-* 410 Gone, as an ERROR event or an HTTP status: the history is compacted; list again
-  at once;
-* connection refused or broken, timeouts, 5xx (an API server restart): back off
-  (jittered exponential, capped) and list again.
-
-:meth:`PodGroupWatcher.stop` interrupts a blocked read and any backoff wait at once.
+Thread: ``deliver`` is called on the watch thread, in order; the owner makes it a
+thread-safe hand-over. ``on_death`` is called on the watch thread if the loop itself
+fails (a bug); a requested stop never calls it. :meth:`ListWatcher.stop` interrupts a
+blocked read and any backoff wait at once.
 """
 
 from __future__ import annotations
@@ -64,6 +60,7 @@ class Listed:
 
 @dataclass(frozen=True)
 class Changed:
+    """One watch event of an object: ADDED, MODIFIED or DELETED."""
     kind: str  # ADDED, MODIFIED, DELETED
     obj: dict[str, Any]
 
@@ -89,13 +86,17 @@ class WatchMetrics(Protocol):
     loop_errors: Any
 
 
-class PodGroupWatcher:
-    """The reflector loop; ``what`` names the objects in log lines and the thread."""
+class ListWatcher:
+    """The reflector loop for the objects ``api`` lists in ``namespace`` (None: all) that
+    match ``selector``; ``what`` names them in log lines and the thread. start()/stop(),
+    once each; the thread is started by :meth:`start` only."""
 
     def __init__(self, api: ListWatchApi, namespace: str | None, selector: str | None,
-                 deliver: Callable[[Delivery], None], metrics: WatchMetrics,
+                 deliver: Callable[[Delivery], None], metrics: WatchMetrics, *,
+                 on_death: Callable[[BaseException], None],
                  watch_timeout: int = 300, backoff: Backoff | None = None, what: str = "PodGroup") -> None:
         self._what = what
+        self._on_death = on_death
         self._api = api
         self._namespace = namespace
         self._selector = selector
@@ -113,6 +114,7 @@ class PodGroupWatcher:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Interrupt the read or the wait and join the thread (at most ``timeout``)."""
         self._stop.set()
         with self._lock:
             stream = self._stream
@@ -123,17 +125,14 @@ class PodGroupWatcher:
             if self._thread.is_alive():
                 log.error("the watch thread did not stop within %.0f s", timeout)
 
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def _run_logged(self) -> None:
         try:
             self._run()
-        except BaseException:
+        except BaseException as error:
             log.exception("the %s watch thread failed", self._what)
             self._metrics.loop_errors.inc()
-            raise
+            self._metrics.watch_up.set(0)
+            self._on_death(error)
         finally:
             self._metrics.watch_up.set(0)
 

@@ -1,7 +1,8 @@
 """Ports to listen on that no outgoing connection can take in the meantime.
 
-Shared by the simulations (bridge/sim/scenario.py) and the node service, which picks each
-bridge's loopback metrics port before the bridge binds it (bridge/node/service.py).
+``free_port`` picks a free port outside the kernel's ephemeral range and never hands it
+out twice until ``release``. Used by the simulations and by the node service, which picks
+each bridge's loopback metrics port before the bridge binds it.
 """
 
 from __future__ import annotations

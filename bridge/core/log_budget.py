@@ -1,17 +1,10 @@
-"""A log budget: at most a few lines per kind of event per window, the rest summed up.
+"""A log budget: at most ``burst`` lines per key per ``window`` seconds, the rest summed up.
 
-Why it exists: one ClusterD signal carrying 10 000 unknown actions
-wrote one warning per action, 428 MB of log in about 18 s, and the next real stopTrain
-waited more than 8 s behind that logging. A peer (or a storm of controller callbacks,
-``flow.py``'s desyncs) decides how often an event happens; the bridge alone must decide
-how much log that costs. Every refusal and every desync is still *counted* in a metric
-each time; only the log lines are budgeted.
-
-The budget is per key (a refusal reason, a (callback, step) pair): ``burst`` lines per
-``window`` seconds. The first line after a suppressed stretch says how many were
-suppressed, so the log stays truthful about volume. Keys come from small fixed sets;
-the table is bounded anyway (``max_keys``), oldest key first out, so a stream of
-distinct keys cannot grow memory.
+A peer decides how often an event happens; the budget decides how much log it costs
+(docs/architecture.md, invariants). Keys are a refusal reason, a (callback, step) pair:
+small fixed sets, and the table is bounded anyway (``max_keys``, oldest out). The first
+line after a suppressed stretch says how many were suppressed. Metrics still count every
+event; only log lines are budgeted. Thread-safe (one lock).
 """
 
 from __future__ import annotations
@@ -24,8 +17,8 @@ from collections.abc import Callable, Hashable
 class LogBudget:
     """Decides whether one more log line of a kind may be written now.
 
-    Thread-safe: ``flow.py`` asks from the controller's callback thread, ``signals.py``
-    from the event loop. ``allow`` is O(1) and never raises."""
+    Thread-safe: ``controller_flow`` asks from whichever thread follows a callback,
+    ``signals`` from the event loop. ``allow`` is O(1) and never raises."""
 
     def __init__(self, burst: int = 5, window: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  max_keys: int = 256) -> None:

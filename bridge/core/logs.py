@@ -1,8 +1,7 @@
 """Logging set-up for every ``tft-bridge`` command.
 
-Its own module, below everything else, so any command (``bridge.cli``, the platform
-agent's ``bridge.platform.cli``, the simulators) can import it at module level without
-importing the command line that imports them.
+Imports nothing of the bridge, so any command (``bridge.cli``, the platform agent, the
+simulations) can import it at module level.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The ``[recorder]`` and ``[otel]`` sections of a job's configuration.
+"""The ``[recorder]`` and ``[otel]`` sections of a job's configuration, and where the store lives.
 
-Kept apart from ``bridge.core.config`` (which only lists them as sections) so that the
-flight recorder's settings, their defaults and the reasons for their bounds live beside
-the code that obeys them, and so that reading a configuration never imports sqlite3 or
-OpenTelemetry.
-
-Where the store lives, by default: the systemd unit declares
-``StateDirectory=tft-bridge/%i``, so systemd creates ``/var/lib/tft-bridge/<instance>``,
-keeps it across restarts and passes it as ``$STATE_DIRECTORY``. That is the one place a
-``DynamicUser=`` service may keep anything, and the place an operator finds it again.
-Outside systemd the bridge falls back to ``/var/lib/tft-bridge/<job_id>``.
+``RecorderConfig`` and ``OtelConfig`` with their defaults, ``problems`` for their ranges,
+and ``state_directory``: the unit's ``$STATE_DIRECTORY`` (systemd's
+``StateDirectory=tft-bridge/%i``), else ``/var/lib/tft-bridge/<job_id>``. Reading a
+configuration through this module imports neither sqlite3 nor OpenTelemetry.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Where one job's bridge keeps what must outlive its process.
 
-Two things do: the orphaned-job marker (``orphan.py``: a controller that did not stop
-cleanly leaves ranks no new controller accepts) and the flight recorder's store
-(``recorder.py``: an on-call engineer reads a recovery back after the bridge restarted).
-Both belong in the directory systemd keeps across restarts for the unit
-(``StateDirectory=tft-bridge/%i``, passed as ``$STATE_DIRECTORY``), so both resolve it by
-this one rule, and ``tft-bridge history`` finds the store where the bridge wrote it.
+``state_directory`` is the one rule for the orphaned-job marker
+(``bridge.job.session.orphan``) and the flight recorder's store (``bridge.job.recorder``),
+so ``tft-bridge history`` finds the store where the bridge wrote it: the configured
+directory, else the unit's ``$STATE_DIRECTORY``, else ``/var/lib/tft-bridge/<job>``, the
+job id made one path component (``safe_component``).
 """
 
 from __future__ import annotations

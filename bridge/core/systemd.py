@@ -17,6 +17,9 @@ log = logging.getLogger(__name__)
 
 
 class Notifier:
+    """The unit's notify socket (``$NOTIFY_SOCKET``) and watchdog interval, read at construction;
+    every call is a no-op outside systemd and never raises."""
+
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
         address = env.get("NOTIFY_SOCKET", "")

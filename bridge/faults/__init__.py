@@ -1,18 +1,13 @@
 """The fault-map codec: one API, two implementations.
 
-``bridge.faults._c`` (compiled from ``ext/_faults_c.pyx``) is used when it was built;
-``bridge.faults._python`` is the typed reference and the fallback. Set
-``BRIDGE_NO_EXTENSIONS=1`` to force the Python twin; ``IMPLEMENTATION`` says which one
-is active ("c" or "python") and is exported in the build-info metric, and
-``FALLBACK_REASON`` why the Python twin runs.
-
-This module is also the product's one home for ClusterD's merge rule (type 1 is sticky,
-otherwise the later type wins) where the bridge merges in place: ``merge_into`` (the
-outbox and the running flow's fault set, where a storm of one-rank reports must not
-copy everything merged so far) and ``clean_faults`` (a controller fault map with its bad
-entries taken out, because ClusterD's rank parser empties the whole map for one bad
-rank). Both stay free of metrics and logging: the caller counts and says what was bad.
-(The simulations keep their own copy on purpose, so a shared bug cannot hide.)
+``bridge.faults._c`` (compiled from ``ext/_faults_c.pyx``) when it was built, else
+``bridge.faults._python``, the reference; ``BRIDGE_NO_EXTENSIONS=1`` forces the latter.
+``IMPLEMENTATION`` ("c" or "python") says which runs, ``FALLBACK_REASON`` why the Python
+twin does. Also the product's in-place merge by ClusterD's rule (type 1 sticky, else the
+later type wins), ``merge_into``, and ``clean_faults`` (a controller fault map without
+its bad entries: ClusterD empties the whole map for one bad rank). Pure: no metrics, no
+logging; the caller counts what was bad. The simulations keep their own copy of the
+rules, so a shared bug cannot hide.
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
-"""Reference implementation of the fault-map codec.
+"""The fault-map codec's reference implementation.
 
-A fault map is ``{global rank: fault type}`` with types 0 (on-chip memory error, UCE,
-retryable), 1 (any other fault) and 2 (HCCL/network error, retryable). It travels in
-three forms: Python dicts from the MindIO controller, ``"rank:type,rank:type"`` strings
-on PodGroup annotations, and repeated ``FaultRank{rankId, faultType}`` protobuf messages
-with both fields as decimal strings.
-
-This module is the specification: ``ext/_faults_c.pyx`` implements the same functions
-with the same results and the same exceptions, and one test suite runs against both.
-The C twin reuses ``clusterd_parse`` and the ``*_error`` helpers below for the rare
-paths (lenient parsing of annotation strings, building an error message), so that an
-error reads the same whichever implementation detected it.
-
-ClusterD's rules have one home each in the product, here (the simulations in
-``bridge/sim`` keep their own copy on purpose, so a shared bug cannot hide):
-
-- the duplicate rule of ``RemoveSliceDuplicateFaults`` (a stored type 1 is sticky, a
-  stored 0 or 2 is replaced by a later one): ``_REPLACEABLE`` and ``_merge_into``; the C
-  twin derives its sticky type from ``_REPLACEABLE`` when it is imported;
-- Go's ``strings.TrimSpace`` set, which ClusterD applies to a whole annotation: ``GO_SPACE``
-  (and ``clusterd_elements``, ClusterD's split of an annotation);
-- Go's ``strconv.Atoi``, which converts ClusterD's rank strings: ``go_atoi``; and the
-  stricter rank text this codec writes and accepts, ASCII digits up to ``MAX_RANK``:
-  ``_is_digits`` and ``_rank_or_none``.
+A fault map is ``{global rank: fault type}``: 0 UCE (retryable), 1 any other fault, 2 HCCL
+(retryable). It travels as Python dicts (the controller), ``"rank:type,..."`` strings
+(PodGroup annotations) and repeated ``FaultRank{rankId, faultType}`` messages (decimal
+strings). ``ext/_faults_c.pyx`` implements the same functions with the same results and
+exceptions (one test suite runs both) and reuses ``clusterd_parse`` and the ``*_error``
+helpers here, so an error reads the same from either. ClusterD's rules live here once:
+its duplicate rule (``_REPLACEABLE``, ``_merge_into``), Go's ``strings.TrimSpace`` set
+(``GO_SPACE``, ``clusterd_elements``) and ``strconv.Atoi`` (``go_atoi``), and this codec's
+stricter rank text (ASCII digits up to ``MAX_RANK``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""Prometheus metrics: one registry per bridge, every series named ``tft_bridge_*``.
+"""The per-job bridge's Prometheus metrics: one registry per bridge, every series ``tft_bridge_*``.
 
-Counters end in ``_total``, durations are in seconds, and labels stay low-cardinality:
-never a rank, a uuid or a job id (one bridge serves one job; the scrape target says
-which). A label that comes from ClusterD's wire (a signal's type string, a Status code,
-an int32 any server or proxy can fill) goes through ``signal_type_label`` or
-``code_label``: the known values pass, anything else becomes ``other``, so a buggy or
-hostile peer cannot grow the series count. State owned elsewhere (keep-alive age, the
-controller's HA switch, the outbox depth) is read at scrape time through callbacks, so
-it is never stale.
-
-Every labelled series whose label values are known in advance is created at start with
-value 0 (``_precreate``): a dashboard panel or an ``increase()`` shows 0 for "did not
-happen", not "No data", and an alert comparing with an offset has a series to compare.
-Labels whose values are open-ended (reasons built from a peer's answer, hook names from
-the config) are left to appear when first used.
+``BridgeMetrics`` creates and owns every metric. Counters end in ``_total``, durations
+are seconds, labels stay low-cardinality (never a rank, a uuid or a job id); a label from
+ClusterD's wire goes through ``signal_type_label`` or ``code_label`` (unknown values become
+``other``). State owned elsewhere is read at scrape time through callbacks. Every series
+whose label values are known in advance exists from the start with value 0. Updated on
+the event loop and the report thread, read by the metrics endpoint (prometheus_client
+locks each metric).
 """
 
 from __future__ import annotations
@@ -48,9 +41,9 @@ _SIGNAL_TYPES = frozenset(SIGNAL_TYPES)
 _CODES = frozenset(int(code) for code in Code)
 #: The unary RPCs the bridge makes, by the name the ``method`` label carries.
 RPC_METHODS = ("Init", "Register", *(METHODS[kind].rsplit("/", 1)[-1] for kind in REPORT_KINDS))
-#: The recovery phases (the report kinds, the ``kind`` label, are reporttypes.REPORT_KINDS).
+#: The recovery phases (the report kinds, the ``kind`` label, are ``kinds.REPORT_KINDS``).
 RECOVERY_PHASES = ("fault_to_stop", "stop_to_strategy", "strategy_to_result")
-#: Why a signal or action was not forwarded (signals.py, clusterd.py, flow.py's gate; a
+#: Why a signal or action was not forwarded (signals.py, clusterd.py, controller_flow.py's gate; a
 #: test checks that every reason those modules use is listed here).
 #: why the bridge reported a fault once more (bridge/job/reports/refault.py)
 REREPORT_REASONS = ("record_held", "as_process_fault")

@@ -1,18 +1,11 @@
 """``tft-bridge --version``: what an operator pastes into a ticket.
 
-The lines answer the questions a failed start on a training node raises first: which
-release, whether the compiled codec runs (and if not, why: forced off, not CPython, or the
-extension failed to import, with its error), which interpreter and machine (an aarch64
-Kunpeng node and an x86_64 one take different wheels; the wheel and ``mindio_ttp`` are
-each built for one CPython version), and whether ``mindio_ttp.controller_ttp`` imports,
-and from where.
-
-The controller is imported in a short-lived child interpreter, never in this process:
-importing it puts its directory on ``sys.path``, loads its SWIG module and registers an
-``atexit`` destroy (docs/mindio-controller.md section 1), none of which belongs in a
-process that only prints a report; the child starts nothing (no init, no start) and is
-bounded by ``PROBE_TIMEOUT``. Its package is located in this process with
-``find_spec`` on the top-level name, which never executes it.
+``report()`` returns its text: the release, the codec in use (and why not the compiled
+one), the interpreter and machine, and whether ``mindio_ttp.controller_ttp`` imports and
+from where. The controller is imported only in a child interpreter bounded by
+``PROBE_TIMEOUT``, never in this process (importing it registers an ``atexit`` destroy,
+docs/mindio-controller.md section 1); this process locates it with ``find_spec``, which
+executes nothing.
 """
 
 from __future__ import annotations

@@ -36,11 +36,13 @@ PER_JOB_KEYS = frozenset({
 
 
 class NodeConfigError(ConfigError):
+    """A problem in the node service's file: exit 2, every problem named."""
     title = "invalid node configuration"
 
 
 @dataclass(frozen=True)
 class NodeSection:
+    """``[node]``: this node, which pods are served, and the service's waits and limits."""
     name: str = ""  # the Node's name; "" = $NODE_NAME, else the host name
     host_ip: str = ""  # the IP bridges bind; "" = each pod's status.hostIP
     host_ip_wait: float = 60.0  # a pod whose status.hostIP is not written yet: how long before it is refused
@@ -60,6 +62,7 @@ class NodeSection:
 
 @dataclass(frozen=True)
 class KubernetesSection:
+    """``[kubernetes]``: how the service reaches the API server, with the deadline of each call."""
     server: str = ""  # a URL used without credentials (kubectl proxy, tests)
     kubeconfig: str = ""  # else a kubeconfig file; else the in-cluster service account
     context: str = ""
@@ -70,6 +73,7 @@ class KubernetesSection:
 
 @dataclass(frozen=True)
 class NodeMetricsSection:
+    """``[metrics]``: the node's one endpoint (its own series and every bridge's)."""
     enabled: bool = True
     address: str = "127.0.0.1"
     port: int = 9464
@@ -81,6 +85,7 @@ class NodeMetricsSection:
 
 @dataclass(frozen=True)
 class NodeConfig:
+    """The whole node file, validated; ``bridge`` is the template every job's configuration starts from."""
     node: NodeSection = field(default_factory=NodeSection)
     kubernetes: KubernetesSection = field(default_factory=KubernetesSection)
     metrics: NodeMetricsSection = field(default_factory=NodeMetricsSection)

@@ -87,6 +87,7 @@ class Record:
 
 
 class BridgeProcess(Protocol):
+    """One job's bridge as the service sees it, started or adopted; called on the service's loop."""
     record: Record
 
     def poll(self) -> int | None:
@@ -97,6 +98,7 @@ class BridgeProcess(Protocol):
 
 
 class Launcher(Protocol):
+    """Starts bridges outside the service's process tree, and adopts them from their record."""
     kind: str
 
     def start(self, directory: Path, record: Record, argv: Sequence[str]) -> BridgeProcess: ...
@@ -124,6 +126,7 @@ def _clear(directory: Path) -> None:
 
 
 class SessionBridge:
+    """A bridge under its keeper, in a session of its own; ``popen`` None when adopted."""
     def __init__(self, directory: Path, record: Record, popen: subprocess.Popen[bytes] | None) -> None:
         self.directory = directory
         self.record = record
@@ -262,6 +265,7 @@ def tool_env() -> dict[str, str]:
 
 
 class SystemdBridge:
+    """A bridge as a transient unit; its state read with ``systemctl is-active``, its exit from ``exit.json``."""
     def __init__(self, directory: Path, record: Record, systemctl: str) -> None:
         self.directory = directory
         self.record = record

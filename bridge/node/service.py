@@ -1,10 +1,11 @@
 """``tft-bridge node``: one service per node that gives every opted-in job whose
 controller pod is bound here its bridge, and never orphans one.
 
-One loop (``run``) owns all state; the pod watch (``PodGroupWatcher`` over ``PodApi``)
+One loop (``run``) owns all state; the pod watch (``ListWatcher`` over ``PodApi``)
 hands it what the API server says through a queue, Events leave through another
 (``EventPoster``), and the metrics endpoint reads only ``targets`` (a list replaced
-whole, never mutated). Each pass of the loop (``reconcile``):
+whole, never mutated). Either thread dying stops the service with exit 1 (systemd
+restarts it; the bridges keep running). Each pass of the loop (``reconcile``):
 
 1. evaluates every opted-in pod of the node (``podspec.evaluate``): the controller pods
    get a ``JobSpec`` or a ``Refusal`` (an Event on the pod once per reason, a log line,
@@ -43,12 +44,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bridge.core.config import ConfigError
 from bridge.core.kube import KubeError, NotFound
-from bridge.core.kube_watch import Changed, Delivery, Listed, PodGroupWatcher
+from bridge.core.kube_watch import Changed, Delivery, Listed, ListWatcher
 from bridge.core.listen_ports import free_port, release
 from bridge.core.state_dir import safe_component
 from bridge.core.systemd import Notifier
@@ -94,13 +96,19 @@ class Served:
 
 class EventPoster:
     """Posts Events from a thread of its own, so an API server that is down or slow never
-    holds the loop; a full queue drops (and counts) the newest."""
+    holds the loop; a full queue drops (and counts) the newest. :meth:`post` is called on
+    the service's loop, before :meth:`start` too (queued); ``on_death`` is called on the
+    poster's thread if it fails."""
 
-    def __init__(self, api: PodApi, metrics: NodeMetrics) -> None:
+    def __init__(self, api: PodApi, metrics: NodeMetrics, on_death: Callable[[BaseException], None]) -> None:
         self._api = api
         self._metrics = metrics
+        self._on_death = on_death
         self._queue: queue.Queue[tuple[dict[str, Any], str, str, str] | None] = queue.Queue(EVENT_QUEUE)
-        self._thread = threading.Thread(target=self._run, name="node-events", daemon=True)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run_reported, name="node-events", daemon=True)
         self._thread.start()
 
     def post(self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
@@ -109,12 +117,23 @@ class EventPoster:
         except queue.Full:
             self._metrics.events.labels("dropped").inc()
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Post what is queued (for at most 5 s), then end the thread; no-op before start."""
+        if self._thread is None:
+            return
         try:
             self._queue.put_nowait(None)
         except queue.Full:
             pass
         self._thread.join(timeout=5)
+
+    def _run_reported(self) -> None:
+        try:
+            self._run()
+        except BaseException as error:
+            log.exception("the event poster thread failed")
+            self._metrics.loop_errors.inc()
+            self._on_death(error)
 
     def _run(self) -> None:
         while True:
@@ -172,6 +191,10 @@ def resolve_with_deadline(timeout: float) -> Callable[[str], str | None]:
 
 
 class NodeService:
+    """The node's reconcile loop and its two threads (pod watch, Event poster). ``run``
+    blocks on the caller's thread until :meth:`request_stop` (any thread) or a dying
+    thread; ``start``/``stop`` around it are its own. Never stops a bridge on its way out."""
+
     def __init__(self, config: NodeConfig, api: PodApi, launcher: Launcher, metrics: NodeMetrics, *,
                  bridge_argv: Callable[[Path], list[str]], env: Mapping[str, str] | None = None,
                  resolve: Callable[[str], str | None] | None = None,
@@ -203,9 +226,12 @@ class NodeService:
         #: served here (refused ones too); read by the metrics thread: replaced whole
         self.served: dict[str, bool] = {}
         self._stop = threading.Event()
-        self.events = EventPoster(api, metrics)
-        self.watcher = PodGroupWatcher(api, None, config.node.selector, self._deliveries.put, metrics,
-                                       watch_timeout=config.kubernetes.watch_timeout, what="Pod")
+        #: what ended the service early (a thread that died), set once from that thread
+        self.failure: str | None = None
+        self.events = EventPoster(api, metrics, on_death=partial(self._part_died, "event poster"))
+        self.watcher = ListWatcher(api, None, config.node.selector, self._deliveries.put, metrics,
+                                   on_death=partial(self._part_died, "pod watch"),
+                                   watch_timeout=config.kubernetes.watch_timeout, what="Pod")
         metrics.bridges.set_function(lambda: float(len(self.targets)))
 
     # ------------------------------------------------------------------ lifecycle
@@ -213,11 +239,31 @@ class NodeService:
     def request_stop(self) -> None:
         self._stop.set()
 
-    def run(self) -> int:
-        """Until ``request_stop``; the bridges are left running."""
+    def _part_died(self, part: str, error: BaseException) -> None:
+        """A thread of the service failed (on that thread): the service stops with exit 1."""
+        if self.failure is None:
+            self.failure = f"the {part} thread failed: {error!r}"
+        self._stop.set()
+
+    def start(self) -> None:
+        """Adopt the recorded bridges, start the Event poster then the pod watch, tell
+        systemd READY."""
         self.adopt()
+        self.events.start()
         self.watcher.start()
         self._notifier.ready(f"node {self.config.node_name}: {len(self.jobs)} bridge(s) adopted")
+
+    def stop(self) -> None:
+        """Stop the pod watch then the Event poster; the bridges are left running."""
+        self.watcher.stop()
+        self.events.stop()
+        log.info("node service stopped; %d bridge(s) left running: %s", len(self.jobs),
+                 ", ".join(sorted(self.jobs)) or "none")
+
+    def run(self) -> int:
+        """start, the loop until ``request_stop`` or a dying thread, stop: 0, or 1 after
+        a dying thread."""
+        self.start()
         interval = self._notifier.watchdog_interval
         pinged = time.monotonic()
         try:
@@ -232,10 +278,10 @@ class NodeService:
                     log.exception("a reconcile pass failed")
                     self.metrics.loop_errors.inc()
         finally:
-            self.watcher.stop()
-            self.events.close()
-            log.info("node service stopped; %d bridge(s) left running: %s", len(self.jobs),
-                     ", ".join(sorted(self.jobs)) or "none")
+            self.stop()
+        if self.failure is not None:
+            log.error("node service ended: %s; the bridges keep running", self.failure)
+            return 1
         return 0
 
     def _drain(self, timeout: float) -> None:

@@ -17,8 +17,10 @@ and try again; a deleted PodGroup is forgotten.
 
 The Kubernetes client is synchronous: reads and writes run in worker threads
 (``asyncio.to_thread``), each with its own timeout; the watch has a thread of its own.
-``request_stop`` ends everything promptly: the watch read is interrupted, the workers
-are cancelled, and the ``run`` coroutine returns once the watch thread has joined.
+Lifecycle: ``async start()`` (workers and resync, then the watch) and ``async stop()``
+(the watch, then the tasks), both on the agent's event loop; ``run`` is start, wait for
+``request_stop`` (any thread's signal handler on the loop) or a dying part, stop. A
+dying watch thread or task stops the agent with ``failure`` set.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from bridge.platform.metrics import PlatformMetrics
 from bridge.platform.policy import Policy, Situation, decide
 from bridge.platform.sources import FaultSource, FaultSourceError, NoFaults, ask
 from bridge.core.backoff import Backoff
-from bridge.core.kube_watch import Changed, Delivery, Listed, PodGroupWatcher
+from bridge.core.kube_watch import Changed, Delivery, Listed, ListWatcher
 
 log = logging.getLogger("tft_bridge.platform")
 
@@ -49,6 +51,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class AgentSettings:
+    """Scope, periods and limits of one agent (the ``tft-bridge platform`` options)."""
     namespace: str | None = None  # None: all namespaces
     selector: str | None = None  # a label selector, e.g. "platform=ours"
     resync_seconds: float = 30.0
@@ -62,6 +65,9 @@ class AgentSettings:
 
 
 class PlatformAgent:
+    """The agent's cache, queue and workers; every method but :meth:`request_stop` runs on
+    the event loop :meth:`start` ran on."""
+
     def __init__(self, api: PodGroupApi, policy: Policy, settings: AgentSettings | None = None,
                  metrics: PlatformMetrics | None = None, fault_source: FaultSource | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -80,36 +86,65 @@ class PlatformAgent:
         self._stop = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._synced = asyncio.Event()
+        s = self.settings
+        self._watcher = ListWatcher(api, s.namespace, s.selector, self._deliver_threadsafe, self.metrics,
+                                    on_death=self._watch_died, watch_timeout=s.watch_timeout,
+                                    backoff=Backoff(s.backoff_initial, s.backoff_max))
+        self._tasks: list[asyncio.Task[None]] = []
+        #: what ended the agent early (a dying watch thread or task); None after a requested stop
+        self.failure: str | None = None
         self.metrics.bind_podgroup_count(lambda: len(self._cache))
 
     # ----------------------------------------------------------------- lifecycle
 
     async def run(self) -> None:
-        """Run until :meth:`request_stop`."""
-        self._loop = asyncio.get_running_loop()
-        s = self.settings
-        watcher = PodGroupWatcher(self.api, s.namespace, s.selector, self._deliver_threadsafe, self.metrics,
-                                  watch_timeout=s.watch_timeout, backoff=Backoff(s.backoff_initial, s.backoff_max))
-        tasks = [asyncio.create_task(self._worker(i), name=f"platform-worker-{i}") for i in range(s.workers)]
-        tasks.append(asyncio.create_task(self._resync(), name="platform-resync"))
-        for task in tasks:
-            task.add_done_callback(self._log_task_end)
-        watcher.start()
-        log.info("platform agent started: namespace=%s selector=%s policy=%s",
-                 s.namespace or "(all)", s.selector or "(none)", self.policy.origin)
+        """start, wait for :meth:`request_stop` or a dying part, stop."""
+        await self.start()
         try:
             await self._stop.wait()
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for handle in self._retry_handles.values():
-                handle.cancel()
-            await asyncio.to_thread(watcher.stop)
-            log.info("platform agent stopped")
+            await self.stop()
+
+    async def start(self) -> None:
+        """Start the workers and the resync, then the watch thread."""
+        self._loop = asyncio.get_running_loop()
+        s = self.settings
+        self._tasks = [asyncio.create_task(self._worker(i), name=f"platform-worker-{i}") for i in range(s.workers)]
+        self._tasks.append(asyncio.create_task(self._resync(), name="platform-resync"))
+        for task in self._tasks:
+            task.add_done_callback(self._task_ended)
+        self._watcher.start()
+        log.info("platform agent started: namespace=%s selector=%s policy=%s",
+                 s.namespace or "(all)", s.selector or "(none)", self.policy.origin)
+
+    async def stop(self) -> None:
+        """Stop the watch thread, then cancel the tasks and the pending retries."""
+        await asyncio.to_thread(self._watcher.stop)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for handle in self._retry_handles.values():
+            handle.cancel()
+        log.info("platform agent stopped")
 
     def request_stop(self) -> None:
+        """Ask :meth:`run` to stop (the loop's thread, e.g. a signal handler)."""
         self._stop.set()
+
+    def _fail(self, failure: str) -> None:
+        """A part died (on the loop): the agent stops with ``failure`` set."""
+        if self.failure is None:
+            self.failure = failure
+        self._stop.set()
+
+    def _watch_died(self, error: BaseException) -> None:
+        """The watch thread failed (called on it): stop the agent from its loop."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._fail, f"the PodGroup watch thread failed: {error!r}")
+            except RuntimeError:  # the loop closed between the check and the call
+                pass
 
     async def wait_synced(self, timeout: float) -> bool:
         """Whether the first list arrived within ``timeout`` (tests, start-up logs)."""
@@ -125,10 +160,15 @@ class PlatformAgent:
         for key in list(self._cache):
             self._enqueue(key)
 
-    def _log_task_end(self, task: asyncio.Task[Any]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("platform task %s failed", task.get_name(), exc_info=task.exception())
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """A worker or the resync ended (only a cancel is expected): a failure stops the agent."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("platform task %s failed", task.get_name(), exc_info=error)
             self.metrics.loop_errors.inc()
+        self._fail(f"the task {task.get_name()} ended: {error!r}")
 
     # ----------------------------------------------------------------- ingest (loop thread)
 

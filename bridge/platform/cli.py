@@ -143,6 +143,9 @@ async def _serve(agent: Any, policy_path: str | None) -> int:
 
     with capture_signals(agent.request_stop, {signal.SIGHUP: on_reload}):
         await agent.run()
+    if agent.failure is not None:
+        log.error("platform agent ended: %s", agent.failure)
+        return 1
     return 0
 
 

@@ -51,6 +51,7 @@ from bridge.platform.policy import Decision, Rules
 
 
 class Kind(Enum):
+    """What a step writes: nothing, the answer, the end-of-cycle clear, or the standing strategy (arm)."""
     NOTHING = "nothing"
     ANSWER = "answer"
     CLEAR = "clear"
@@ -59,6 +60,7 @@ class Kind(Enum):
 
 @dataclass(frozen=True)
 class Step:
+    """The next write for one PodGroup and why (:func:`next_step`)."""
     kind: Kind
     reason: str = ""
     drop_status: bool = False

@@ -78,6 +78,7 @@ class Rules:
 
 @dataclass(frozen=True)
 class Policy:
+    """The rules in force: ``defaults`` and per-namespace overrides; ``origin`` names the file."""
     defaults: Rules = field(default_factory=Rules)
     namespaces: Mapping[str, Rules] = field(default_factory=dict)
     origin: str = "built-in defaults"
@@ -105,6 +106,7 @@ class Situation:
 
 @dataclass(frozen=True)
 class Decision:
+    """The answer to one confirm: the strategy, what to write to RankTableReady, and why (logged)."""
     strategy: str
     rank_table: RankTableWrite
     reason: str

@@ -27,6 +27,7 @@ from bridge.faults import merge_faults
 
 @runtime_checkable
 class FaultSource(Protocol):
+    """Faults the platform knows of itself, asked once per confirm with a deadline (:func:`ask`)."""
     def faults(self, namespace: str, name: str, confirmed: Mapping[int, int]) -> Any:
         """``{rank: type}`` (types 0, 1, 2) for the PodGroup, or an awaitable of it."""
 
@@ -49,7 +50,7 @@ class StaticFaults:
 
 
 class FaultSourceError(Exception):
-    pass
+    """A fault source failed or timed out; the agent answers with ClusterD's faults only."""
 
 
 async def ask(source: FaultSource, namespace: str, name: str, confirmed: Mapping[int, int],

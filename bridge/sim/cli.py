@@ -1,6 +1,8 @@
 """``tft-bridge sim-clusterd``: the simulated ClusterD on its own, for people integrating
 a client against ClusterD's real semantics without a cluster. Every RPC and signal is
-logged; Ctrl-C (or SIGTERM) stops it.
+logged; Ctrl-C (or SIGTERM) stops it. ``bridge/cli.py`` finds this module by name
+(:func:`add_arguments`, :func:`cmd_sim_clusterd`); the gRPC server is imported only
+when the command runs.
 
 Started with only ``--job/--world-size/--devices-per-pod/--strategies/--keepalive`` it
 answers with the real server's delays (docs/clusterd.md): a client tuned against a

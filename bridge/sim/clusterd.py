@@ -1,73 +1,18 @@
-"""A simulated ClusterD: the real server's Recover and config.Config gRPC services, with
-its sharp edges kept, for the bridge's tests and demo and for ``tft-bridge sim-clusterd``.
+"""The simulated ClusterD: the real server's Recover, config.Config and Fault gRPC services,
+as unforgiving as the real server, for the bridge's tests, the demo and ``tft-bridge
+sim-clusterd``.
 
-The simulation is meant to be as unforgiving as the real server, whose observable
-behaviour docs/clusterd.md describes (read it before changing anything here): a stand-in
-kinder than the real peer hides exactly the bugs that kill training jobs. So it keeps:
-one subscriber per job, and a subscribe resets the job; the stream ends with OK after
-every cycle; a broken stream aborts the cycle; faults reported with no live subscriber
-are lost; reports go into one-slot buffers whatever the state (a stale report is consumed
-by the next wait, a second one blocks the RPC, a reset answers it 599); report RPCs
-without ``status`` are violations (the real server crashes); results are judged by the
-strategy the client *reported*; pod expansion, nodeRankIds in random order, 405/406/499
-fallbacks, dump_exit twice, no ``exit-completed``; UNKNOWN ``qps exceeded`` errors; the
-real ``Status.info`` strings, misspellings included.
-
-Its fault centre and its clock are the real server's too: a UCE/HCCL report alone starts a
-retry cycle 0.7-1.0 s later (if the job configures retry); a pure retry cycle has no wait
-before globalFault, a type-1 fault makes it 1.0 + 10.0 s; HCCL pauses 3.0 s before
-changeStrategy retry; every changeStrategy names the fault ranks' pods; the stream ends
-5.0 s after the final dump_exit; a reset during the wait before globalFault leaves that
-globalFault (uuid "", no ranks) to reach the next stream; an unknown fault type and a
-device fault without a business report give preExitProcess after 10.95 / 10.85 / 20.80 s.
-All delays come from one :class:`~.clusterd_timings.Timings` table whose defaults are
-the real ones; tests pass a scaled table explicitly.
-
-Where it knowingly differs from the real server:
-
-* No Kubernetes: a :class:`SimJob` stands for the PodGroup (strategies, the
-  process-recover-enable label, existence). No pods, so no rescheduling: the
-  schedule/running checks succeed (after a dump or exit, once the real 20 s of them
-  have passed), ``recover`` is never interrupted by the
-  pod-reschedule watcher, and a downgrade's "pods not rescheduled within 20 s" holds.
-* The fault centre is reduced to the behaviours above. Its internal periods beyond
-  those delays are not modelled (e.g. a retry report without ``retry`` configured just
-  stays cached; the real one expires after ~10 s). :meth:`SimClusterD.start_clusterd_fault`
-  is a shortcut the real server has no direct equivalent of (FaultOccur from the centre
-  at once); :meth:`SimClusterD.pre_exit` is the realistic device fault. Master's retry
-  records of UCE/HCCL reports (clusterd_retry.py) are keyed by rank, published 0.7-1.0 s
-  after an idle centre's report and by the Fault service at once (docs/clusterd.md
-  section 9); :meth:`SimClusterD.delay_next_subscribe` starts a Subscribe handler late.
-* The hot switch (:meth:`SimClusterD.sub_health_fault`, bridge/sim/clusterd_hot_switch.py)
-  has no pods: a test says when the backup pod runs (:meth:`SimClusterD.new_pod_running`)
-  and the old pod is gone ``timings.old_pod_delete_delay`` after ClusterD asked (not
-  measured: the scheduler's speed).
-* Recover-in-place knows only business reports' faults: device faults that keep a pod
-  from restarting in place, and the fault centre's check that the fault disappeared,
-  are not modelled (one ``in_place_check_delay``, then it has).
-* Platform mode (``ProcessRecoverStrategy`` and friends, bridge/sim/clusterd_platform.py)
-  is simulated on the PodGroup annotations this simulation keeps: a test writes the
-  platform's (:meth:`SimClusterD.platform_annotate`). Scale-out (``upgrade``) is not
-  simulated. A successful downgrade parks the job in ``ScaleRunningState`` until a new
-  type-"1" fault or a reset.
-* The OM pause skips the NIC-switch step: pause StopComplete -> changeStrategy continue.
-* A downgrade whose isolate-ranks report times out counts as a failed downgrade (the real
-  server would choose again and could loop every 15 minutes).
-* The faultNodesExit signal's faultRanks/nodeRankIds (isolated ranks, their pods) and the
-  uuid of saveAndExit (the cycle's, "" if no stopTrain) are read from code, not verified.
-  The globalFault timeout after a 405 retry failure is 0 (the faults became type 1;
-  observed only for HCCL merged into a type-1 cycle).
-* The nil-status crash is a violation plus a reset of that job and an INTERNAL error, not
-  a dead server; non-canonical fault ranks and a RecoverStatus whose strategy is not the
-  one being waited for are also recorded as violations (the real server accepts them).
-* A subscribe stream end caused by :meth:`SimClusterD.drop_subscriber` is an UNAVAILABLE
-  status, not a TCP reset. Keepalive-ping enforcement is gRPC core's, with the release's policy.
-* A signal is written once: no 3-try send with 1 s and 2 s pauses; a failed write is a
-  broken stream (reset).
-* It plays master unless told another release (``release``, clusterd_release.py: the
-  ping policy, v7.3.2's repeated retry cycle, the FaultRetry without an exit notice of
-  v7.3.2 and v7.0.RC1, v7.0.RC1's slow fault centre and older protocol); v7.0.RC1's
-  second retry cycle after a success is not modelled.
+docs/clusterd.md describes the real server's observable behaviour and its section 9
+where this simulation knowingly differs: read both before changing anything here.
+:class:`SimClusterD` serves the jobs given as :class:`SimJob` (the PodGroup's
+configuration); ``await start()`` returns its address, ``await stop()`` ends every stream
+and task and drops the in-memory state (a restart is both; PodGroup annotations, labels
+and rank tables survive, as they live in Kubernetes). Everything runs on the caller's
+event loop. Every delay comes from one :class:`~.clusterd_timings.Timings` table whose
+defaults are the real server's; :class:`~.clusterd_release.Release` picks the release
+played (master by default). Tests drive what a client cannot (device faults, platform
+annotations, the hot switch, the OM flows) through its methods and read what it saw and
+did in :attr:`SimClusterD.journal`.
 """
 
 from __future__ import annotations
@@ -94,7 +39,7 @@ from bridge.sim.clusterd_job import JobConfig, JobController, SimJob
 from bridge.sim.clusterd_recover import RecoverService
 from bridge.sim.clusterd_release import MASTER, RELEASES, Release
 from bridge.sim.clusterd_timings import REAL, Timings
-from bridge.sim.clusterd_wire import fault_ranks
+from bridge.sim.clusterd_messages import fault_ranks
 from bridge.sim.journal import Journal, JournalEntry
 
 __all__ = ["MASTER", "RELEASES", "REAL", "SERVER_OPTIONS", "Release", "Journal", "JournalEntry", "SimClusterD", "SimJob", "Timings"]

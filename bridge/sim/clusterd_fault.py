@@ -62,6 +62,9 @@ UCE_CODE, UCE_LEVEL = "80E01801", "RestartRequest"
 
 @dataclass
 class DeviceFault:
+    """One NPU's fault as the fault centre publishes it."""
+
+
     node: str
     device: str
     code: str
@@ -70,6 +73,10 @@ class DeviceFault:
 
 @dataclass
 class FaultPublisher:
+    """One registered Fault-service stream of a job (on the server's loop): signals queued for it,
+    ``stopped`` set when it must end."""
+
+
     job_id: str
     role: str
     queue: asyncio.Queue[fault_pb2.FaultMsgSignal] = field(default_factory=asyncio.Queue)

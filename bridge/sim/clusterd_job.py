@@ -34,12 +34,12 @@ from bridge._proto import recover_pb2 as pb
 from bridge.sim import clusterd_rules as rules
 from bridge.sim.clusterd_channels import RECOVER_STATUS, RECOVER_STRATEGY, REPORT_KINDS, STOP_COMPLETE, OmChannels, Outgoing, ReportSlot, Subscriber
 from bridge.sim.clusterd_hot_switch import HotSwitch
-from bridge.sim.clusterd_platform import Platform
+from bridge.sim.clusterd_platform import JournaledPlatform
 from bridge.sim.clusterd_rules import FaultCache, FaultPair
 from bridge.sim.clusterd_release import Release
 from bridge.sim.clusterd_retry import RetryRecords
 from bridge.sim.clusterd_timings import Timings
-from bridge.sim.clusterd_wire import faults_detail, make_signal
+from bridge.sim.clusterd_messages import faults_detail, make_signal
 
 log = logging.getLogger("bridge.sim.clusterd")
 
@@ -147,7 +147,7 @@ class JobController:
         self.soft_fault_pods: dict[str, None] = {}
         self.in_place = False  # restartFaultProcess: this cycle restarts its faulty processes in place
         #: platform mode's PodGroup exchange (clusterd_platform.py), None outside it
-        self.platform = Platform(host, self.job_id) if config.platform else None
+        self.platform = JournaledPlatform(host, self.job_id) if config.platform else None
         #: master's fault-centre records of UCE/HCCL reports and its currentFaults
         #: (clusterd_retry.py): they outlive every reset, as on the real server
         self.retry_records = (RetryRecords(host, self.job_id, host.rng.uniform, self.spawn_detached, self._fault_centre_list,
@@ -204,7 +204,7 @@ class JobController:
         self.soft_fault_pods = {}
         self.in_place = False
         if self.platform is not None:
-            self.platform.strategy = ""
+            self.platform.reset()
         self.gen = Generation()
         if start_new:
             self.host.record("state", "INIT", self.job_id, event=reason, uuid="")

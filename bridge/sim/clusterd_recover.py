@@ -25,7 +25,7 @@ from bridge.sim.clusterd_om import OmService
 from bridge.sim.clusterd_job import RECOVER_STATUS, RECOVER_STRATEGY, STOP_COMPLETE, JobConfig, JobController, SimJob
 from bridge.sim.clusterd_release import Release
 from bridge.sim.clusterd_timings import Timings
-from bridge.sim.clusterd_wire import fault_pairs, request_detail, signal_detail
+from bridge.sim.clusterd_messages import fault_pairs, request_detail, signal_detail
 from bridge.sim.journal import Journal
 
 

@@ -152,11 +152,10 @@ def merge_platform_faults(written: Iterable[FaultPair], result: str, confirm: st
     return dedupe_faults(dedupe_faults(written) + platform)
 
 
-def merge_fault_strings(written: str, result: str, confirm: str) -> tuple[dict[int, int], bool]:
-    """:func:`merge_platform_faults` of the strings, then the all-or-nothing rank
-    conversion (one rank id Atoi rejects empties the list: returns ``({}, True)``). Types
-    other than "1" count as retryable (kept as 0 unless "2"); a type-1 entry is sticky."""
-    merged = merge_platform_faults(parse_fault_string(written), result, confirm)
+def rank_map(merged: Iterable[FaultPair]) -> tuple[dict[int, int], bool]:
+    """The all-or-nothing rank conversion of a merged list: one rank id Atoi rejects
+    empties it (returns ``({}, True)``). Types other than "1" count as retryable (kept as
+    0 unless "2"); a type-1 entry is sticky."""
     faults: dict[int, int] = {}
     for rank_text, fault_type in merged:
         rank = go_atoi(rank_text)
@@ -311,6 +310,9 @@ CONFIRM_FAULT = "ProcessConfirmFault"
 RESULT_FAULT = "ProcessResultFault"
 RANK_TABLE_READY = "RankTableReady"
 RECOVER_STATUS = "ProcessRecoverStatus"
+#: The PodGroup label FaultRetry sets to ``pause`` and back to ``on``.
+RECOVER_ENABLE_LABEL = "process-recover-enable"
+RECOVER_PAUSED = "pause"
 #: The strategies a platform may set before the confirm step (``exit`` only at it).
 PLATFORM_CHOICES = (RETRY, RECOVER, DUMP)
 #: ``WaitPlatStrategyTimeout``: no usable ProcessRecoverStrategy within the wait.

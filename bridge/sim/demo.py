@@ -1,14 +1,13 @@
 """``tft-bridge demo``: one real recovery, end to end, on this machine.
 
-A simulated ClusterD (the real server's semantics, shorter delays), the stub MindIO
-controller with sixteen simulated training ranks (at a faster pace than the real one,
-``mindio_ttp.FAST_TIMINGS``: a demo is watched, and the real controller's 2 s to report a
-fault, ~2.3 s to repair by retry and ~5 s to shut down only add waiting; the intro line
-says so), and the real bridge between them with
-its metrics endpoint. A fault is injected and every step of the recovery is printed as
-it happens, from both sides of the bridge. Exit code 0 when the scenario ended as it
-should (a recovery for retry/recover/retry-fails, the job brought down cleanly for
-dump/exit) and neither peer saw a protocol violation.
+A :class:`~bridge.sim.scenario.SimulatedJob` of sixteen ranks: the simulated ClusterD (the
+real server's semantics, shorter delays), the stub MindIO controller at
+``mindio_ttp.FAST_TIMINGS`` (the intro line says which delays are shortened), and the real
+bridge between them with its metrics endpoint. One of :data:`SCENARIOS` injects a fault
+and every step of the recovery is printed as it happens, from both sides of the bridge.
+Exit code 0 when the scenario ended as it should (a recovery for retry/recover/retry-fails,
+the job brought down cleanly for dump/exit) and neither peer saw a protocol violation.
+``bridge/cli.py`` finds :func:`cmd_demo` by name and imports this module only for the demo.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ RANK_LOSS_WAIT = 1.0
 
 @dataclass(frozen=True)
 class Scenario:
+    """One demo: the job's strategies, the fault injected, and the outcome that makes it a success."""
     description: str
     strategies: tuple[str, ...]
     fault: dict[int, int]

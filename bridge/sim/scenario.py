@@ -23,7 +23,13 @@ from bridge.sim.clusterd_timings import FAST, Timings
 
 
 class SimulatedJob:
-    """``async with SimulatedJob(...) as job:`` -- everything started, bridge READY."""
+    """``async with SimulatedJob(...) as job:`` -- everything started, the bridge READY.
+
+    ``start()`` installs the stub controller (reset, with ``controller_timings``), starts
+    the simulated ClusterD (unless ``start_clusterd`` is False), runs the bridge until it
+    is READY, then connects ``connected_ranks`` ranks; ``stop()`` stops the bridge (its
+    exit code is returned), then ClusterD, then resets the stub and the environment. All
+    on the caller's event loop; one job at a time per process (the stub is a module)."""
 
     def __init__(self, job: SimJob | None = None, *, keepalive_interval: float = 0.5,
                  global_fault_delay: float = 0.05, flush_delay: float = 0.01, dump_exit_repeat: float = 0.5,

@@ -1,15 +1,12 @@
 """Which Python the MindIO TFT controller was built for, read from its files without importing it.
 
-``mindio_ttp`` is a SWIG module: its compiled part is built for one CPython version and
-one machine (``_x.cpython-311-aarch64-linux-gnu.so``), and a Python of another version
-does not even see that file, so the import fails with a bare "No module named ..." that
-names neither Python. On a training node the usual cause is a bridge installed under
-another interpreter than the one ``mindio_ttp`` was installed for. This module finds the
-package with ``importlib.util.find_spec`` on its top-level name (which never executes
-it: importing the controller adds its directory to ``sys.path`` and registers an
-``atexit`` destroy, docs/mindio-controller.md section 1) and lists its compiled modules
-with the Python each was built for, so the start-up error and ``tft-bridge --version``
-can say "built for CPython 3.9, this is CPython 3.11".
+``compiled_modules`` lists the controller package's compiled modules with the CPython
+version and machine each was built for; ``mismatch`` says, for the start-up error and
+``tft-bridge --version``, "built for CPython 3.9, this is CPython 3.11" where a SWIG
+module built for another interpreter would only fail with "No module named ...". The
+package is found with ``importlib.util.find_spec`` on its top-level name, which executes
+nothing (importing the controller registers an ``atexit`` destroy,
+docs/mindio-controller.md section 1).
 """
 
 from __future__ import annotations

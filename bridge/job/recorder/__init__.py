@@ -1,20 +1,11 @@
 """The recovery flight recorder: one face for the rest of the bridge.
 
-The bridge is the one place that sees a recovery from both sides (ClusterD logs its side
-on another machine, the controller in the training pods), so it keeps every cycle's
-timeline on disk. The rest of the bridge knows the recorder only through what this
-package exports; how it is built:
-
-* ``cycles``  -- on the event loop, ``Recorder`` groups events into cycles (an O(1)
-  append per event: recording never delays a report or a notify); ``RecorderWriter``,
-  a thread of its own, writes them; ``Recording`` owns both for one run of the bridge.
-* ``store``   -- the bounded SQLite store (WAL, so ``history`` reads a running bridge's).
-* ``model``   -- phases, who was waited on, summaries: derived from the events, shared
-  by ``history`` and ``otel``.
-* ``config``  -- the ``[recorder]`` and ``[otel]`` tables, their defaults and ranges.
-* ``history`` -- the ``tft-bridge history`` command (read-only).
-* ``otel``    -- the optional OTLP trace export; imported only when ``[otel]`` is on,
-  so nothing loads ``opentelemetry`` otherwise.
+Every cycle's timeline, kept on disk in the job's state directory, read back by
+``tft-bridge history`` and optionally exported as traces. The bridge uses only what this
+package exports: ``cycles`` (``Recorder`` groups events into cycles on the event loop, an
+O(1) append per event; ``RecorderWriter``, the thread ``tft-recorder``, writes them;
+``Recording`` owns both), ``store`` (the bounded SQLite store, WAL), ``model`` (phases and
+waits), ``history`` (the command) and ``otel`` (imported only when ``[otel]`` is on).
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
-"""Reading a recorded cycle: its phases, who the time was spent waiting for, its faults.
+"""Reading a recorded cycle: its phases, whom the time was spent waiting for, its faults.
 
 Pure functions over a cycle's events (dicts with ``t`` in Unix seconds and ``kind``),
-shared by the writer (the summary stored when a cycle closes), ``tft-bridge history``
-(cycles still open are analysed on the fly) and the OpenTelemetry export, so all three
-tell the same story.
+shared by the writer (a closed cycle's summary), ``tft-bridge history`` and the OTLP
+export, so all three tell the same story. Phases are cut where the controller's
+callbacks cut them, as in ``tft_bridge_recovery_phase_duration_seconds``: a cycle starts
+at the first fault report (or ClusterD's first signal), then ``stop``, ``strategy``,
+``result``, ``exit``; a phase is named ``<from>_to_<to>``. Who holds the cycle:
 
-Phases are cut where the controller's callbacks cut them, the same boundaries the
-``tft_bridge_recovery_phase_duration_seconds`` histogram uses: the cycle starts at the
-first fault report (or at ClusterD's first signal when ClusterD began it), a stop
-completes (``stop``), strategies are offered (``strategy``), a result is reported
-(``result``), an exit is decided (``exit``). A phase is named ``<from>_to_<to>``
-(``fault_to_stop``, ``stop_to_strategy``, ``strategy_to_result``; a failed retry adds
-``result_to_strategy`` and a second ``strategy_to_result``).
-
-Who holds the cycle at each moment, from the protocol's turn-taking:
-
-* after a report ClusterD must answer (the first fault, a stop-complete, the strategies,
-  a result) until its next signal: **clusterd** (this includes delivering the report);
-* from a signal's arrival until its notify call starts, or it is refused: **bridge**;
+* from a report ClusterD must answer until its next signal: **clusterd**;
+* from a signal's arrival until its notify starts or it is refused: **bridge**;
 * during the notify call: **controller**;
-* after the controller accepted a notify until its next callback: **ranks** -- the
-  controller is waiting for every rank to stop, report its state or repair;
-* a refused signal or a refused notify hands the cycle back to whoever held it.
+* from an accepted notify until the controller's next callback: **ranks**;
+* a refused signal or notify hands the cycle back to whoever held it.
 """
 
 from __future__ import annotations
@@ -43,6 +33,7 @@ _RANKS_TURN = frozenset({"stop_train", "pause_train", "on_global_rank", "change_
 
 @dataclass(frozen=True)
 class Phase:
+    """One phase of a cycle: ``name`` (``<from>_to_<to>``) and its start and end in Unix seconds."""
     name: str
     start: float
     end: float

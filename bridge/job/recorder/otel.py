@@ -1,29 +1,14 @@
 """Each recorded recovery cycle as one OpenTelemetry trace, exported over OTLP.
 
-Optional (``pip install 'tft-bridge[otel]'``, ``[otel] enabled = true``): sites that
-already follow requests through Jaeger or Tempo see a recovery there too -- a root span
-per cycle, a span per phase, child spans for ClusterD RPCs and controller notifies,
-span events for signals, callbacks, refusals and drops.
-
-How, and why this way:
-
-* Built from ``opentelemetry-proto``'s messages and sent with the project's own grpcio
-  (or, for ``http/protobuf``, the stdlib's HTTP client), not through the SDK. A cycle is
-  exported after it ended, with its recorded times; the SDK's tracer would need each
-  span replayed with explicit timestamps, brings its own processor threads and global
-  provider, and its exporters pull in googleapis-common-protos and requests. The wire
-  format is the same OTLP a collector receives from any SDK. Dependency fit:
-  opentelemetry-proto accepts protobuf 7 from 1.43.0 on (``protobuf<8,>=5``; 1.42.x
-  and older cap it below 7), so the extra pins ``opentelemetry-proto>=1.43,<2``
-  beside the project's ``protobuf>=7.35.1,<8``.
-* Off the hot path: the recorder's writer thread hands a closed cycle to ``submit``,
-  which only queues it (bounded; a full queue counts ``otel_queue_full``); a thread of
-  this module builds the request and sends it under ``otel.timeout``. A failed export
-  counts ``tft_bridge_recorder_errors_total{reason="otel_export"}`` and is not retried:
-  the cycle stays in the local store, which is the record of truth.
-* No import cost when off: nothing imports this module unless ``[otel] enabled``.
-* The trace id is derived from the job and the cycle's key, so a cycle exported twice
-  (a retry by hand) lands in the same trace.
+Optional (``pip install 'tft-bridge[otel]'``, ``[otel] enabled = true``; nothing imports
+this module otherwise): a root span per cycle, a span per phase, child spans for ClusterD
+RPCs and controller notifies, span events for signals, callbacks, refusals and drops.
+Built from ``opentelemetry-proto``'s messages and sent with grpcio or the stdlib's HTTP
+client, not the SDK (docs/operations.md, "Traces"). ``OtlpExporter.submit`` is called by
+the recorder's writer thread and only queues (bounded; full: counted); the exporter's own
+thread ``tft-otel`` sends under ``otel.timeout``. A failed export is counted and not
+retried: the local store is the record of truth. The trace id derives from the job and
+the cycle's key, so a cycle exported twice lands in one trace.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Which notify the controller is waiting for right now, derived from its callbacks.
 
-The controller keeps one wake-up flag that is not cleared before the first wait of a
-fault flow: a notify that arrives when the controller is not waiting for it is consumed
-by the next wait as the wrong event, and the controller exits, killing the job
-(docs/mindio-controller.md section 5). So the bridge forwards a ClusterD action only when
-this tracker says the controller's flow is at the step that expects it (``ACCEPTS``),
-and refuses (and counts) everything else.
-
-The tracker also remembers which ClusterD cycle (uuid) the controller is answering:
-the uuid of the signal whose notify it last accepted. Reports carry no uuid on the wire,
-so this is the only way to tie a stop-complete, strategy or result report to its cycle.
-
-How the step moves is data, in three tables (the observed flows and waits of
-docs/mindio-controller.md sections 4 and 6):
+``ControllerFlow``, on the event loop: a ClusterD action is forwarded only when the
+controller's flow is at the step that expects it (``ACCEPTS``; ``refusal`` names why
+not), since an unexpected notify kills the job (docs/mindio-controller.md section 5). It
+also holds the cycle (uuid) the controller answers: the uuid of the signal whose notify
+it last accepted, the only tie from a report to its cycle. The step moves by three
+tables (the flows and waits of docs/mindio-controller.md sections 4 and 6):
 
 ``EXPECTED`` -- (step, callback, outcome) -> next step: every callback the controller
 gives at a step where the bridge expects it. ``outcome`` is what the callback says
@@ -63,38 +56,20 @@ EXITING: the one exit notice), dump DUMPING, any other strategy REPAIRING (``mig
 included), hot switch SWITCHING, stop switch IDLE. The gate (``refusal``) already
 guarantees the step expects the action, so this table has no desync column.
 
-**The hot switch** (ClusterD's hot_switch_controller.go; the controller's
-``MindXNotifyHotSwitch`` and ``StepFinishCallback``): ClusterD sends ``hot switch`` with
-the ranks of the sub-healthy pod, outside any fault flow and with uuid "". The
-controller stays in NORMAL until the replacement ranks have registered (SWITCHING), then
-pauses training and offers ``["migration"]``, or ``["exit"]`` when the pause failed.
-ClusterD answers ``migration`` with changeStrategy migration (REPAIRING, then the result
-like a repair's); ``["exit"]`` it answers with no signal at all: it deletes the job's
-first pod, and the controller's wait runs out into EXIT. ``stop switch`` (the new pod did
-not start within a minute) ends SWITCHING; the dispatcher withholds it from the
-controller, which would latch it in its one wake-up slot for the next fault flow's first
-wait to take as the wrong event (docs/mindio-controller.md section 5; bridge/job/session/signals.py
-``STOP_SWITCH``), and it is refused at every other step.
+**The hot switch** (uuid "", outside any fault flow): ``hot switch`` -> SWITCHING until
+the controller offers ``["migration"]`` (or ``["exit"]`` when its pause failed);
+``migration`` is then repaired like any strategy. ``stop switch`` ends SWITCHING and is
+never given to the controller (``signals.STOP_SWITCH``; docs/mindio-controller.md
+section 5).
 
-**How long each wait lasts** (``wait_limit``; docs/mindio-controller.md section 6). Past
-its wait the controller has gone to EXIT, so the gate refuses from then on (``expire``);
-refusing while the controller still waits kills the job just the same, so each limit is
-exactly the controller's own, plus ``EXPIRY_MARGIN``:
-
-* AWAIT_STOP: max(last pause timeout, ``MINDIO_WAIT_MINDX_TIME``). The controller keeps
-  the timeout of the last pause it was given and never resets it, so one ClusterD pause
-  of 900 s makes every later stop_train wait 900 s;
-* AWAIT_STRATEGY: max(last on_global_rank time, the wait) when the list follows an
-  on_global_rank (MindXConfirmStrategy, also after a 405); just the wait for the list a
-  new fault in DOWNGRADE offers (ZitHandleStrategy) and for a hot switch's list
-  (StepFinishCallback: ``["migration"]``, or ``["exit"]`` when its pause failed);
-* AWAIT_GLOBAL, AWAIT_FINAL: the wait.
-
-The pause timeout and the on_global_rank time are the values the dispatcher actually
-passed to the notify (after ``signals.notify_arguments`` clamped them), given to
-``notified``. A notify the controller refused (returned 1) does not take them back: the
-real controller stores the on_global_rank time before it validates the ranks, and a
-limit too long only delays a refusal, while one too short kills the job.
+**How long each wait lasts** (``wait_limit``): exactly the controller's own wait plus
+``EXPIRY_MARGIN``; past it the controller has gone to EXIT and the gate refuses
+(``expire``). AWAIT_STOP: max(last pause timeout, ``MINDIO_WAIT_MINDX_TIME``) (the
+controller never resets its last pause timeout); AWAIT_STRATEGY: max(last on_global_rank
+time, the wait) after an on_global_rank, else the wait; AWAIT_GLOBAL, AWAIT_FINAL: the
+wait. The pause timeout and on_global_rank time are those the dispatcher passed to the
+notify (``notified``), kept even when the controller refused the notify
+(docs/mindio-controller.md section 6).
 """
 
 from __future__ import annotations
@@ -114,6 +89,7 @@ CLUSTERD_ONLY_STRATEGIES = frozenset({"elastic-training", "recover-in-place", "j
 
 
 class Step(enum.Enum):
+    """Where the controller's flow is, as far as its callbacks and the notifies given tell."""
     IDLE = "idle"  # training normally; a ClusterD-first stop, a pause or a dump may start a flow
     SWITCHING = "switching"  # hot switch forwarded; waiting for the replacement ranks and the offer
     STOP_SENT = "stop_sent"  # stop forwarded; waiting for report_stop_complete

@@ -1,24 +1,14 @@
 """Faults handed to the running bridge by an operator or a node agent (``tft-bridge report-fault``).
 
-The controller never reports a rank that dies while training is paused
-(docs/mindio-controller.md, measured on the real controller), and a node agent may know
-of a failed process before the controller does. ``tft-bridge report-fault --config FILE
-RANK:TYPE[,...]`` hands such faults to the job's running bridge, which reports them
-exactly as it reports the controller's own ``report_fault_ranks``: through the
-controller's callback entry (``Link.sink``), so the report path's rules apply unchanged
-(fault reports wait for a live subscription, are merged with ClusterD's rule, and move
-the tracked flow as the controller's report would).
-
-The door is a unix socket in the job's state directory, ``report-fault.sock``, mode 0600
-(the bridge's user only; it is bound in a private 0700 directory and renamed into place,
-so it is never reachable with wider rights). One request per connection: a JSON line
-``{"job_id": ..., "faults": "RANK:TYPE,..."}``, at most ``MAX_REQUEST`` bytes, read within
-``READ_TIMEOUT``; one JSON line answers it: ``{"ok": true, "faults": canonical, "live":
-bool}`` or ``{"ok": false, "reason": ..., "error": ...}``. A request for another job, a
-malformed fault string, a rank outside the world, a bridge whose controller is not
-running, paused by ClusterD or ending (``step_refusal``) is refused with the reason, counted in
-``tft_bridge_local_fault_reports_total{result}`` (malformed input also in
-``tft_bridge_bad_inputs_total{kind="report_fault_request"}``) and logged.
+``LocalReports`` serves ``report-fault.sock`` in the job's state directory (mode 0600,
+bound in a private directory and renamed into place) on the event loop; ``request`` is
+the command's client. One JSON line per connection, at most ``MAX_REQUEST`` bytes within
+``READ_TIMEOUT``: ``{"job_id", "faults": "RANK:TYPE,..."}``, answered by one JSON line,
+``{"ok": true, "faults", "live"}`` or ``{"ok": false, "reason", "error"}``. Accepted faults
+enter through the controller's callback entry, so the report path's rules apply
+unchanged; a request for another job, bad faults, a rank outside the world or a
+controller that cannot take them (``step_refusal``) is refused with its reason, counted
+in ``tft_bridge_local_fault_reports_total{result}`` and logged (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -49,6 +39,7 @@ FAULT_TYPES = (0, 1, 2)
 
 
 class RequestError(ValueError):
+    """A refused request: ``reason`` is the metric label, the message what was wrong."""
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason

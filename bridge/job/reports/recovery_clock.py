@@ -1,7 +1,10 @@
-"""The recovery clock: phase timings of one controller fault flow, for the duration
-histograms (``tft_bridge_recovery_phase_seconds``, ``tft_bridge_recovery_seconds``,
-``tft_bridge_recovery_cycles_total``). Runs on the event loop, fed by the return path's
-bookkeeping (``reports.py``) with the controller's own callback times."""
+"""The recovery clock: the phase timings of one controller fault flow.
+
+``RecoveryClock`` is fed by the report bookkeeping (``bridge.job.reports.ledger``) with the
+controller's own callback times, for ``tft_bridge_recovery_phase_duration_seconds``,
+``tft_bridge_recovery_duration_seconds`` and ``tft_bridge_recovery_cycles_total``. Event
+loop only.
+"""
 
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ class RecoveryClock:
         self.started = self.stopped = self.offered = None
 
     def result(self, at: float, strategy: str, code: int, outcome: str | None = None) -> None:
-        """``outcome``: a label that overrides the code's (a repeated cycle, repeats.py)."""
+        """``outcome``: a label that overrides the code's (a repeated cycle, ``repeated_cycles``)."""
         label = strategy if strategy in STRATEGIES else "other"
         outcome = outcome or ("success" if code == 0 else "isolated" if code == 201 else "failed")
         self.metrics.recovery_cycles.labels(label, outcome).inc()

@@ -1,32 +1,15 @@
-"""A fault ClusterD accepted while no recovery starts for it: reported once more, once.
+"""A fault ClusterD answered 0 but started no recovery for: reported once more, once.
 
-ClusterD answers every ReportProcessFault with code 0. A UCE ("0") or HCCL ("2") fault
-starts no cycle by itself: ClusterD's fault centre keeps a record of the rank's NPU,
-published every ``fault_centre_period`` for ``retry_record_hold`` seconds after the
-rank's *last* report, and the Recover service starts a cycle only for a (rank, type) its
-previous publication did not hold (docs/clusterd.md, "The fault centre's retry
-records"). So the same fault on the same rank within the hold of an earlier report -- a
-fault right after its retry, or one reported while ClusterD was closing a cycle or
-before a Subscribe's reset -- is answered 0 and skipped ("no new faults added"), and the
-controller, waiting for a stop_train, gives the job up after ``MINDIO_WAIT_MINDX_TIME``.
-
-What the bridge does, on the event loop: while the controller's flow waits for
-stop_train after its fault report (``Step.AWAIT_STOP``) and ClusterD shows no cycle, it
-reports the flow's faults once more at the first moment ClusterD counts them new: the
-last delivery of any of those ranks + the hold + one and a half periods (``MARGIN``). Every delivery
-of such a rank (the controller's, a re-report on a new stream) moves that moment, since
-each refreshes ClusterD's record. If that moment leaves the controller too little of
-its wait for ClusterD to start the cycle (two periods, ``START_ALLOWANCE``), the bridge
-reports the faults as process faults ("1") instead, two periods after the delivery: a
-type-1 ReportProcessFault starts a cycle at once whatever the fault centre holds
-(ClusterD's ``ReportProcessFault`` adds the fault event itself), a recovery by
-restarting the ranks instead of a step retry.
-
-Bounded: at most one re-report per controller fault flow, never once a stop_train was
-forwarded or ClusterD shows a running cycle (ClusterD is handling it), never for a flow
-with a process fault (it starts at once; its loss to a Subscribe's reset is re-reported
-on the new stream, ``reports.ReportPath.on_session_state``). Counted in
-``tft_bridge_fault_rereports_total{reason}``, logged, and written in the cycle's record.
+``FaultFollowUp``, on the event loop: while the controller's flow waits for stop_train
+after its UCE/HCCL report (``Step.AWAIT_STOP``) and ClusterD shows no running cycle, it
+reports the flow's faults again at the first moment ClusterD's fault centre counts them
+new: the last delivery of any of those ranks (each delivery moves it) + the record hold
++ ``MARGIN``. When that leaves the controller's wait less than ``START_ALLOWANCE``, it
+reports them as process faults ("1") instead, which start a cycle at once. At most once
+per controller fault flow; never once a stop_train was forwarded, while ClusterD shows
+a cycle, or for a flow with a process fault. Counted in
+``tft_bridge_fault_rereports_total{reason}``. The peer facts: docs/clusterd.md sections 7
+and 15.
 """
 
 from __future__ import annotations

@@ -1,37 +1,14 @@
-"""The controller's callback thread and the report wire pinned to one CPU.
+"""The controller's callback thread and the report relay's thread pinned to one CPU.
 
-The controller's callbacks wake the report wire's thread (``wire.Wire``),
-which runs under ``SCHED_BATCH`` so that the wake-up never preempts the controller's
-thread inside the callback (``realtime.py`` says why no other policy will do). A batch
-thread woken on the controller's CPU runs the moment the controller's thread goes back
-to waiting, which the real controller does right after its callbacks; woken on another
-CPU it waits out whatever busy process runs there. The end-to-end runs under load showed that
-choice of the scheduler was the whole of the remaining gap to the synchronous client
-under load (docs/performance.md, "Measurements behind the design").
-
-Making the wire's thread *follow* the controller's thread loses either way (measured
-on a loaded node): pinned after each batch, it is on the wrong CPU whenever the
-controller's thread has moved since its last callback; pinned from inside the callback,
-each pin costs the callback itself, on which the controller blocks. So the controller's
-thread is pinned too, once: the first
-callback on a thread pins *that thread* to the CPU it is running on (``sched_getcpu``
-and ``sched_setaffinity`` through ``PyDLL``, which keep the GIL; the thread is already
-there, so nothing migrates), and the wire's thread, once it has sent the reports that
-callback woke it for, pins itself to the same CPU (with the GIL released: pinning a
-running thread migrates it, and it may then wait for its new CPU: never before a
-send). From then on every wake-up is local and the callback pays a thread-id
-comparison (``bench/bench_loaded.py`` measures the path as built).
-
-What it costs: the controller's state-machine thread can no longer move to an idle CPU.
-Where training processes are bound to cores the bridge may share, confine the unit to
-housekeeping cores (``CPUAffinity=`` in a drop-in): the pin is always taken within the
-CPUs the bridge is allowed. ``controller.pin_cpu = false`` turns it off;
-``tft_bridge_controller_cpu`` shows where both threads are pinned (-1: not pinned).
-
-Where ``sched_getcpu`` or ``sched_setaffinity`` is missing, filtered or refused, nothing
-is pinned (a pinned controller thread is put back), the wire's thread logs it once
-(never the callback: logging may block) and reports flow exactly as before. ``release``
-puts every thread pinned here back on the CPUs it had.
+``ControllerPin``: the controller's first callback on a thread pins that thread to the
+CPU it runs on (``pin_caller``, on the controller's thread, keeping the GIL: nothing
+migrates); the relay's thread pins itself to the same CPU once it has sent what that
+callback woke it for (``follow``, GIL released: never before a send). From then on the
+callback pays a thread-id comparison. The pin stays within the CPUs the bridge is
+allowed; ``controller.pin_cpu = false`` turns it off; ``tft_bridge_controller_cpu`` shows
+it (-1: not pinned). Where the system refuses, nothing is pinned and the relay's thread
+logs it once (never the callback). ``release`` puts every pinned thread back. Why:
+docs/architecture.md, "The threads and the loop"; figures in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """Everything the bridge takes from below Python's and gRPC's public surface, in one place.
 
-Each item here depends on something no API promises, so each has a guard test
-(tests/test_lowlevel.py) that fails on a system or a grpcio release where it is gone,
-instead of the bridge silently falling back to its slower way:
+Each item has a guard test (tests/test_lowlevel.py) that fails where it is gone, rather
+than the bridge silently falling back to a slower way:
 
-* C library functions through ctypes (``libc_function``): ``sched_getcpu`` and
-  ``sched_setaffinity`` for the CPU pin of the controller's thread (affinity.py), and a
-  ``write`` that keeps the GIL (``gil_holding_write``). A ``PyDLL`` function keeps the GIL
-  across the call: inside a controller callback, releasing it (as ``os.write`` does) could
-  let another thread take it and keep the controller's thread waiting up to the
-  interpreter's switch interval -- and the controller blocks on every callback
-  (docs/mindio-controller.md).
-* gRPC's private ``_channel`` of a synchronous unary callable (``after_send``): the one
-  place where the request has been written and the caller has not yet started waiting
-  for the answer (wire.py: the wire turns realtime there).
-* gRPC's private ``_channel`` of a synchronous channel (``connectivity_check``): its
-  connectivity read at once, without ``Channel.subscribe``. The public ``subscribe`` keeps
-  a thread that watches the state with a deadline 0.2 s ahead, over and over, and each
-  watch arms a timer in gRPC's event engine: an idle bridge's busiest wake-ups came from
-  there (docs/performance.md).
+* ``libc_function``: C library functions through ctypes; ``sched_getcpu`` and
+  ``sched_setaffinity`` for the CPU pin (``affinity``), and ``gil_holding_write``, a
+  ``write`` that keeps the GIL inside a controller callback (the controller blocks on
+  every callback: docs/mindio-controller.md);
+* ``after_send``: gRPC's private ``_channel`` of a synchronous unary callable, the one
+  point where the request is written and the caller not yet waiting (the relay's thread
+  turns realtime there);
+* ``connectivity_check``: a synchronous channel's connectivity read at once, without
+  ``Channel.subscribe`` and its polling thread (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,43 +1,16 @@
-"""Realtime scheduling for the event loop, and for the report wire only while a call is out.
+"""Realtime scheduling for the event loop, and for the report relay's thread only while a call is out.
 
-A report crosses one of the bridge's threads after the controller's callback returns
-(the report wire, ``wire.Wire``); a signal crosses the loop. The synchronous MindCluster
-client crosses none: its callback makes the RPC. Recoveries happen when a node's cores
-are busy (ranks restarting, checkpoints loading), and then a thread woken under the
-normal policy, ``SCHED_BATCH``, a short EEVDF slice or a negative nice level waits for a
-core for milliseconds; under ``SCHED_FIFO`` priority 1 it runs at once, ahead of every
-normal-policy task (docs/performance.md, "Measurements behind the design").
-
-Why the wire waits under ``SCHED_BATCH``: a woken realtime thread goes to the CPU it
-last ran on whatever runs there. The wire is woken by the controller's own thread, from
-inside the callback; realtime, it preempted that thread, which then waited behind the
-busy processes for its CPU back while holding the GIL -- and the controller blocks on
-every callback. So it waits for callbacks under ``SCHED_BATCH``, and is realtime only
-from the moment it has written a request until it is back to waiting: no callback wakes
-it then, and ClusterD's answer must. Not while it writes: a realtime writer keeps
-ClusterD's receiving thread, which Linux puts on the writer's CPU, from running there
-(``lowlevel.after_send``). The loop is woken by the wire and by the network, never from
-inside a callback.
-
-Why it is safe to give them that:
-
-* They sleep between events, and their work per event is bounded (a report's
-  encoding, a signal's dispatch). The kernel's realtime throttling (95 % of each
-  second by default, and the fair server since Linux 6.12) still keeps a runaway
-  realtime thread from taking a core entirely.
-* Priority 1 is the lowest realtime priority: any realtime task of the node (a
-  watchdog, an interrupt thread) still preempts them.
-* ``SCHED_RESET_ON_FORK``: a thread or process started from one of them (a hook
-  command, ``asyncio.to_thread``'s workers, the controller's and gRPC's threads) starts
-  under the normal policy, so only these two threads are ever realtime.
-* Nice levels do not help: at nice -10 the woken thread preempted the controller's
-  thread too.
-
-Linux refuses ``SCHED_FIFO`` to a process without CAP_SYS_NICE whose RLIMIT_RTPRIO is
-below the priority (the unit sets ``LimitRTPRIO=1``), and so does a seccomp filter such
-as systemd's ``RestrictRealtime=yes``. Then the threads keep the normal policy, the
-bridge logs once how to allow it, and ``tft_bridge_realtime_thread{thread}`` shows 0:
-slower under load, never wrong.
+``promote`` puts the calling thread under ``SCHED_FIFO`` priority 1 with
+``SCHED_RESET_ON_FORK`` (no thread or process it starts inherits it); ``batch_policy``
+under ``SCHED_BATCH``, which the relay's thread takes while it waits for callbacks (woken
+realtime, it would preempt the controller's thread inside the callback); it is realtime
+only from a request's write until it waits again (``grpc_internals.after_send``).
+``LoopPriority`` holds the loop's thread realtime while a bridge runs on it and puts it
+back afterwards. Where Linux refuses (no CAP_SYS_NICE and ``RLIMIT_RTPRIO`` below 1,
+``RestrictRealtime=yes``) the threads keep the normal policy, one log line says how to
+allow it, and ``tft_bridge_realtime_thread{thread}`` shows 0: slower under load, never
+wrong. Why: docs/architecture.md, "The threads and the loop"; figures in
+docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Return codes of the ClusterD recovery protocol.
+"""Return codes of the ClusterD recovery protocol: ``Code``, with ``Code.meaning`` for logs.
 
-Names and values are those of seed 001's table (the public client documentation), plus
-201, which clients put into ``RecoverStatusRequest.status.code`` for a downgrade. Several
-codes travel the other way: the bridge *sends* 201, 404, 405, 406 and 499 inside its
-reports, while ClusterD itself only ever answers 0, 400, 402, 403, 408, 500, 502 and 599
-(see docs/clusterd.md section 3). ``Code.meaning`` holds the one-liner
-used in logs and CLI output.
+The seed's table plus 201 (a downgrade's result). The bridge sends 201, 404, 405, 406 and
+499 inside its reports; ClusterD answers only 0, 400, 402, 403, 408, 500, 502 and 599
+(docs/clusterd.md section 3).
 """
 
 from __future__ import annotations

@@ -1,40 +1,15 @@
-"""Operator hook commands for node-level actions ClusterD asks for.
+"""The operator's hook command for node-level actions ClusterD asks for.
 
-``fault_nodes_exit``, ``fault_nodes_restart`` and ``pre exit process`` are not
-controller calls: they ask that the training processes on some nodes exit or restart.
-``save_and_exit`` and a ``change_strategy`` of ``recover`` ask the same of the nodes they
-name (MindCluster's own client, TaskD, exits those nodes' agents: its recover plugin).
-The bridge cannot know how a site does that, so it runs the operator's command under a
-timeout, or logs the request.
-
-The command gets the whole signal, because the node ranks alone are not enough: under
-``recover-in-place`` ClusterD does not widen the faults to whole pods (its controller's
-``normalFaultAssociateSameNodeRank``) and tells the controller only the faulty ranks, so
-a hook that restarts every process of a named node restarts ranks the controller does
-not expect, and those never train again: the repair hangs, or succeeds without them
-(measured on the real controller, docs/mindio-controller.md section 4). TaskD hands its agents the fault ranks; so does the bridge:
-
-* arguments: the action, then the node ranks (as before);
-* environment: ``TFT_BRIDGE_ACTION``, ``TFT_BRIDGE_ACTIONS`` (comma-separated),
-  ``TFT_BRIDGE_SIGNAL_TYPE``, ``TFT_BRIDGE_STRATEGY``, ``TFT_BRIDGE_EXTRA_PARAMS``,
-  ``TFT_BRIDGE_UUID``, ``TFT_BRIDGE_JOB_ID``, ``TFT_BRIDGE_NODE_RANKS`` (comma-separated),
-  ``TFT_BRIDGE_FAULT_RANKS`` (``rank:type`` pairs, comma-separated, by rank) and
-  ``TFT_BRIDGE_FAULT_RANK_COUNT``. Strings from the network are passed without control
-  characters and cut at ``MAX_ENV_TEXT`` bytes; more than ``MAX_ENV_FAULT_RANKS`` fault
-  ranks leave ``TFT_BRIDGE_FAULT_RANKS`` empty (one variable may not exceed 128 KiB on
-  Linux): the count says so, and stdin has them all;
-* stdin: one JSON document with every field unshortened (``HookSignal.document``).
-
-The node ranks come from the signal's ``nodeRankIds``, strings ClusterD (or whatever
-speaks its protocol) chose: ``--help`` there once reached the hook command as an option.
-So only plain decimal integers (ASCII digits, at most ``MAX_RANK_DIGITS``) are passed on;
-each other one is refused, counted in ``tft_bridge_bad_inputs_total{kind="hook_node_rank"}``
-and summarised in one log line, and the hook still runs with the good ones, because the
-nodes it names still need their action. When every rank was bad, the hook does not run
-at all: a node command given no rank could read that as "every node". Nor does it run
-when the signal names no node (``no_node``): TaskD messages each named node's agent and
-so none then, and ClusterD sends such signals on purpose (recover-in-place's globalFault
-carries ``fault_nodes_exit`` with no node: no pod is to exit).
+``NodeHooks`` runs ``hooks.node_command`` under ``hooks.timeout`` (or logs the request)
+for ``fault_nodes_exit``, ``fault_nodes_restart``, ``pre exit process``, and
+``save_and_exit`` or a ``recover`` that name nodes, on the signal path: signals after it
+wait for it. The command gets the action and the node ranks as arguments, the whole
+signal in ``TFT_BRIDGE_*`` variables (``HookSignal.environment``: control characters
+removed, cut at ``MAX_ENV_TEXT``; fault ranks beyond ``MAX_ENV_FAULT_RANKS`` only counted)
+and as one JSON document on stdin (``HookSignal.document``). Only plain decimal node
+ranks pass (``split_node_ranks``; others counted in
+``tft_bridge_bad_inputs_total{kind="hook_node_rank"}``); with none left, or none named,
+the hook does not run. Why the whole signal: docs/operations.md, "Node hooks".
 """
 
 from __future__ import annotations
@@ -126,6 +101,7 @@ def split_node_ranks(node_rank_ids: Sequence[object]) -> tuple[list[str], list[o
 
 
 class NodeHooks:
+    """Runs the configured node command for one action at a time, on the event loop."""
     def __init__(self, command: Sequence[str], timeout: float, metrics: BridgeMetrics) -> None:
         self.command = tuple(command)
         self.timeout = timeout

@@ -1,20 +1,11 @@
 """A retry cycle ClusterD repeats after it succeeded, told apart from a new failure.
 
-ClusterD v7.3.2 (and the releases sharing its fault centre) keeps the UCE/HCCL fault a
-retry just repaired and starts a second cycle for it, 0.7 s (UCE) or 4 s (HCCL) after the
-first ended (docs/releases.md). The controller's device is healthy by then, so its
-device stop fails: ``report_result(499, "... notify device stop failed")``, ClusterD
-writes ``retry-failed`` and goes on to exit. Counted like any other cycle, the bridge's
-metrics and flight record would show a failed retry where the repair had worked; an
-operator would chase a failure that was not one.
-
-The bridge knows it is such a repeat when ClusterD, not the controller, starts the cycle
-(``stop_train`` while the controller's flow is idle), naming only ranks of the retry that
-succeeded within ``WINDOW`` seconds, with no fault reported by the controller since.
-Such a cycle is counted in ``tft_bridge_recovery_repeated_cycles_total``, its result is
-counted with the outcome ``repeat_after_success`` instead of ``failed``, and the flight
-recorder closes it with that outcome. What happens to the job is unchanged: the bridge
-forwards every signal as ClusterD sends it (a repeat is ClusterD's decision to make).
+``RepeatedCycles``, on the event loop: a cycle is a repeat when ClusterD, not the
+controller, starts it (``stop_train`` while the controller's flow is idle), naming only
+ranks of a retry that succeeded within ``WINDOW`` seconds, with no controller fault
+since (the fault centre of ClusterD v7.3.2 and its kin, docs/releases.md). Such a cycle
+is counted in ``tft_bridge_recovery_repeated_cycles_total`` and its result gets the
+outcome ``repeat_after_success``, not ``failed``. Signals are forwarded unchanged.
 """
 
 from __future__ import annotations

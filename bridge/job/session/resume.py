@@ -1,56 +1,15 @@
-"""Carry a recovery across a ClusterD restart or freeze: the controller never notices.
+"""Carrying a recovery across a ClusterD restart or freeze, unseen by the controller.
 
-The peer facts that force this module:
-
-* Every new subscription resets ClusterD's job (docs/clusterd.md section 4): after a
-  ClusterD restart, or a freeze long enough for the bridge to declare the stream dead
-  and subscribe again, the new stream knows no cycle. A report answering the old cycle
-  is dropped (``wire.py``: its cycle is over), correctly, but then nothing ever moves:
-  the controller, stopped, waits ``MINDIO_WAIT_MINDX_TIME`` for on_global_rank (or
-  change_strategy) and goes to EXIT, which kills the job (docs/mindio-controller.md).
-* A ReportProcessFault starts a new cycle on the new ClusterD: a type-1 fault at once
-  (stopTrain, then ~11 s to globalFault), UCE/HCCL ones within ~1 s when the job's
-  strategies include retry (docs/clusterd.md section 7). So the bridge re-reports the
-  stopped flow's fault ranks as soon as the new stream is live (``on_subscribed``).
-* The controller keeps one wake-up flag: a notify it is not waiting for is consumed by
-  its next wait as the wrong event and kills the job. So the new cycle's stopTrain must
-  NOT reach a controller that is already stopped, nor its globalFault one that already
-  had on_global_rank. The bridge answers them itself (``intercept``) with what the
-  controller said the first time (its stop-complete code, message and fault ranks; its
-  strategy list), bound to the new cycle's uuid; or, when the controller's own answer is
-  still to come, rebinds the flow (``ControllerFlow.answering``) so that answer goes to
-  the new cycle.
-* ClusterD's reports carry no uuid and are queued in one-slot buffers (docs/clusterd.md
-  section 4): a resumed answer is sent only in reply to the new cycle's own signal,
-  never ahead of it.
-
-* A stop-complete or strategies report whose RPC outcome is unknown (its deadline
-  passed: a freeze shorter than the stream watchdog) is never resent, and if ClusterD
-  lost it nothing ever shows it: ClusterD waits 15 minutes, the controller only its
-  MindX wait. While the controller is stopped the bridge then subscribes again on
-  purpose (``outcome_unknown``): the reset makes the cycle's fate known, and resumable.
-
-* The controller repairs exactly the ranks it offered its strategies for, and cannot be
-  told more: a second on_global_rank while it waits for change_strategy sends it to EXIT
-  (docs/mindio-controller.md, "Outcomes after change_strategy"). The new cycle's
-  globalFault can name more ranks than the old one did: faults that joined ClusterD's
-  cache meanwhile (the controller's held second report, a fault centre's), each process
-  fault widened to its whole pod, which the node agent restarts (``fault_nodes_exit``). A
-  retry or recover answered from memory then repairs from peers restarted under it and
-  hangs until ClusterD's 15-minute report wait sends exit. So the bridge offers that cycle
-  only what repairs no rank, the controller's own ``exit`` and ``dump``
-  (``answered_without_repair``): ClusterD chooses dump when the job has it, and the
-  checkpoint is saved before the job restarts, as after any repair that cannot complete.
-  The same holds when the controller's strategies are still to come (GLOBAL_SENT): the
-  rebound cycle's ranks are kept and its answer narrowed when it comes (``offer``), on
-  the event loop; the report lane never sends that answer (``sends_itself``).
-
-What cannot be carried over: once the controller has had change_strategy (REPAIRING
-and later) the new ClusterD's cycle starts at a step the controller is past; its result
-is then dropped as ``no_live_cycle`` and training resumes on its own. That is counted as
-``too_late`` and logged, and the cycle ends the normal way.
-
-Counted in ``tft_bridge_cycle_resumes_total{result}`` (``metrics.RESUME_RESULTS``).
+``CycleResume``, on the event loop, remembers the controller's answers in the running
+flow (its stop-complete, its strategies). When a new stream comes up while the
+controller is stopped for a cycle (``STOPPED``), ``on_subscribed`` reports the flow's
+faults again; ``intercept`` answers the new cycle's stopTrain and globalFault with the
+remembered answers (``RESUMED``) or rebinds the flow so the coming answer goes to the new
+cycle; ``offer`` narrows the strategies to ``NO_REPAIR_STRATEGIES`` when the new
+globalFault names ranks beyond those offered; ``outcome_unknown`` subscribes again when a
+report's outcome is unknown. Past ``PAST_RESUME`` nothing is carried over. Counted in
+``tft_bridge_cycle_resumes_total{result}``. The cases and the peer facts:
+docs/clusterd.md section 14.
 """
 
 from __future__ import annotations
@@ -106,7 +65,7 @@ class CycleResume:
         # A new cycle's globalFault rebound to the controller's coming report_strategies
         # (GLOBAL_SENT): its uuid and the ranks it names, checked when that answer comes
         # (``offer``). Published with ``flow.answering``: the wire must leave that answer to
-        # the loop (``wire.Cycles.narrowed``).
+        # the loop (``relay.Cycles.narrowed``).
         self.rebound_global: tuple[str, dict[int, int]] | None = None
 
     # ------------------------------------------------------------------ from the return path
@@ -142,7 +101,7 @@ class CycleResume:
 
     def narrowed(self) -> str | None:
         """The cycle whose strategies report must go through ``offer`` on the event loop,
-        never out from the wire directly (``wire.Cycles.narrowed``)."""
+        never out from the wire directly (``relay.Cycles.narrowed``)."""
         return self.rebound_global[0] if self.rebound_global is not None else None
 
     def on_subscribed(self, flow_faults: dict[int, int]) -> None:

@@ -104,6 +104,10 @@ class Subscription(Generic[T]):
         return None
 
 
+class _StepCancelled(Exception):
+    """A step of the round was cancelled by something other than ``stop()``."""
+
+
 def _unimplemented(error: BaseException) -> bool:
     if isinstance(error, grpc.aio.AioRpcError):
         return error.code() is grpc.StatusCode.UNIMPLEMENTED
@@ -156,7 +160,10 @@ class StreamLoop(Generic[T]):
 
     async def sleep(self, seconds: float) -> bool:
         """Sleep unless stopped first; True when stopping (for an owner's own retries)."""
-        stopped, _ = await self._unless_stopped(asyncio.sleep(seconds))
+        try:
+            stopped, _ = await self._unless_stopped(asyncio.sleep(seconds))
+        except _StepCancelled:  # pragma: no cover - nothing else cancels a sleep
+            return False
         return stopped
 
     # ------------------------------------------------------------------ the loop
@@ -185,6 +192,8 @@ class StreamLoop(Generic[T]):
             stopped, prepared = await self._unless_stopped(subscription.prepare())
         except (grpc.aio.AioRpcError, RpcFailure) as error:
             return self._failed(error, opened=False)
+        except _StepCancelled:
+            return self._cancelled(opened=False)
         if stopped:
             return StreamEnd(Outcome.STOPPED)
         if prepared is not None:
@@ -197,7 +206,10 @@ class StreamLoop(Generic[T]):
         self.subscribed.set()
         messages = 0
         try:
-            stopped, _ = await self._unless_stopped(subscription.opened())
+            try:
+                stopped, _ = await self._unless_stopped(subscription.opened())
+            except _StepCancelled:
+                return self._cancelled(opened=True)
             if stopped:
                 return StreamEnd(Outcome.STOPPED, opened=True)
             self.unimplemented = False
@@ -231,6 +243,10 @@ class StreamLoop(Generic[T]):
             self.subscribed.clear()
             call.cancel()
             self._call = None
+
+    def _cancelled(self, *, opened: bool) -> StreamEnd:
+        log.warning("preparing ClusterD's %s stream was cancelled; subscribing again after a back-off", self.name)
+        return StreamEnd(Outcome.FAILED, opened=opened, status="CANCELLED", detail="a step was cancelled")
 
     def _failed(self, error: grpc.aio.AioRpcError | RpcFailure, *, opened: bool, messages: int = 0) -> StreamEnd:
         """A failed round, logged (UNIMPLEMENTED once until served again; the rest within
@@ -268,8 +284,10 @@ class StreamLoop(Generic[T]):
             if not step.done():
                 step.cancel()
                 await asyncio.gather(step, return_exceptions=True)
-        if self._stopping.is_set() or step.cancelled():
+        if self._stopping.is_set():
             if step.done() and not step.cancelled():
                 step.exception()  # retrieved: a late failure of a step cut short is not worth a warning
             return True, None
+        if step.cancelled():  # cancelled from inside (its channel closed under it), not by stop()
+            raise _StepCancelled()
         return False, step.result()

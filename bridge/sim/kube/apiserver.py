@@ -94,7 +94,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from bridge.sim.kube.selectors import FieldSelector, LabelSelector, SelectorError
 
-log = logging.getLogger("tft_bridge.platform.sim.apiserver")
+log = logging.getLogger("bridge.sim.kube.apiserver")
 
 GROUP_VERSION = "scheduling.volcano.sh/v1beta1"
 PREFIX = "/apis/" + GROUP_VERSION
@@ -249,6 +249,10 @@ def _named_list(value: Any) -> bool:
 
 @dataclass
 class Watcher:
+    """One open watch: what it selects, and its event queue (filled under the store's lock by
+    any writer's thread, drained by the watch's handler thread; None ends it)."""
+
+
     namespace: str | None
     selector: LabelSelector
     resource: str = PODGROUPS
@@ -1197,7 +1201,7 @@ class StandInApiServer:
         server, self._server = self._server, None
         if server is not None:
             server.server_close()  # joins the handler threads, which the cut connections end
-        for thread in (self._thread, self._sweeper):
+        for thread in (self._sweeper, self._thread):  # the reverse of start
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=5)
         self._thread = self._sweeper = None

@@ -33,6 +33,10 @@ OPT_IN = {"tft-bridge/enabled": "true"}
 
 @dataclass
 class SimJob:
+    """One AscendJob: its name, UID, framework, pods and the values ascend-operator and the
+    user's YAML put in them (:meth:`SimJobs.create` makes its pods)."""
+
+
     name: str
     namespace: str = "default"
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))

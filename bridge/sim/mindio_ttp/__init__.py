@@ -33,7 +33,7 @@ real build (docs/mindio-controller.md, the reference to read before changing it)
 * the node agent's pod restart (``training.restart_pods``, ``training.devices_per_pod``):
   a recover restarts every rank of a pod holding a process-faulty rank, and a repair
   that finds a rank restarted under it that it was not told about hangs, as the real
-  one did when a relay forwarded fewer ranks than ClusterD's globalFault named;
+  one does when it is given fewer ranks than ClusterD's globalFault named;
 * dead ranks as observed: one killed in normal training is reported about 10 s later
   (``heartbeat_loss_time`` + ``fault_detect_delay``), one killed while training is
   paused for a recovery (after stop-complete, before the strategy) only in that
@@ -49,7 +49,8 @@ repairs take time (one block in REPAIR), downgrade, upgrade, migration and dump 
 destroy blocks ``destroy_delay`` and then for the current action; backup controllers
 and the X1 strategy generator are not simulated.
 
-Use::
+The bridge loads it by name only (``controller.module = "stub"``:
+``bridge.job.host.controller.STUB_PACKAGE``); the product never imports it. Use::
 
     from bridge.sim import mindio_ttp
     mindio_ttp.install()                      # import mindio_ttp.controller_ttp -> the stub

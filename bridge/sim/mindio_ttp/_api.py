@@ -164,6 +164,7 @@ def tft_start_controller(bind_ip: str, port: int, enable_tls: bool = True, tls_i
             raise fail("TLS is on but tls_info names no TLS library to load")
         try:
             listener = Listener(family, (sockaddr[0], port, *sockaddr[2:]), training.bind_retry_time)
+            listener.start()
         except OSError as exc:
             raise fail(f"start server failed: {exc}") from None
         controller.start(listener)

@@ -114,7 +114,7 @@ class Controller(Flows):
             self.inited = False
             self.signal_checker()
         if self.listener is not None:
-            self.listener.close()
+            self.listener.stop()
         if was_running and delay > 0:
             time.sleep(delay)
         with self.cond:
@@ -136,7 +136,7 @@ class Controller(Flows):
             self.inited = False
             self.stopping = True
         if self.listener is not None:
-            self.listener.close()
+            self.listener.stop()
 
     def halt(self, join_timeout: float) -> None:
         """Stub teardown for ``Training.reset``: end every wait at once, drop the thread."""
@@ -147,7 +147,7 @@ class Controller(Flows):
             self.handlers_ready = False
             self.cond.notify_all()
         if self.listener is not None:
-            self.listener.close()
+            self.listener.stop()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(join_timeout)
 
@@ -179,7 +179,7 @@ class Controller(Flows):
         ``heartbeat_loss_time`` (observed: a bridge stopped within ~10 s of the ranks'
         kill still saw the switch on)."""
         with self.cond:
-            if not self.started or not self.inited or self.listener is None or self.listener.closed:
+            if not self.started or not self.inited or self.listener is None or self.listener.stopped:
                 return False
             ranks, now = self.training.ranks, time.monotonic()
             loss = self.training.heartbeat_loss_time

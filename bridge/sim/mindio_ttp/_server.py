@@ -34,19 +34,28 @@ def resolve(ip: str, port: int) -> tuple[int, tuple[object, ...]] | None:
 
 
 class Listener:
-    """A bound, listening socket with a daemon accept thread."""
+    """The controller's listening socket and its daemon accept thread: :meth:`start`
+    binds and starts the thread, :meth:`stop` ends both (owned by the controller)."""
 
     def __init__(self, family: int, sockaddr: tuple[object, ...], retry_for: float) -> None:
-        """Bind, retrying for ``retry_for`` seconds like the real server's ~5 s of
-        retries; raises OSError when the address stays unavailable."""
+        self._family = family
+        self._sockaddr = sockaddr
+        self._retry_for = retry_for
         self._stop = threading.Event()
         self._conns: list[socket.socket] = []
-        deadline = time.monotonic() + max(0.0, retry_for)
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self.address: tuple[object, ...] = ()
+
+    def start(self) -> None:
+        """Bind, retrying for ``retry_for`` seconds like the real server's ~5 s of
+        retries, then accept on a thread; raises OSError when the address stays unavailable."""
+        deadline = time.monotonic() + max(0.0, self._retry_for)
         while True:
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock = socket.socket(self._family, socket.SOCK_STREAM)
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(sockaddr)
+                sock.bind(self._sockaddr)
                 sock.listen(128)
                 break
             except OSError:
@@ -56,39 +65,42 @@ class Listener:
                 time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
         sock.setblocking(False)
         self._sock = sock
-        self.address: tuple[object, ...] = sock.getsockname()
-        self._thread = threading.Thread(target=self._accept_loop, name="mindio-stub-accept", daemon=True)
+        self.address = sock.getsockname()
+        self._thread = threading.Thread(target=self._accept_loop, args=(sock,), name="mindio-stub-accept",
+                                        daemon=True)
         self._thread.start()
 
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, sock: socket.socket) -> None:
         while not self._stop.is_set():
             try:
-                ready, _, _ = select.select([self._sock], [], [], _ACCEPT_POLL)
+                ready, _, _ = select.select([sock], [], [], _ACCEPT_POLL)
             except (OSError, ValueError):
                 return
             if not ready:
                 continue
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = sock.accept()
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError:
                 return
             self._conns.append(conn)
 
-    def close(self) -> None:
+    def stop(self) -> None:
         """Stop accepting, close the listening socket and every accepted connection."""
         if self._stop.is_set():
             return
         self._stop.set()
-        self._thread.join(timeout=1.0)
-        with contextlib.suppress(OSError):
-            self._sock.close()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
         for conn in self._conns:
             with contextlib.suppress(OSError):
                 conn.close()
         self._conns.clear()
 
     @property
-    def closed(self) -> bool:
+    def stopped(self) -> bool:
         return self._stop.is_set()

@@ -1,4 +1,4 @@
-"""Protobuf helpers of the simulated ClusterD: build signals, decode requests for the journal.
+"""The simulated ClusterD's protobuf messages: signals built, requests decoded for the journal.
 
 Decoding is tolerant on purpose: the journal must show what a buggy client really sent
 (a rank ``" 2"``, a type ``"x"``), so malformed entries are kept under ``bad_faults``
