@@ -48,7 +48,7 @@ class ReportPath:
         times, for the re-report of a fault it skipped (refault.py)."""
         self.job_id = job_id
         self.flow = flow
-        self.outbox = inbox
+        self.inbox = inbox  # where the loop's own reports go (the wire's inbox)
         self._cycles = cycles
         self.metrics = metrics
         self.clock = RecoveryClock(metrics)
@@ -102,13 +102,13 @@ class ReportPath:
             self.recorder.callback(report.callback, report.at, malformed=str(error)[:200])
             _answer(taken, Code.ClientError)
             if taken.held is not None:
-                self.outbox.fill(taken.held, None)
+                self.inbox.fill(taken.held, None)
         except Exception:
             self.metrics.callback_errors.inc()
             log.exception("failed to handle %s", report.callback)
             _answer(taken, Code.ClientError)
             if taken.held is not None:
-                self.outbox.fill(taken.held, None)
+                self.inbox.fill(taken.held, None)
 
     # ------------------------------------------------------------------ the four callbacks
     def fault_ranks(self, taken: Taken) -> None:
@@ -149,7 +149,7 @@ class ReportPath:
         self.recorder.callback("report_strategies", at, strategies=strategies)
         offered = self.resume.offer(taken.cycle, faults, strategies)
         if taken.held is not None:
-            self.outbox.fill(taken.held, codec.encode_recover_strategy_request(self.job_id, faults, offered))
+            self.inbox.fill(taken.held, codec.encode_recover_strategy_request(self.job_id, faults, offered))
 
     def result(self, taken: Taken) -> None:
         report = taken.report
@@ -186,7 +186,7 @@ class ReportPath:
                 return
             log.warning("re-reporting %d fault rank(s) on the new stream: ClusterD forgot them",
                         len(self.flow_faults))
-            self.outbox.submit_faults(dict(self.flow_faults))
+            self.inbox.submit_faults(dict(self.flow_faults))
             return
         self.resume.on_subscribed(self.flow_faults)
 
