@@ -120,6 +120,12 @@ async def test_no_part_holds_the_link_that_built_it(link: Link) -> None:
     assert back == {}, f"parts that hold the link: {back}"
 
 
+async def test_building_the_parts_starts_no_thread(link: Link) -> None:
+    """Built is not started: the report wire's thread starts in ``Link.start`` (after the
+    channel is open), and a link that never started stops without one."""
+    assert not link.wire.alive and link.wire._thread.ident is None  # never started
+
+
 async def test_the_parts_form_no_cycle_and_talk_back_only_through_the_cycle_state(link: Link) -> None:
     """Which part holds which (walking stops at every part): a graph with no cycle, and
     every part that needs the loop's cycle state holds the one ``CycleState``."""
