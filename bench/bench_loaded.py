@@ -198,13 +198,13 @@ def stamp_bridge(job: SimulatedJob) -> BridgeStamps:
     wire, reports = link.wire, link.reports
     intake, taken = wire._intake, reports.taken
 
-    def stamped_intake(item: tuple[Any, ...]) -> Any:  # on the wire's thread
-        stamps.taken.append((item[0], time.monotonic()))
-        return intake(item)
+    def stamped_intake(report: Any) -> Any:  # on the wire's thread
+        stamps.taken.append((report.callback, time.monotonic()))
+        return intake(report)
 
     def stamped_taken(batch: list[Any]) -> None:  # on the loop
         now = time.monotonic()
-        stamps.loop.extend((report.callback, now) for report in batch)
+        stamps.loop.extend((taken.report.callback, now) for taken in batch)
         taken(batch)
 
     wire._intake = stamped_intake  # type: ignore[method-assign]

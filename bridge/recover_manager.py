@@ -38,7 +38,7 @@ from bridge.job.side_services import SideServices
 from bridge.job.reports.controller_flow import ControllerFlow
 from bridge.job.assembly import Link, finish
 from bridge.job.metrics import BridgeMetrics
-from bridge.job.reports.kinds import ControllerReport
+from bridge.job.reports.kinds import report_of
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class DLRecoverManager:
 
     def submit(self, link: Link, callback: str, args: tuple[Any, ...], wait: float | None) -> int:
         waiter: Future[int] | None = Future() if wait else None
-        link.sink(ControllerReport(callback, args, time.monotonic(), waiter))
+        link.sink(report_of(callback, args, time.monotonic(), waiter))
         if waiter is None:
             return Code.OK
         try:

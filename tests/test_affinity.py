@@ -111,7 +111,7 @@ async def test_the_first_callback_pins_its_thread_and_the_handoff_thread_follows
     assert controller.cpus == CPUS  # closing puts both back
     assert pin.cpu == pin.handoff_cpu == -1
     assert await controller.callback(callback, {6: 0}, {}) == (0, CPUS)  # and pins no more
-    assert [report.args[0] for report in collected.reports] == [{n: 0} for n in range(1, 6)]
+    assert [taken.report.faults for taken in collected.reports] == [{n: 0} for n in range(1, 6)]
 
 
 async def test_off_nothing_is_pinned(controller: CallbackThread) -> None:
@@ -160,7 +160,7 @@ async def test_a_refused_pin_is_said_once_off_the_controllers_thread_and_loses_n
     assert len(warnings) == 1 and "Operation not permitted" in warnings[0].getMessage()
     assert "SystemCallFilter" in warnings[0].getMessage()
     assert warnings[0].threadName == "tft-wire"  # never logged inside a callback: logging may block
-    assert [report.args[0] for report in collected.reports] == [{1: 0}, {2: 0}, {3: 0}]
+    assert [taken.report.faults for taken in collected.reports] == [{1: 0}, {2: 0}, {3: 0}]
 
 
 async def test_a_handoff_that_cannot_follow_puts_the_controllers_thread_back(

@@ -504,7 +504,7 @@ def resume_at(step: Step) -> tuple[Any, RecordingRelay, Any]:
     flow.answering = "old"
     relay = RecordingRelay()
     resume = CycleResume(JOB, flow, relay, BridgeMetrics(), resubscribe=lambda reason: None,  # type: ignore[arg-type]
-                         publish=lambda: None)
+                         publish=lambda narrowed: None)
     resume.remember_stop(0, "stopped", {5: 1})
     resume.remember_strategies({5: 1}, ["recover", "dump", "exit"])
     return resume, relay, flow

@@ -23,9 +23,11 @@ from bridge.job.sched.affinity import ControllerPin
 from bridge.core.backoff import Backoff
 from bridge.job.host.controller import make_callback
 from bridge.job.metrics import BridgeMetrics
-from bridge.job.reports.kinds import ControllerReport
+from bridge.job.reports.kinds import report_of
 from bridge.sim.scenario import free_port
-from bridge.job.reports.relay import Taken, Wire
+from bridge.job.reports.relay import Taken
+
+from .wire_rig import WireRig
 
 
 class Collected:
@@ -58,11 +60,13 @@ class Handoff:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, handle: Any, *, pin_cpu: bool = False) -> None:
         listener = SimpleNamespace(taken=handle, dropped=lambda *args: None, outcome_unknown=lambda kind: None,
-                                   resubscribe=lambda reason: None, rpc=lambda *args: None)
-        self.wire = Wire("job-handoff", grpc.insecure_channel(f"127.0.0.1:{free_port()}"), loop, listener,  # type: ignore[arg-type]
-                         BridgeMetrics(), rpc_timeout=1.0, backoff=Backoff(0.01, 0.02), pin=ControllerPin(pin_cpu))
-        self.put = self.wire.put
+                                   faults_delivered=lambda *args: None)
+        self.rig = WireRig("job-handoff", grpc.insecure_channel(f"127.0.0.1:{free_port()}"), loop, listener,  # type: ignore[arg-type]
+                           BridgeMetrics(), rpc_timeout=1.0, backoff=Backoff(0.01, 0.02), pin=ControllerPin(pin_cpu))
+        self.wire = self.rig.wire
+        self.put = self.rig.put
         self.pin = self.wire.pin
+        self.wire.start()
 
     def close(self, timeout: float = 5.0) -> None:
         self.wire.stop(timeout)
@@ -100,13 +104,30 @@ async def test_callbacks_reach_the_loop_in_call_order_with_their_arguments() -> 
         reports = await collected.wait_for(3)
     finally:
         handoff.close()
-    assert [(r.callback, r.args) for r in reports] == [
-        ("report_fault_ranks", ({3: 1}, {3: "E"})),
-        ("report_stop_complete", (0, "ok", {})),
-        ("report_fault_ranks", ({5: 2},)),
+    assert [(t.report.callback, t.report.faults, t.report.code, t.report.message, t.problem) for t in reports] == [
+        ("report_fault_ranks", {3: 1}, None, "", ""),
+        ("report_stop_complete", {}, 0, "ok", ""),
+        ("report_fault_ranks", {5: 2}, None, "", ""),
     ]
-    assert all(r.waiter is None for r in reports)
-    assert before <= reports[0].at <= reports[1].at <= reports[2].at <= time.monotonic()
+    assert all(t.report.waiter is None for t in reports)
+    assert before <= reports[0].report.at <= reports[1].report.at <= reports[2].report.at <= time.monotonic()
+
+
+async def test_a_callback_whose_arguments_do_not_fit_reaches_the_loop_as_malformed() -> None:
+    """Named once at intake: a call that does not fit its callback's signature becomes a
+    report that says so (answered 499 and counted on the loop), never an exception on
+    the controller's thread."""
+    collected = Collected()
+    handoff = Handoff(asyncio.get_running_loop(), collected.handle)
+    try:
+        stopped = make_callback("report_stop_complete", handoff.put, lambda: None)
+        strategies = make_callback("report_strategies", handoff.put, lambda: None)
+        assert call_from_thread(lambda: [stopped(0), strategies({1: 0}, ["exit"], "extra")]) == [0, 0]
+        reports = await collected.wait_for(2)
+    finally:
+        handoff.close()
+    assert "report_stop_complete takes (code, msg[, fault_ranks]), got 1 argument(s)" in reports[0].problem
+    assert not reports[1].problem and reports[1].strategies == ["exit"]
 
 
 async def test_a_report_put_with_a_waiter_keeps_it() -> None:
@@ -115,11 +136,13 @@ async def test_a_report_put_with_a_waiter_keeps_it() -> None:
     handoff = Handoff(asyncio.get_running_loop(), collected.handle)
     waiter: Future[int] = Future()
     try:
-        handoff.put(ControllerReport("report_result", (0, "ok", {}, "retry"), 1.5, waiter))  # the seed API's
-        (report,) = await collected.wait_for(1)
+        handoff.put(report_of("report_result", (0, "ok", {}, "retry"), 1.5, waiter))  # the seed API's
+        (taken,) = await collected.wait_for(1)
     finally:
         handoff.close()
-    assert (report.callback, report.args, report.at) == ("report_result", (0, "ok", {}, "retry"), 1.5)
+    report = taken.report
+    assert (report.callback, report.code, report.message, report.strategy, report.at) == \
+        ("report_result", 0, "ok", "retry", 1.5)
     assert report.waiter is waiter
 
 
@@ -179,7 +202,7 @@ async def test_the_wire_thread_never_preempts_the_controller_on_wakeup() -> None
     collected = Collected()
     handoff = Handoff(asyncio.get_running_loop(), collected.handle)
     try:
-        handoff.put(("report_fault_ranks", ({1: 0},), 0.0, None))
+        handoff.put(report_of("report_fault_ranks", ({1: 0},), 0.0))
         await collected.wait_for(1)  # the thread has set its policy before its first get
         thread = handoff._thread
         assert thread.name == "tft-wire" and thread.native_id is not None
@@ -194,11 +217,11 @@ async def test_close_ends_the_thread_after_delivering_what_was_queued() -> None:
     collected = Collected()
     handoff = Handoff(asyncio.get_running_loop(), collected.handle)
     for rank in range(50):
-        handoff.put(("report_fault_ranks", ({rank: 0},), 0.0, None))
+        handoff.put(report_of("report_fault_ranks", ({rank: 0},), 0.0))
     await asyncio.to_thread(handoff.close)
     assert not handoff.alive
     reports = await collected.wait_for(50)
-    assert [r.args[0] for r in reports] == [{rank: 0} for rank in range(50)]
+    assert [t.report.faults for t in reports] == [{rank: 0} for rank in range(50)]
 
 
 def test_an_external_controller_is_never_started_here() -> None:

@@ -35,9 +35,11 @@ from bridge.sim.clusterd import SimClusterD, SimJob
 from bridge.sim.clusterd_release import DEFAULT_PING_POLICY, MASTER, RELEASES
 from bridge.sim.scenario import SimulatedJob
 from bridge.sim import mindio_ttp
-from bridge.job.reports.relay import Cycles, Wire
+from bridge.job.cycle_state import Cycles
+from bridge.job.reports.kinds import report_of
 
 from .conftest import eventually
+from .wire_rig import WireRig
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -248,14 +250,13 @@ async def test_a_report_in_flight_across_a_goaway_is_counted_never_lost_silently
     address = await server.start()
     metrics = BridgeMetrics()
     listener = SimpleNamespace(taken=lambda reports: None, dropped=lambda *args: None,
-                               outcome_unknown=lambda kind: None, resubscribe=lambda reason: None,
-                               rpc=lambda *args: None)
-    wire = Wire("job-goaway", report_channel(ClusterDConfig(address=address)), asyncio.get_running_loop(),
-                listener, metrics, rpc_timeout=30.0, backoff=Backoff(5.0, 5.0))  # type: ignore[arg-type]
+                               outcome_unknown=lambda kind: None, faults_delivered=lambda *args: None)
+    wire = WireRig("job-goaway", report_channel(ClusterDConfig(address=address)), asyncio.get_running_loop(),
+                   listener, metrics, rpc_timeout=30.0, backoff=Backoff(5.0, 5.0)).start()  # type: ignore[arg-type]
     wire.publish(Cycles(live=True, running="uuid-1", stream="stream:1"))
     try:
-        await eventually(lambda: wire._ready, what="the report channel connected")
-        wire.put(("report_fault_ranks", ({3: 0},), 0.0, None))
+        await eventually(lambda: wire.wire._ready, what="the report channel connected")
+        wire.put(report_of("report_fault_ranks", ({3: 0},), 0.0))
         await eventually(lambda: server.received == 1, what="the report arrived at ClusterD")
         await server.stop()
         await eventually(lambda: sum(sample.value for family in metrics.registry.collect() for sample in family.samples

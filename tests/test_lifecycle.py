@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bridge.job.daemon import EXIT_FAILED
-from bridge.job.session.clusterd import Session
+from bridge.job.session.signal_session import Session
 from bridge.sim.clusterd import SimJob
 from bridge.sim.mindio_ttp import FAST_TIMINGS
 from bridge.sim.scenario import SimulatedJob

@@ -16,7 +16,7 @@ from bridge.job.session.codes import Code
 from bridge.core.config import ClusterDConfig
 from bridge.job.reports.controller_flow import CALLBACKS, ControllerFlow, Step
 from bridge.job.metrics import OTHER, RECOVERY_PHASES, REFUSAL_REASONS, REPORT_KINDS, RPC_METHODS, SIGNAL_TYPES, BridgeMetrics, code_label, drop_reason_for_code, signal_type_label
-from bridge.job.session.signals import SignalDispatcher
+from bridge.job.session.signals import SignalDispatcher, screen_signal
 
 from .conftest import recover_server
 
@@ -70,12 +70,11 @@ class _NoController:
 async def test_garbage_signal_type_from_the_stream_is_counted_as_other() -> None:
     metrics = BridgeMetrics()
     dispatcher = SignalDispatcher("job-a", ControllerFlow(), _NoController(), None, metrics,  # type: ignore[arg-type]
-                                  on_kill_master=lambda: None, resume=None, repeats=None,
-                                  on_exit_decided=lambda: None, on_orphaned_global_fault=lambda: None)
+                                  None, None, on_kill_master=lambda: None)  # type: ignore[arg-type]
     try:
         for signal_type in ("bogus-type-1", "bogus-type-2", "stopTrain"):
             signal = pb.ProcessManageSignal(jobId="another-job", signalType=signal_type, uuid="U")
-            dispatcher.submit(signal, signal.SerializeToString(), "token")
+            dispatcher.submit(screen_signal(signal, signal.SerializeToString(), "token"))
     finally:
         dispatcher._executor.shutdown(wait=True)
     received = series(metrics, "tft_bridge_signals_received_total")
@@ -149,7 +148,7 @@ def test_every_refusal_reason_the_code_uses_is_created_up_front() -> None:
     used: set[str] = set()
     used |= set(re.findall(r'_refuse\("([a-z_]+)"', (bridge / "job" / "session" / "signals.py").read_text()))
     used |= set(re.findall(r'reason = "([a-z_]+)"', (bridge / "job" / "session" / "signals.py").read_text()))
-    used |= set(re.findall(r'signals_refused\.labels\("([a-z_]+)"\)', (bridge / "job" / "session" / "clusterd.py").read_text()))
+    used |= set(re.findall(r'signals_refused\.labels\("([a-z_]+)"\)', (bridge / "job" / "session" / "signal_session.py").read_text()))
     gate = (bridge / "job" / "reports" / "controller_flow.py").read_text().split("def refusal", 1)[1].split("def snapshot", 1)[0]
     used |= set(re.findall(r'return "([a-z_]+)"', gate))
     used |= set(re.findall(r'else "([a-z_]+)"', gate))

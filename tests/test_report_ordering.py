@@ -24,14 +24,16 @@ from typing import Any
 import grpc
 
 from bridge._proto import recover_pb2 as pb
-from bridge.job.session.clusterd import Session
+from bridge.job.session.signal_session import Session
 from bridge.job.session.codes import Code
 from bridge.core.config import ClusterDConfig
 from bridge.core.backoff import Backoff
 from bridge.job.metrics import BridgeMetrics
-from bridge.job.reports.relay import Cycles, Wire
+from bridge.job.cycle_state import Cycles, CycleState
+from bridge.job.reports.kinds import report_of
 
 from .conftest import eventually
+from .wire_rig import WireRig
 
 JOB = "job-order"
 
@@ -50,6 +52,11 @@ class GatedClient:
     def subscribe(self, job_id: str, role: str) -> Any:
         self.log.append("Subscribe")
         return EndedStream()
+
+    @property
+    def channel(self) -> Any:
+        """The signal channel as the stream loop opens the stream on it."""
+        return SimpleNamespace(unary_stream=lambda method, **how: lambda request, timeout=None: self.subscribe("", ""))
 
 
 class EndedStream:
@@ -82,17 +89,16 @@ async def test_the_next_subscribe_waits_for_the_report_of_the_ended_stream() -> 
     server.start()
     metrics = BridgeMetrics()
     listener = SimpleNamespace(taken=lambda reports: None, dropped=lambda *args: None,
-                               outcome_unknown=lambda kind: None, resubscribe=lambda reason: None,
-                               rpc=lambda *args: None)
-    wire = Wire(JOB, grpc.insecure_channel(f"127.0.0.1:{port}"), asyncio.get_running_loop(), listener,  # type: ignore[arg-type]
-                metrics, rpc_timeout=10.0, backoff=Backoff(0.01, 0.02))
+                               outcome_unknown=lambda kind: None, faults_delivered=lambda *args: None)
+    wire = WireRig(JOB, grpc.insecure_channel(f"127.0.0.1:{port}"), asyncio.get_running_loop(), listener,  # type: ignore[arg-type]
+                   metrics, rpc_timeout=10.0, backoff=Backoff(0.01, 0.02)).start()
     wire.publish(Cycles(live=True, running="uuid-1", stream="stream:1", answering="uuid-1"))
-    wire.put(("report_stop_complete", (0, "", {}), time.monotonic(), None))
+    wire.put(report_of("report_stop_complete", (0, "", {}), time.monotonic()))
     await eventually(lambda: "ReportStopComplete sent" in client.log, what="the report on the wire")
-    session = Session(JOB, client, metrics, on_signal=lambda *args: None,  # type: ignore[arg-type]
-                      catch_up=wire.catch_up, before_subscribe=lambda: wire.settle(5.0), on_cycles=lambda: None)
-    # The stream's end as the session tells the wire, before it settles and subscribes.
-    wire.publish(Cycles(live=False, answering="uuid-1"))
+    session = Session(JOB, client, metrics, wire.cycles, SimpleNamespace(submit=lambda screened: None),  # type: ignore[arg-type]
+                      wire.wire)
+    # The stream's end as the session tells the cycle state, before it settles and subscribes.
+    wire.cycles.stream_ended("cycle_end")
     session_task = asyncio.create_task(session.run())
     try:
         # The session would subscribe at once (Init and Register answer 0); it must not
@@ -128,11 +134,6 @@ class OneSignalStream:
         pass
 
 
-async def settled() -> bool:
-    """``before_subscribe`` with no report on the wire."""
-    return True
-
-
 async def test_the_session_catches_up_with_the_reports_before_it_reacts_to_clusterd() -> None:
     """The wire sends a report before the loop knows it (bridge/job/reports/relay.py); the loop must
     know it before it handles whatever ClusterD sent after that report."""
@@ -140,9 +141,10 @@ async def test_the_session_catches_up_with_the_reports_before_it_reacts_to_clust
     log = client.log
     signal = pb.ProcessManageSignal(jobId=JOB, uuid="uuid-1", signalType="stopTrain", actions=["stop_train"])
     client.subscribe = lambda job_id, role: (log.append("Subscribe"), OneSignalStream(log, signal))[1]  # type: ignore[method-assign]
-    session = Session(JOB, client, BridgeMetrics(),  # type: ignore[arg-type]
-                      on_signal=lambda signal, raw, token: log.append(f"signal {signal.signalType}"),
-                      catch_up=lambda: log.append("catch up"), before_subscribe=settled, on_cycles=lambda: None)
+    cycles = CycleState(SimpleNamespace(answering=None), lambda: None)  # type: ignore[arg-type]
+    session = Session(JOB, client, BridgeMetrics(), cycles,  # type: ignore[arg-type]
+                      SimpleNamespace(submit=lambda screened: log.append(f"signal {screened.signal.signalType}")),
+                      SimpleNamespace(catch_up=lambda: log.append("catch up")))
     task = asyncio.create_task(session.run())
     try:
         await eventually(lambda: log.count("Subscribe") >= 2, what="the stream ended and the next one opened")
@@ -151,5 +153,6 @@ async def test_the_session_catches_up_with_the_reports_before_it_reacts_to_clust
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     first = log[:log.index("Subscribe", log.index("Subscribe") + 1) + 1]
+    # Before the Subscribe, before each message, at the stream's end: once each.
     assert first == ["catch up", "Subscribe", "read", "catch up", "signal stopTrain", "read", "catch up",
-                     "catch up", "catch up", "Subscribe"]
+                     "catch up", "Subscribe"]

@@ -26,7 +26,8 @@ from bridge.job.session.node_hooks import HookSignal
 from bridge.job.metrics import BridgeMetrics
 from bridge.sim.clusterd import SimJob
 from bridge.sim.scenario import SimulatedJob
-from bridge.job.session.signals import MAX_ACTIONS, PAUSE_TIMEOUT_MAX, BadArgument, SignalDispatcher, notify_arguments, signal_problem
+from bridge.job.session.signals import (MAX_ACTIONS, PAUSE_TIMEOUT_MAX, BadArgument, SignalDispatcher,
+                                        notify_arguments, screen_signal, signal_problem)
 
 from .conftest import eventually
 from .simjobs import annotation, start_job
@@ -181,6 +182,22 @@ class FakeHooks:
         return "ok"
 
 
+class RecordingCycles:
+    """The cycle state as the dispatcher tells it: each publication with the cycle the
+    flow answered at that moment, and each request for a new subscription."""
+
+    def __init__(self, rig: Rig) -> None:
+        self._rig = rig
+        self.published: list[str | None] = []
+        self.resubscribed: list[str] = []
+
+    def answering_changed(self) -> None:
+        self.published.append(self._rig.flow.answering)
+
+    def request_resubscribe(self, reason: str) -> None:
+        self.resubscribed.append(reason)
+
+
 class Rig:
     """A dispatcher around a fake controller module. By default the host owns the
     controller and knows its world size, as the daemon's does; ``external=True`` is the
@@ -194,15 +211,14 @@ class Rig:
         self.hooks = FakeHooks()
         config = ControllerConfig() if external else ControllerConfig(world_size=WORLD)
         host = ControllerHost(self.module, config, external=external)  # type: ignore[arg-type]
+        self.cycles = RecordingCycles(self)
         self.dispatcher = SignalDispatcher(JOB, self.flow, host, self.hooks, self.metrics,  # type: ignore[arg-type]
-                                           on_kill_master=lambda: None, resume=None, repeats=None,
-                                           on_exit_decided=lambda: None, on_orphaned_global_fault=lambda: None,
-                                           pause_timeout=600)
+                                           self.cycles, None, on_kill_master=lambda: None, pause_timeout=600)
         self.handled = 0
         self._task: asyncio.Task[None] | None = None
 
     def send(self, message: pb.ProcessManageSignal) -> None:
-        self.dispatcher.submit(message, message.SerializeToString(), message.uuid or "stream:1")
+        self.dispatcher.submit(screen_signal(message, message.SerializeToString(), message.uuid or "stream:1"))
 
     def refused(self, reason: str) -> float:
         return self.metrics.sample("tft_bridge_signals_refused_total", {"reason": reason})
@@ -358,6 +374,7 @@ async def test_the_orphaned_global_fault_is_refused_and_runs_no_node_hook(rig: R
     await eventually(lambda: rig.refused("orphaned_global_fault") == 1, what="the orphan refused")
     assert rig.module.names() == ["stop_train"] and rig.hooks.runs == []
     assert rig.flow.step is Step.AWAIT_GLOBAL
+    assert rig.cycles.resubscribed == ["orphaned_global_fault"]  # ClusterD's job is reset: it waits no more
     # the real globalFault of a cycle is still forwarded, and its node hook run
     rig.send(signal("globalFault", ["on_global_rank", "fault_nodes_exit"], faults={4: 1, 5: 1}, node_ranks=["1"]))
     await eventually(lambda: rig.module.names() == ["stop_train", "on_global_rank"], what="the real one forwarded")
@@ -575,3 +592,44 @@ async def test_new_pod_running_is_only_logged(rig: Rig) -> None:
     rig.send(stop_train(uuid="later"))  # a fault before the migration: forwarded, the switch is over
     await eventually(lambda: rig.module.names() == ["prepare_action", "stop_train"], what="the stop forwarded")
     assert rig.refused("unexpected_step") == 0 and rig.refused("unknown_action") == 0
+
+
+async def test_the_cycle_the_controller_answers_is_published_before_the_notify_and_again_when_undone(
+        rig: Rig) -> None:
+    """The controller answers only after a notify, and its answer is bound to the cycle
+    published before then (bridge/job/cycle_state.py): the dispatcher tells the cycle state
+    after it moved the flow and before the call, and again after a refused notify put
+    the flow back."""
+    published_at_notify: list[list[str | None]] = []
+    notify = rig.module.tft_notify_controller_stop_train
+
+    def recording_notify(*args: Any, **kwargs: Any) -> int:
+        published_at_notify.append(list(rig.cycles.published))
+        return notify(*args, **kwargs)
+
+    rig.module.tft_notify_controller_stop_train = recording_notify  # type: ignore[method-assign]
+    rig.flow.on_callback("report_fault_ranks")
+    rig.module.fail = 1  # the controller refuses the first stop_train
+    rig.send(stop_train("uuid-refused"))
+    await eventually(lambda: rig.notifies("stop_train", "refused") == 1, what="the refused notify")
+    assert published_at_notify == [["uuid-refused"]]
+    assert rig.cycles.published == ["uuid-refused", None]  # undone: the flow answers no cycle again
+    rig.send(stop_train("uuid-2"))
+    await eventually(lambda: rig.notifies("stop_train", "ok") == 1, what="the accepted notify")
+    assert published_at_notify[-1] == ["uuid-refused", None, "uuid-2"]
+    assert rig.cycles.published == ["uuid-refused", None, "uuid-2"]
+
+
+def test_a_signal_is_screened_once_and_its_faults_travel_with_it() -> None:
+    """The session's reader screens a signal once: the fault ranks decoded there are the
+    ones the dispatcher hands the controller; nothing keeps them on the side."""
+    import bridge.job.session.signals as signals_module
+
+    message = signal("stopTrain", ["stop_train"], uuid="uuid-1", faults={5: 1, 6: 2})
+    screened = screen_signal(message, message.SerializeToString(), "uuid-1")
+    assert screened.faults == {5: 1, 6: 2} and screened.refusal is None and screened.token == "uuid-1"
+    assert not hasattr(signals_module, "_screened") and not hasattr(signals_module, "decode_faults")
+    garbage = screen_signal(message, b"\x0a\xff", "uuid-1")  # the signal's bytes do not decode
+    assert garbage.refusal is not None and garbage.refusal[0] == "malformed"
+    unknown = signal("stopTrain", ["dance"], uuid="uuid-2")
+    assert screen_signal(unknown, unknown.SerializeToString(), "uuid-2").refusal[0] == "unknown_action"

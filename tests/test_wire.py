@@ -30,9 +30,12 @@ from bridge.job.session.codes import Code
 from bridge.job.metrics import BridgeMetrics
 from bridge.sim.scenario import free_port
 from bridge.job.reports import relay as wire_module
-from bridge.job.reports.relay import Cycles, Taken, Wire
+from bridge.job.cycle_state import Cycles
+from bridge.job.reports.kinds import report_of
+from bridge.job.reports.relay import Taken
 
 from .conftest import eventually, eventually_sync, recover_server
+from .wire_rig import WireRig
 
 
 JOB = "job-wire"
@@ -96,7 +99,6 @@ class Listener:
     taken: list[Taken] = field(default_factory=list)
     drops: list[tuple[str, str | None, str]] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
-    resubscribed: list[str] = field(default_factory=list)
     rpcs: list[tuple[str, object]] = field(default_factory=list)
     reports_before_rpc: list[int] = field(default_factory=list)  # how many reports the loop had at each RPC told
     reports_before_drop: list[int] = field(default_factory=list)  # ... at each drop told
@@ -112,13 +114,10 @@ class Listener:
     def outcome_unknown(self, kind: str) -> None:
         self.unknown.append(kind)
 
-    def resubscribe(self, reason: str) -> None:
-        self.resubscribed.append(reason)
-
     def faults_delivered(self, faults: dict[int, int], at: float) -> None:
         self.delivered.append(faults)
 
-    def rpc(self, method: str, code: int | str, started: float, seconds: float) -> None:
+    def observe_rpc(self, method: str, code: int | str, started: float, seconds: float) -> None:
         self.rpcs.append((method, code))
         self.reports_before_rpc.append(len(self.taken))
 
@@ -129,30 +128,29 @@ class _Adapter:
         self.taken = listener.taken_
         self.dropped = listener.dropped
         self.outcome_unknown = listener.outcome_unknown
-        self.resubscribe = listener.resubscribe
         self.faults_delivered = listener.faults_delivered
-        self.rpc = listener.rpc
 
 
 @asynccontextmanager
 async def running_wire(address: str, cycles: Cycles = LIVE, limit: int = 10_000, rpc_timeout: float = 10.0,
                        metrics: BridgeMetrics | None = None,
-                       channel: grpc.Channel | None = None) -> AsyncIterator[tuple[Wire, Listener]]:
+                       channel: grpc.Channel | None = None) -> AsyncIterator[tuple[WireRig, Listener]]:
     listener = Listener()
     channel = channel or grpc.insecure_channel(address)
-    wire = Wire(JOB, channel, asyncio.get_running_loop(), _Adapter(listener),  # type: ignore[arg-type]
-                metrics or BridgeMetrics(), rpc_timeout=rpc_timeout, backoff=Backoff(0.01, 0.02), limit=limit)
+    wire = WireRig(JOB, channel, asyncio.get_running_loop(), _Adapter(listener), metrics or BridgeMetrics(),  # type: ignore[arg-type]
+                   rpcs=listener, rpc_timeout=rpc_timeout, backoff=Backoff(0.01, 0.02), limit=limit)
     wire.publish(cycles)
+    wire.start()
     try:
         yield wire, listener
     finally:
         await asyncio.to_thread(wire.stop, 5.0)
 
 
-def callback(wire: Wire, name: str, *args: object) -> Future[int]:
+def callback(wire: WireRig, name: str, *args: object) -> Future[int]:
     """A callback's put from a thread of its own, as the controller's; its outcome."""
     waiter: Future[int] = Future()
-    thread = threading.Thread(target=wire.put, args=((name, args, time.monotonic(), waiter),))
+    thread = threading.Thread(target=wire.put, args=(report_of(name, args, time.monotonic(), waiter),))
     thread.start()
     thread.join(5)
     return waiter
@@ -172,7 +170,7 @@ async def test_the_strategies_report_leaves_the_moment_the_fault_report_answers_
         assert fake.log == ["ReportProcessFault", "ReportRecoverStrategy"]
         assert fault.result(5) == Code.OK and strategies.result(5) == Code.OK
         await eventually(lambda: len(listener.taken) == 2, what="the loop told, in callback order")
-        assert [t.callback for t in listener.taken] == ["report_fault_ranks", "report_strategies"]
+        assert [t.report.callback for t in listener.taken] == ["report_fault_ranks", "report_strategies"]
         assert listener.taken[1].cycle == "uuid-1"
 
 
@@ -183,7 +181,7 @@ async def test_the_loop_takes_what_the_wire_took_before_it_reacts(clusterd: tupl
         callback(wire, "report_stop_complete", 0, "ok", {})
         eventually_sync(lambda: fake.seen("ReportStopComplete") == 1, 10, "the stop-complete sent")
         wire.catch_up()  # what Session does before it handles ClusterD's next message
-        assert [t.callback for t in listener.taken] == ["report_stop_complete"]
+        assert [t.report.callback for t in listener.taken] == ["report_stop_complete"]
 
 
 async def test_a_report_clusterd_has_is_the_loops_before_it_reacts_to_the_answer_and_only_once(
@@ -202,14 +200,14 @@ async def test_a_report_clusterd_has_is_the_loops_before_it_reacts_to_the_answer
         # The event loop is held still (no await): only catching up can hand reports over.
         eventually_sync(lambda: fake.seen("ReportRecoverStrategy") == 1, 10, "ClusterD has the strategies")
         wire.catch_up()  # what Session does before it handles ClusterD's changeStrategy
-        assert [t.callback for t in listener.taken] == ["report_fault_ranks", "report_strategies"]
+        assert [t.report.callback for t in listener.taken] == ["report_fault_ranks", "report_strategies"]
         fake.release.set()
         assert await asyncio.wrap_future(strategies) == Code.OK
         await eventually(wire.handed_all, what="the wire idle, everything handed over")
         idle = asyncio.get_running_loop().create_future()
         asyncio.get_running_loop().call_soon_threadsafe(idle.set_result, None)  # after the wire's posted runs
         await idle
-        assert [t.callback for t in listener.taken] == ["report_fault_ranks", "report_strategies"]
+        assert [t.report.callback for t in listener.taken] == ["report_fault_ranks", "report_strategies"]
 
 
 async def test_the_loop_has_a_report_before_it_learns_of_its_rpc(clusterd: tuple[ClusterD, str]) -> None:
@@ -315,7 +313,7 @@ async def test_a_malformed_report_is_handed_to_the_loop_and_never_sent(clusterd:
     async with running_wire(address) as (wire, listener):
         callback(wire, "report_stop_complete", "not a code", "", {})
         await eventually(lambda: len(listener.taken) == 1, what="the loop told")
-        assert listener.taken[0].malformed and "status code" in listener.taken[0].error
+        assert "status code" in listener.taken[0].problem
         assert fake.seen("ReportStopComplete") == 0
 
 
@@ -422,11 +420,11 @@ async def test_the_wire_is_realtime_from_the_write_until_it_waits_for_callbacks_
     monkeypatch.setattr("bridge.job.reports.relay.realtime.promote", promote)
     monkeypatch.setattr("bridge.job.reports.relay.realtime.batch_policy", lambda: events.append(("batch", threading.get_ident())) or True)
     async with running_wire(address) as (wire, listener):
-        assert wire.after_send, "this grpcio has no channel object to wrap: the wire is promoted before the write"
-        me = wire._thread.ident
+        assert wire.wire.after_send, "this grpcio has no channel object to wrap: the wire is promoted before the write"
+        me = wire.wire._thread.ident
         # Whether it may run realtime is known at its start; it then waits under SCHED_BATCH.
         await eventually(lambda: events == [("promote", me), ("batch", me)], what="the wire waiting under SCHED_BATCH")
-        assert wire.realtime
+        assert wire.wire.realtime
         calling.set()
         assert await asyncio.wrap_future(callback(wire, "report_stop_complete", 0, "", {})) == Code.OK
         await eventually(lambda: len(events) == 4, what="back under SCHED_BATCH")
@@ -439,7 +437,7 @@ async def test_a_report_that_is_never_sent_never_promotes_the_wire(
     promoted: list[int] = []
     monkeypatch.setattr("bridge.job.reports.relay.realtime.promote", lambda priority, thread: promoted.append(priority) or True)
     async with running_wire(address) as (wire, listener):
-        await eventually(lambda: wire.batch_policy, what="the wire started")
+        await eventually(lambda: wire.wire.batch_policy, what="the wire started")
         callback(wire, "report_stop_complete", "not a code", "", {})  # malformed: not sent
         await eventually(lambda: len(listener.taken) == 1, what="the loop told")
         assert len(promoted) == 1 and fake.log == []  # the start's probe only
@@ -453,7 +451,7 @@ async def test_a_fault_map_with_a_bad_entry_goes_out_without_it_and_the_loop_cou
         assert await asyncio.wrap_future(callback(wire, "report_fault_ranks", {1: 0, -5: 0}, {})) == Code.OK
         await eventually(lambda: len(listener.taken) == 1, what="the loop told")
         (taken,) = listener.taken
-        assert taken.faults == {1: 0} and taken.bad == 1 and taken.error and not taken.malformed
+        assert taken.cleaned.faults == {1: 0} and taken.cleaned.bad == 1 and taken.cleaned.error and not taken.problem
 
 
 async def test_back_to_back_callbacks_lose_no_report(clusterd: tuple[ClusterD, str]) -> None:
@@ -466,12 +464,12 @@ async def test_back_to_back_callbacks_lose_no_report(clusterd: tuple[ClusterD, s
             for rank in range(200):
                 waiter: Future[int] = Future()
                 waiters.append(waiter)
-                wire.put(("report_fault_ranks", ({rank: 0},), time.monotonic(), waiter))
+                wire.put(report_of("report_fault_ranks", ({rank: 0},), time.monotonic(), waiter))
 
         await asyncio.to_thread(controller)
         assert [await asyncio.wrap_future(w) for w in waiters] == [Code.OK] * 200
         await eventually(lambda: len(listener.taken) == 200, what="every report handed to the loop")
-        assert [t.args[0] for t in listener.taken] == [{rank: 0} for rank in range(200)]
+        assert [t.report.faults for t in listener.taken] == [{rank: 0} for rank in range(200)]
         assert 1 <= fake.seen("ReportProcessFault") <= 200  # merged while one was on the wire
 
 
@@ -479,12 +477,18 @@ def test_the_loop_answers_a_malformed_report_499_and_counts_it() -> None:
     from bridge.job.reports.controller_flow import ControllerFlow
     from bridge.job.reports.ledger import ReportPath
 
+    from bridge import faults as codec
+    from bridge.job.cycle_state import CycleState
+    from bridge.job.reports.relay import ReportInbox
+
     metrics = BridgeMetrics()
-    path = ReportPath(JOB, ControllerFlow(), SimpleNamespace(), metrics, fill=lambda pending, payload: None,  # type: ignore[arg-type]
-                      resubscribe=lambda reason: None, publish=lambda: None)
+    flow = ControllerFlow()
+    inbox = ReportInbox()
+    path = ReportPath(JOB, flow, inbox, CycleState(flow, inbox.wake), metrics)
     waiter: Future[int] = Future()
-    path.taken([Taken("report_stop_complete", ("not a code", "", {}), 0.0, waiter, "uuid-1", {}, 0,
-                      "status code must be an int, got 'not a code'", True, None)])
+    report = report_of("report_stop_complete", ("not a code", "", {}), 0.0, waiter)
+    path.taken([Taken(report, "uuid-1", codec.CleanFaults({}, 0, ""), [],
+                      "status code must be an int, got 'not a code'", None)])
     assert waiter.result(0) == Code.ClientError
     assert metrics.sample("tft_bridge_bad_inputs_total", {"kind": "controller_report_stop_complete"}) == 1
 
@@ -507,12 +511,12 @@ async def test_the_wire_looks_at_its_connectivity_itself_and_counts_a_loss_while
     lost = lambda: metrics.sample("tft_bridge_clusterd_connection_lost_total", {"channel": "report"})  # noqa: E731
     try:
         async with running_wire(address, metrics=metrics, channel=channel) as (wire, listener):
-            await eventually(lambda: wire._ready, what="connected before any report")
+            await eventually(lambda: wire.wire._ready, what="connected before any report")
             assert lost() == 0
             server.stop(None)
             await eventually(lambda: lost() == 1, timeout=10 * wire_module.CONNECTIVITY_LOOK,
                              what="the idle channel's lost connection counted")
-            assert not wire._ready
+            assert not wire.wire._ready
         assert subscribed == []
         assert wire_module.CONNECTIVITY_LOOK >= 1.0  # an idle wake-up a second at most
     finally:
@@ -525,9 +529,9 @@ async def test_without_the_private_check_the_wire_falls_back_to_grpcs_subscripti
     gets the connectivity the delivery rules need, from gRPC's own subscription."""
     fake, address = clusterd
     fake.release.set()
-    monkeypatch.setattr(wire_module.lowlevel, "connectivity_check", lambda channel: None)
+    monkeypatch.setattr(wire_module.grpc_internals, "connectivity_check", lambda channel: None)
     async with running_wire(address) as (wire, listener):
-        await eventually(lambda: wire._ready, what="connected, told by gRPC's connectivity thread")
+        await eventually(lambda: wire.wire._ready, what="connected, told by gRPC's connectivity thread")
         assert callback(wire, "report_stop_complete", 0, "ok", {}).result(10) == Code.OK
 
 

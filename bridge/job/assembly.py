@@ -1,24 +1,13 @@
-"""Everything between one controller and ClusterD, built as one object.
+"""One job's bridge between its controller and ClusterD, built in one place.
 
-A ``Link`` is the ClusterD client, the signal session, the signal dispatcher
-(``signals.py``, ClusterD -> controller), the report wire (``wire.py``: the thread that
-owns the outbox and the report channel, fed by the controller's callbacks) and the return
-path's bookkeeping (``reports.py``). They are built together because none of them works
-without the others: the session hands signals to the dispatcher; the dispatcher moves
-the flow whose answering cycle the wire binds reports to; the wire hands each report to
-the bookkeeping. Built whole, no part is ever missing.
-
-What the wire needs of the loop's state it gets as one immutable snapshot
-(``wire.Cycles``), published by ``_publish`` whenever the session's stream or cycle, the
-flow's answering cycle or the resume's rebound cycle changed, and before every notify
-(the controller answers only after one).
-
-Two hosts use it: the daemon (``bridge.job.daemon.Bridge``), which owns and starts the
-controller, and the seed API (``bridge.recover_manager``), whose caller runs the
-controller (``ControllerHost(..., external=True)``). ``start()`` and ``stop()`` are the
-whole lifecycle of the link; supervising its tasks is the host's business.
-
-Create it inside the running event loop (the wire posts to that loop).
+``Link`` builds the parts in an order where each is given only parts built before it:
+the ClusterD client, the report inbox, the cycle state (``bridge/job/cycle_state.py``, the
+one owner of what the stream shows and what the controller answers), the report
+bookkeeping (``reports/ledger.py``), the report wire (``reports/relay.py``), the signal
+dispatcher (``session/signals.py``) and the session (``session/clusterd.py``). Where two
+parts must talk both ways they do it through the cycle state, never through each other
+or through the link. Two hosts use it: the daemon (``daemon.Bridge``), which owns the
+controller, and the seed API (``bridge.recover_manager``), whose caller runs it.
 """
 
 from __future__ import annotations
@@ -26,86 +15,82 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
+from bridge.core.backoff import Backoff
+from bridge.core.config import BridgeConfig
+from bridge.job.cycle_state import CycleState
+from bridge.job.host.controller import ControllerHost
+from bridge.job.metrics import BridgeMetrics
+from bridge.job.recorder import NullRecorder
+from bridge.job.reports.controller_flow import ControllerFlow
+from bridge.job.reports.kinds import ReportSink
+from bridge.job.reports.ledger import ReportPath
+from bridge.job.reports.refault import FaultCentreTimes
+from bridge.job.reports.relay import ReportInbox, Wire
 from bridge.job.sched import realtime
 from bridge.job.sched.affinity import ControllerPin
-from bridge.core.backoff import Backoff
-from bridge.job.session.clusterd import ClusterDClient, Session, SessionState, report_channel, run_logged
-from bridge.core.config import BridgeConfig
-from bridge.job.host.controller import ControllerHost
-from bridge.job.reports.controller_flow import ControllerFlow
-from bridge.job.session.node_hooks import NodeHooks
-from bridge.job.metrics import BridgeMetrics
 from bridge.job.sched.realtime import LoopPriority
-from bridge.job.recorder import NullRecorder
-from bridge.job.reports.refault import FaultCentreTimes
-from bridge.job.reports.ledger import ReportPath
-from bridge.job.reports.kinds import ReportFields
-from bridge.job.session.signals import SignalDispatcher, screen_signal
-from bridge.job.reports.relay import Cycles, Taken, Wire
+from bridge.job.session.clusterd import ClusterDClient, SessionState, report_channel, run_logged
+from bridge.job.session.node_hooks import NodeHooks
+from bridge.job.session.signal_session import Session
+from bridge.job.session.signals import SignalDispatcher
 
 log = logging.getLogger(__name__)
 
 
 class Link:
+    """Owns one job's parts between its controller and ClusterD; ``start()`` and
+    ``stop()`` are their whole lifecycle (supervising the tasks is the host's business).
+    Create it on the running event loop (the wire posts to it); every method runs there.
+
+    ``on_kill_master``: ClusterD reschedules the job. ``on_state``: told of every
+    session state. ``observer``: the demo's timeline. ``recorder``: the flight recorder,
+    which every part reports to. ``on_wire_ended``: the report wire's thread ended (on
+    the loop; at a stop too)."""
+
     def __init__(self, config: BridgeConfig, metrics: BridgeMetrics, controller: ControllerHost,
                  flow: ControllerFlow, *, on_kill_master: Callable[[], None],
                  on_state: Callable[[SessionState], None] = lambda state: None,
-                 observer: Callable[[str], None] | None = None, recorder: NullRecorder | None = None) -> None:
+                 observer: Callable[[str], None] | None = None, recorder: NullRecorder | None = None,
+                 on_wire_ended: Callable[[], None] = lambda: None) -> None:
+        job_id, clusterd = config.job_id, config.clusterd
         self.config = config
-        self.recorder = recorder or NullRecorder()  # the flight recorder: every part below reports to it
         self.metrics = metrics
         self.controller = controller
         self.flow = flow
-        self._on_state = on_state
-        self._observer: Callable[[str], None] = observer or (lambda line: None)
-        metrics.bind_controller_switch(controller.connected)
-        self.client = ClusterDClient(config.clusterd, metrics, config.controller.realtime_priority,
-                                     on_rpc=self.recorder.rpc if self.recorder.enabled else None)
-        hooks = NodeHooks(config.hooks.node_command, config.hooks.timeout, metrics)
-        # The session, the wire, the bookkeeping and the dispatcher need each other; each is
-        # given the others' parts it calls at construction, the ones built after it as
-        # late-bound calls into this link (all of them exist before the loop runs any).
-        self.wire = Wire(config.job_id, report_channel(config.clusterd), asyncio.get_running_loop(), self, metrics,
-                         rpc_timeout=config.clusterd.rpc_timeout,
-                         backoff=Backoff(config.clusterd.reconnect_initial, config.clusterd.reconnect_max),
+        self.recorder = recorder = recorder or NullRecorder()
+        self.client = ClusterDClient(clusterd, metrics, config.controller.realtime_priority,
+                                     on_rpc=recorder.rpc if recorder.enabled else None)
+        self.inbox = ReportInbox()
+        self.cycles = CycleState(flow, self.inbox.wake)
+        self.reports = ReportPath(job_id, flow, self.inbox, self.cycles, metrics, recorder=recorder,
+                                  observer=observer,
+                                  fault_centre=FaultCentreTimes(clusterd.retry_record_hold,
+                                                                clusterd.fault_centre_period))
+        self.wire = Wire(job_id, report_channel(clusterd), asyncio.get_running_loop(), self.inbox, self.cycles,
+                         self.reports, self.client, metrics, rpc_timeout=clusterd.rpc_timeout,
+                         backoff=Backoff(clusterd.reconnect_initial, clusterd.reconnect_max),
                          limit=config.outbox_limit, realtime_priority=config.controller.realtime_priority,
-                         pin=ControllerPin(config.controller.pin_cpu))
-        self.reports = ReportPath(config.job_id, flow, self.wire, metrics, observer, recorder=self.recorder,
-                                  fill=self.wire.fill, resubscribe=lambda reason: self.session.request_resubscribe(reason),
-                                  publish=self._publish,
-                                  fault_centre=FaultCentreTimes(config.clusterd.retry_record_hold,
-                                                                config.clusterd.fault_centre_period),
-                                  cycle_running=lambda: self.session.current_uuid is not None,
-                                  stream_end_reason=lambda: self.session.end_reason)
+                         pin=ControllerPin(config.controller.pin_cpu), on_ended=on_wire_ended)
         self.dispatcher = SignalDispatcher(
-            config.job_id, PublishingFlow(flow, lambda: self._publish()), controller, hooks, metrics,  # type: ignore[arg-type]
-            on_kill_master=on_kill_master, resume=self.reports.resume, repeats=self.reports.repeats,
-            on_exit_decided=self.reports.exit_decided,
-            on_orphaned_global_fault=lambda: self.session.request_resubscribe("orphaned_global_fault"),
-            pause_timeout=config.controller.pause_timeout, observer=self._observer,
-            recorder=self.recorder if self.recorder.enabled else None)
-        self.session = Session(config.job_id, self.client, metrics, self.dispatcher.submit, self._session_state,
-                               screen=screen_signal, catch_up=self.wire.catch_up,
-                               before_subscribe=lambda: self.wire.settle(config.clusterd.rpc_timeout + 1.0),
-                               on_cycles=self._publish)
-        metrics.bind_keepalive_clock(lambda: self.session.last_message_at)
-        if (pin := self.wire.pin).enabled:
-            metrics.bind_controller_cpu(lambda: pin.handoff_cpu)
+            job_id, flow, controller, NodeHooks(config.hooks.node_command, config.hooks.timeout, metrics), metrics,
+            self.cycles, self.reports, on_kill_master=on_kill_master,
+            pause_timeout=config.controller.pause_timeout, observer=observer,
+            recorder=recorder if recorder.enabled else None)
+        self.session = Session(job_id, self.client, metrics, self.cycles, self.dispatcher, self.wire,
+                               on_state=(partial(_tell_state, observer, recorder), self.reports.on_session_state,
+                                         on_state))
         self.loop_priority = LoopPriority(config.controller.realtime_priority)  # held from start to stop
-        if config.controller.realtime_priority > 0:  # off: not exported (no alert for a choice)
-            metrics.bind_realtime_threads({
-                realtime.LOOP: lambda: self.loop_priority.realtime,
-                realtime.REPORT: lambda: self.wire.realtime,
-            })
         self.tasks: dict[str, asyncio.Task[Any]] = {}
+        _bind_metrics(metrics, controller, self.session, self.wire, self.loop_priority,
+                      config.controller.realtime_priority)
 
     @property
-    def sink(self) -> Callable[[ReportFields], None]:
-        """Where the controller's callbacks put their arguments: the wire's inbox (one C
-        call that keeps the GIL)."""
-        return self.wire.put
+    def sink(self) -> ReportSink:
+        """Where the controller's callbacks put their reports: the wire's inbox."""
+        return self.inbox.put
 
     @property
     def controller_pin(self) -> ControllerPin | None:
@@ -114,114 +99,61 @@ class Link:
         pin = self.wire.pin
         return pin if pin.enabled else None
 
-    # ------------------------------------------------------------------ the wire's listener (on the loop)
-    def taken(self, reports: list[Taken]) -> None:
-        self.reports.taken(reports)
-
-    def dropped(self, kind: str, cycle: str | None, reason: str) -> None:
-        self.recorder.dropped(kind, cycle, reason)
-
-    def outcome_unknown(self, kind: str) -> None:
-        self.reports.resume.outcome_unknown(kind)
-
-    def faults_delivered(self, faults: dict[int, int], at: float) -> None:
-        self.reports.faults_delivered(faults, at)
-
-    def resubscribe(self, reason: str) -> None:
-        self.session.request_resubscribe(reason)
-
-    def rpc(self, method: str, code: int | str, started: float, seconds: float) -> None:
-        """A Report* call's outcome goes to the same observer as the client's own calls
-        (``ClusterDClient.on_rpc``: the flight recorder, or a seed-API caller's hook), so
-        whoever watches the link's RPCs sees every one of them."""
-        on_rpc = self.client.on_rpc
-        if on_rpc is not None:
-            on_rpc(method, code, started, seconds)
-
-    def _publish(self) -> None:
-        """The wire's snapshot of the loop's state, anew (on the loop)."""
-        session, live = self.session, self.session.live.is_set()
-        self.wire.publish(Cycles(live=live, subscribed=session.subscribe_sent, running=session.current_uuid,
-                                 stream=session.stream_token() if live else None, answering=self.flow.answering,
-                                 narrowed=self.reports.resume.narrowed()))
-
     async def start(self) -> None:
-        """Open the channel and start the session and the dispatcher (the wire runs from
-        its construction)."""
+        """Hold the loop's priority, open the channel, start the wire's thread, then the
+        session and the dispatcher."""
         self.loop_priority.hold()
         await self.client.open()
-        self._publish()
+        self.wire.start()
         for name, body in (("session", self.session.run()), ("dispatcher", self.dispatcher.run())):
             self.tasks[name] = spawn(name, body)
 
     async def stop(self, before_destroy: Callable[[], None] = lambda: None) -> None:
-        """Hand the controller no new action, destroy an owned controller off its own
-        thread (``controller.destroy_timeout``) *while the session and the outbox still
-        run*, hand every report it gave on to the outbox, drain the outbox for a moment
-        (at most one RPC deadline, 5 s) while a stream is live, then end the session and
-        close everything. ``before_destroy`` runs right before the destroy (the daemon
-        stops its other work there).
-
-        Why the destroy comes before the session ends: the controller still calls back
-        while it is being destroyed (docs/mindio-controller.md section 7) -- destroyed
-        during the recover wait, the real one reports ``report_result`` 406 while its
-        destroy blocks. With the outbox stopped first that report was dropped at
-        shutdown and ClusterD waited out its own timeout for a result the controller had
-        given. Reports queued before the stop go out during the destroy just the same
-        (the destroy runs on a thread; the loop keeps delivering). The whole stays within
-        ``daemon.stop_budget``: the destroy, then one drain."""
+        """Hand the controller no new action, run ``before_destroy`` (the host stops its
+        other work there), destroy an owned controller off its own thread
+        (``controller.destroy_timeout``) *while the session and the wire still run*,
+        drain the outbox for at most ``clusterd.drain_timeout`` while a stream is
+        live, then stop the rest in reverse order of ``start``. The controller still
+        calls back while it is destroyed (docs/mindio-controller.md section 7): its last
+        reports reach ClusterD. Bounded by ``daemon.stop_budget``."""
         try:
-            await self._stop(before_destroy)
+            self.dispatcher.stop()
+            before_destroy()
+            if self.controller.started and self.controller.owned:
+                await asyncio.to_thread(self.controller.destroy, self.config.controller.destroy_timeout)
+            if self.session.live.is_set():
+                await self.wire.drain(timeout=self.config.clusterd.drain_timeout)
+            self.session.stop()
+            await finish(self.tasks.values())
+            await asyncio.to_thread(self.wire.stop, 2.0 + self.config.clusterd.rpc_timeout)
+            self.wire.catch_up()  # every report it took reaches the bookkeeping
+            self.dispatcher.close()
+            self.reports.follow_up.close()
+            await self.client.close()
         finally:
             self.loop_priority.release()
 
-    async def _stop(self, before_destroy: Callable[[], None]) -> None:
-        self.dispatcher.stop()
-        before_destroy()
-        if self.controller.started and self.controller.owned:
-            await asyncio.to_thread(self.controller.destroy, self.config.controller.destroy_timeout)
-        # Every report the controller put so far is in the wire's outbox before the drain
-        # looks at it, and the loop has taken them.
-        if self.session.live.is_set():
-            await self.wire.drain(timeout=self.config.clusterd.drain_timeout)
-        self.session.stop()
-        await asyncio.to_thread(self.wire.stop, 2.0 + self.config.clusterd.rpc_timeout)
-        self.wire.catch_up()
-        await finish(self.tasks.values())
-        self.dispatcher.close()
-        self.reports.follow_up.close()
-        await self.client.close()
 
-    def _session_state(self, state: SessionState) -> None:
-        self._observer(f"ClusterD session: {state.value}")
-        self.recorder.session(state.value)
-        self.reports.on_session_state(state)
-        self._on_state(state)
+def _tell_state(observer: Callable[[str], None] | None, recorder: NullRecorder, state: SessionState) -> None:
+    """A session state, to the timeline and the flight recorder."""
+    if observer is not None:
+        observer(f"ClusterD session: {state.value}")
+    recorder.session(state.value)
 
 
-class PublishingFlow:
-    """The flow as the dispatcher sees it: ``notified`` and ``restore`` change the cycle
-    the controller answers, so each publishes the wire's snapshot right after, before the
-    notify is made (the controller answers only after a notify) and after a refused one
-    is undone. Everything else is the flow's own."""
-
-    def __init__(self, flow: ControllerFlow, publish: Callable[[], None]) -> None:
-        object.__setattr__(self, "_flow", flow)
-        object.__setattr__(self, "_publish", publish)
-
-    def notified(self, *args: Any, **kwargs: Any) -> None:
-        self._flow.notified(*args, **kwargs)
-        self._publish()
-
-    def restore(self, snapshot: Any) -> None:
-        self._flow.restore(snapshot)
-        self._publish()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._flow, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._flow, name, value)
+def _bind_metrics(metrics: BridgeMetrics, controller: ControllerHost, session: Session, wire: Wire,
+                  loop_priority: LoopPriority, realtime_priority: int) -> None:
+    """The gauges read from the parts at scrape time."""
+    metrics.bind_controller_switch(controller.connected)
+    metrics.bind_keepalive_clock(session.last_heard)
+    pin = wire.pin
+    if pin.enabled:
+        metrics.bind_controller_cpu(lambda: pin.handoff_cpu)
+    if realtime_priority > 0:  # off: not exported (no alert for a choice)
+        metrics.bind_realtime_threads({
+            realtime.LOOP: lambda: loop_priority.realtime,
+            realtime.REPORT: lambda: wire.realtime,
+        })
 
 
 def spawn(name: str, body: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

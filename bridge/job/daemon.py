@@ -1,52 +1,26 @@
-"""The bridge's lifecycle: start-up, supervision while running, and a graceful stop.
+"""One job's bridge process, from start-up to its exit code: when parts start and stop.
 
-What crosses the bridge is elsewhere (``link.py`` builds it: ``signals.py`` one way,
-``wire.py`` and ``reports.py`` the other); this module only decides when things
-start and stop, and with which exit code.
+What crosses the bridge is built by ``assembly.Link``; this module decides when it
+starts and stops, and with which exit code. Everything here runs on the event loop but
+``exit_now`` and ``arm_exit_deadline``.
 
-Start-up: metrics endpoint, rank table subscriber, then the link and ClusterD's Init
-(waited for at most ``clusterd.startup_wait``: a 403 means process recovery is off and
-the controller is not started until a slow re-check finds it on; an unreachable ClusterD
-must not keep the ranks from training, so the controller starts anyway), then the
-controller, then READY=1.
-
-Running: the session, the dispatcher, the rank table subscriber, the tick,
-and two threads (the report wire and the metrics endpoint; a thread cannot be awaited,
-so the tick looks at them on its round: no wake-up of their own) are
-supervised: the first of them to end, unless the bridge is stopping, stops the bridge
-cleanly with exit code 1 and a log line naming it and why. Under systemd a dead part would otherwise only
-show as a missed watchdog ping, and the SIGABRT that follows skips the drain and the
-controller's destroy; outside systemd nothing would ever end the half-dead process. The
-tick pings the systemd watchdog from the event loop, so a *stuck* loop (which supervision
-cannot see) still gets the service restarted.
-
-The controller ending on its own: after EXIT (a failed or ``exit``
-strategy, a dump, a 404 stop-complete, a wait for ClusterD that ran out) and FINAL the
-controller serves no fault flow any more, and it cannot be restarted in place: the real
-one, started again on the same address, rejects every heartbeat of ranks it did not
-start ("not exist in statusMap"). A bridge that lived on would be a zombie: WATCHDOG=1
-forever, STATUS "controller: exiting", later faults never reaching ClusterD. So once the
-tracked flow says the controller has ended -- the exit notice was given (it goes to
-FINAL), or it has sat in EXIT longer than its own ``wait_mindx_time`` wait (it then tells
-every rank to exit and stops) -- the tick stops pinging the watchdog, logs why, and
-stops the bridge with ``EXIT_CONTROLLER_ENDED`` (76), which the unit restarts
-(``RestartForceExitStatus=``) for the job's next incarnation. The outbox is drained first
-(bounded), so the controller's last report reaches ClusterD.
-
-Stop (SIGTERM, killMaster, a dead task, the controller ended): STOPPING=1, no new action
-to the controller, destroy the controller off its own thread with a bounded wait while
-the session and the outbox still run (a controller destroyed during the recover wait
-reports its 406 while the destroy blocks: ``Link.stop``), drain the outbox for a moment,
-end the session, close everything. The whole stop is
-bounded by ``stop_budget`` (the drain + ``controller.destroy_timeout`` + ``STOP_SLACK``)
-whatever the controller does: the real controller registers its
-destroy with ``atexit`` (docs/mindio-controller.md section 1), and a destroy that never
-returns holds the lock that handler takes, so a normal interpreter exit hung for good.
-``tft-bridge run`` therefore ends the process with ``exit_now`` (logs flushed, then
-``os._exit``) once the bounded stop is over, and arms ``arm_exit_deadline`` when the
-stop begins, so even a stop step stuck in the controller cannot outlast the budget.
-The orphaned-job marker (``bridge/job/session/orphan.py``) is written when the controller starts and
-removed by a stop that leaves no rank attached to a dead controller.
+* **Start-up**: the metrics endpoint, the rank table subscriber, the controller module,
+  the flight recorder, the link and its side services, ClusterD's Init (waited for at
+  most ``clusterd.startup_wait``: an unreachable ClusterD must not keep the ranks from
+  training; a 403 leaves the controller unstarted until a re-check finds recovery on),
+  the controller, READY=1.
+* **Running**: the first supervised part to end while the bridge is not stopping (a
+  task, or a thread that tells it ended: the report wire; or one the tick finds ended)
+  stops it with ``EXIT_FAILED`` and a log line naming it. The tick pings the systemd
+  watchdog from the loop (a stuck loop withholds it) and stops the bridge with
+  ``EXIT_CONTROLLER_ENDED`` once the flow says the controller ended on its own: it
+  cannot be restarted in place (docs/architecture.md, "Invariants").
+* **Stop** (SIGTERM, killMaster -> ``EXIT_RESCHEDULED``, a dead part, the controller
+  ended): STOPPING=1, ``Link.stop`` (no new action, the controller destroyed while the
+  reports still flow, a bounded drain), the orphan marker (``session/orphan.py``), the
+  recorder, the metrics endpoint; the whole within ``stop_budget``. ``tft-bridge run``
+  then ends the process with ``exit_now``: the real controller's ``atexit`` destroy may
+  never return (docs/mindio-controller.md section 7).
 """
 
 from __future__ import annotations
@@ -58,9 +32,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-from bridge.job.session.clusterd import Session
+from bridge.job.session.signal_session import Session
 from bridge.core.config import BridgeConfig, config_warnings
 from bridge.job.host.controller import ControllerHost, StartupError, load_controller_module
 from bridge.job.side_services import SideServices
@@ -101,7 +76,7 @@ RANK_LOSS_POLL = 0.1
 
 class Bridge:
     """One job's bridge process, from ``run()`` to its exit code. ``run()`` builds the
-    link (``link.py``) whole once the controller module is loaded; until then ``link``
+    link (``assembly.Link``) once the controller module is loaded; until then ``link``
     raises."""
 
     def __init__(self, config: BridgeConfig, *, metrics: BridgeMetrics | None = None,
@@ -118,13 +93,14 @@ class Bridge:
         self.ranktable: RankTableSubscriber | None = None  # None: ranktable.enabled = false
         self.recording = Recording(NullRecorder())  # the flight recorder, started with the link ([recorder])
         self.ready = asyncio.Event()
-        self._link: Link | None = None  # built by run(), whole (see link.py)
+        self._link: Link | None = None  # built by run()
         self._stop = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # supervised: its end stops the bridge
         self._threads: dict[str, Callable[[], bool]] = {}  # supervised threads: alive(), looked at by the tick
-        self._thread_died = asyncio.Event()  # the tick found a supervised thread ended
+        self._thread_died = asyncio.Event()  # a supervised thread ended (told, or found by the tick)
+        self._ended_threads: list[str] = []  # the threads that told they ended (``_thread_ended``)
         self._status = ""
-        self.side: SideServices | None = None  # built with the link (extras.py)
+        self.side: SideServices | None = None  # built with the link (side_services.py)
         self._on_stopping = on_stopping  # told once when the stop begins (the CLI arms its exit deadline)
         directory = state_directory(config.controller.state_directory, config.job_id)
         self.orphan = OrphanWatch(ControllerMarker(directory, self.metrics), self.metrics, config.job_id)
@@ -204,14 +180,13 @@ class Bridge:
         self._link = link = Link(c, self.metrics, ControllerHost(module, c.controller), self.flow,
                                  on_kill_master=lambda: self.request_stop(EXIT_RESCHEDULED),
                                  on_state=lambda state: self._publish_status(), observer=self.observer,
-                                 recorder=self.recording.recorder)
+                                 recorder=self.recording.recorder,
+                                 on_wire_ended=partial(self._thread_ended, "report wire thread"))
         await link.start()
         self._tasks.update(link.tasks)
         self.side = SideServices(c, link, self.metrics)
         self.side.start()
         self._tasks.update(self.side.tasks)
-        # A dead wire would leave every report of the controller unsent.
-        self._watch_thread("report wire thread", lambda: link.wire.alive)
         try:
             await asyncio.wait_for(link.session.init_answered.wait(), c.clusterd.startup_wait)
         except asyncio.TimeoutError:
@@ -245,6 +220,12 @@ class Bridge:
     def _watch_thread(self, name: str, alive: Callable[[], bool]) -> None:
         self._threads[name] = alive
 
+    def _thread_ended(self, name: str) -> None:
+        """A supervised thread's end, told on the loop (a dead wire would leave every
+        report of the controller unsent): the bridge stops (``_serve``)."""
+        self._ended_threads.append(name)
+        self._thread_died.set()
+
     def _look_at_threads(self) -> None:
         """On the tick: a supervised thread that ended stops the bridge (``_serve``)."""
         if not all(alive() for alive in self._threads.values()):
@@ -273,10 +254,10 @@ class Bridge:
                     else "returned although the bridge was not stopping"
                 log.error("background task %s ended: %s; stopping the bridge (exit code %d)", name, why, EXIT_FAILED)
                 self.notifier.status(f"stopping: background task {name} ended: {why}")
-        for name, alive in self._threads.items():
-            if not alive():
-                log.error("the %s ended; stopping the bridge (exit code %d)", name, EXIT_FAILED)
-                self.notifier.status(f"stopping: the {name} ended")
+        ended = [name for name, alive in self._threads.items() if not alive()]
+        for name in dict.fromkeys([*self._ended_threads, *ended]):
+            log.error("the %s ended; stopping the bridge (exit code %d)", name, EXIT_FAILED)
+            self.notifier.status(f"stopping: the {name} ended")
 
     async def _tick_until_stopped(self) -> None:
         interval = 1.0

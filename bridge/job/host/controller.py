@@ -1,19 +1,13 @@
 """Hosting the MindIO TFT controller: loading, registration order, start, notify, destroy.
 
-The controller calls its four callbacks on its own C++ state-machine thread and is
-blocked until they return; an exception escaping one makes it abandon recovery and kill
-the job's ranks, a SystemExit aborts the whole process. So the callbacks installed here
-do exactly one thing: hand the arguments to the event loop and return 0. They never
-raise, never block and never copy a fault map on the controller's thread (a map's copy
-grows with its ranks); the controller builds a fresh dict for every call and never
-touches it again, and the loop validates and copies it.
-
-Every instruction on the controller's thread counts: the thread has just woken, so
-its caches are cold and each bytecode costs several times its warm price. The callback
-builds one plain tuple and calls a C-level queue put (a fraction of a dataclass and a
-Python-level put: docs/performance.md); the report wire (``wire.Wire``) turns
-the tuple into a ``ControllerReport`` on the other side. Everything after the put is the
-return path, ``bridge/job/reports/ledger.py``.
+The controller calls its four callbacks on its own thread and is blocked until they
+return; an exception escaping one makes it give up the recovery or abort the process
+(docs/mindio-controller.md section 3). So each callback installed here (``make_callback``)
+only names its arguments in a ``ControllerReport`` and puts it into the report wire's
+inbox, and returns 0: it never raises, never blocks, never copies a fault map (the
+controller builds a fresh one for every call and never touches it again), and runs no
+Python frame but its own. Everything after the put is the report path
+(``bridge/job/reports/relay.py``, ``ledger.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ from typing import Any
 from bridge.job.host import controller_abi
 from bridge.job.sched.affinity import ControllerPin
 from bridge.core.config import STUB_CONTROLLER, ControllerConfig
-from bridge.job.reports.kinds import CALLBACKS, ReportFields
+from bridge.job.reports.kinds import CALLBACKS, KINDS, ControllerReport, ReportSink, misfit, report_of
 
 log = logging.getLogger(__name__)
 
@@ -62,33 +56,71 @@ def load_controller_module(name: str) -> ModuleType:
         ) from error
 
 
-def make_callback(callback: str, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
+def make_callback(callback: str, sink: ReportSink, on_error: Callable[[], None],
                   pin: ControllerPin | None = None) -> Callable[..., int]:
-    """A controller callback that hands its arguments to ``sink`` and returns at once.
-    With ``pin``, a thread's first callback first pins that thread to its CPU
-    (``bridge/job/sched/affinity.py``); every later one pays two attribute reads and a
-    comparison, made here so that no further Python frame runs on the controller's
-    thread."""
-    monotonic = time.monotonic  # a closure cell: no global and attribute look-up per call
+    """The controller's ``callback``: names its arguments in a ``ControllerReport`` (the
+    intake, the only place they are read by position), hands it to ``sink`` and returns
+    0 at once. Runs on the controller's thread; never raises, never blocks, runs no Python
+    frame but its own (the record is built by one C call). A call whose arguments do not
+    fit becomes a report with its ``problem`` (answered 499 and counted on the loop); a
+    sink that fails counts through ``on_error``. With ``pin``, a thread's first callback
+    pins that thread to its CPU (``bridge/job/sched/affinity.py``)."""
+    if callback not in KINDS:
+        raise ValueError(f"unknown controller callback {callback!r}")
+    monotonic = time.monotonic  # closure cells: no global and attribute look-up per call
     get_ident = threading.get_ident
+    new, report = tuple.__new__, ControllerReport  # the record in one C call, no partial in between
 
-    def relay_callback(*args: Any) -> int:
+    def report_fault_ranks(*args: Any) -> int:
         try:
-            sink((callback, args, monotonic(), None))
+            if pin is not None and pin.enabled and pin.thread != get_ident():
+                pin.pin_caller()
+            if args:
+                sink(new(report, (callback, monotonic(), args[0], None, "", (), "", None, "")))
+            else:
+                sink(misfit(callback, args, monotonic()))
         except BaseException:  # noqa: BLE001 - anything escaping would kill the job or the process
             _callback_failed(callback, on_error)
         return 0
 
-    def pinning_callback(*args: Any) -> int:
+    def report_stop_complete(*args: Any) -> int:
         try:
-            if pin.enabled and pin.thread != get_ident():  # type: ignore[union-attr]
-                pin.pin_caller()  # type: ignore[union-attr]
-            sink((callback, args, monotonic(), None))
-        except BaseException:  # noqa: BLE001 - anything escaping would kill the job or the process
+            if pin is not None and pin.enabled and pin.thread != get_ident():
+                pin.pin_caller()
+            if len(args) > 2:
+                sink(new(report, (callback, monotonic(), args[2], args[0], args[1], (), "", None, "")))
+            else:
+                sink(report_of(callback, args, monotonic()))
+        except BaseException:  # noqa: BLE001
             _callback_failed(callback, on_error)
         return 0
 
-    chosen = pinning_callback if pin is not None else relay_callback
+    def report_strategies(*args: Any) -> int:
+        try:
+            if pin is not None and pin.enabled and pin.thread != get_ident():
+                pin.pin_caller()
+            if len(args) == 2:
+                sink(new(report, (callback, monotonic(), args[0], None, "", args[1], "", None, "")))
+            else:
+                sink(report_of(callback, args, monotonic()))
+        except BaseException:  # noqa: BLE001
+            _callback_failed(callback, on_error)
+        return 0
+
+    def report_result(*args: Any) -> int:
+        try:
+            if pin is not None and pin.enabled and pin.thread != get_ident():
+                pin.pin_caller()
+            if len(args) > 3:
+                sink(new(report, (callback, monotonic(), args[2], args[0], args[1], (), args[3], None, "")))
+            else:
+                sink(report_of(callback, args, monotonic()))
+        except BaseException:  # noqa: BLE001
+            _callback_failed(callback, on_error)
+        return 0
+
+    chosen = {"report_fault_ranks": report_fault_ranks, "report_stop_complete": report_stop_complete,
+              "report_strategies": report_strategies, "report_result": report_result}[callback]
     chosen.__name__ = f"relay_{callback}"
     return chosen
 
@@ -109,13 +141,10 @@ WAIT_ENV = "MINDIO_WAIT_MINDX_TIME"
 def export_wait_time(seconds: int) -> None:
     """Put the configured wait where the controller reads it: ``MINDIO_WAIT_MINDX_TIME``
     in this process's environment, read once by ``tft_init_controller`` and from nowhere
-    else (docs/mindio-controller.md section 6). Without it the controller kept its default
-    30 s while the flow gate (``ControllerFlow(wait_timeout=...)``, the same configured
-    value) assumed another: with 10 configured, ClusterD's globalFault at about 21 s was
-    refused as unexpected_step and the controller, still waiting, later went to EXIT.
-    The configured value already holds the environment's when the TOML
-    does not set it (config.py's precedence), so exporting it never loses the operator's
-    word; written as plain ASCII digits, the only form the controller accepts."""
+    else (docs/mindio-controller.md section 6), as plain ASCII digits, the only form it
+    accepts. The flow gate (``ControllerFlow(wait_timeout=...)``) assumes the same value.
+    The configured value already holds the environment's when the TOML does not set it
+    (config.py's precedence), so the operator's word is kept."""
     value = str(int(seconds))
     if os.environ.get(WAIT_ENV) != value:
         log.info("exporting %s=%s for the controller (was %r)", WAIT_ENV, value, os.environ.get(WAIT_ENV))
@@ -158,8 +187,7 @@ class ControllerHost:
         controller the caller started (``external=True``) was initialised by the caller,
         and the real module exposes no way to ask it (docs/mindio-controller.md section
         2), while this host's ``config.world_size`` is only the default 1. A guard that
-        needs it must then skip its check, never assume the default: the seed API's
-        notify guard dropped every fault rank but 0 of ClusterD's globalFault."""
+        needs it skips its check then, never assumes the default."""
         return self.config.world_size if self.owned else None
 
     @property
@@ -167,7 +195,7 @@ class ControllerHost:
         """Some older builds lack ``tft_notify_controller_prepare_action``."""
         return self._prepare_action is not None
 
-    def start(self, sink: Callable[[ReportFields], None], on_error: Callable[[], None],
+    def start(self, sink: ReportSink, on_error: Callable[[], None],
               pin: ControllerPin | None = None) -> None:
         """Register all four callbacks, then init, then start (the controller checks that
         all four are registered once, while starting, and silently never calls any of

@@ -1,9 +1,9 @@
 """What a controller report is, and the names it travels under: the one definition.
 
-A leaf module (it imports nothing of the bridge), so that every module of the report
-path -- the callbacks (``controller.py``), the flow (``flow.py``), the metrics, the
-bookkeeping (``reports.py``) and the report wire (``wire.py``) -- names the same four callbacks, report kinds and RPC paths without
-importing each other.
+A leaf module (it imports nothing of the bridge): the callbacks (``host/controller.py``),
+the flow (``controller_flow.py``), the metrics, the bookkeeping (``ledger.py``) and the
+report wire (``relay.py``) name the same four callbacks, report kinds, RPC paths and
+report record (``ControllerReport``) without importing each other.
 
 The peer facts: the controller has exactly four report callbacks
 (``tft_register_mindx_callback``, docs/mindio-controller.md), and each maps to one
@@ -45,21 +45,64 @@ REPORT_METHODS = frozenset(METHODS.values())
 
 
 class ControllerReport(NamedTuple):
-    """One callback invocation, as handed to the event loop."""
+    """One controller report, its arguments named once where it enters the bridge (the
+    controller's callback, ``bridge.job.host.controller.make_callback``; the seed API;
+    ``report-fault``) and carried unchanged to the report wire and the event loop.
+    Nothing after the intake reads a callback's arguments by position.
 
-    callback: str
-    args: tuple[Any, ...]
-    at: float  # time.monotonic() on the controller's thread
-    waiter: Future[int] | None = None  # resolved with the delivery outcome (seed API callers)
+    The values are as the caller gave them: the wire cleans the fault map
+    (``faults.clean_faults``), checks the code (``status_code``) and the strategies."""
+
+    callback: str  # one of CALLBACKS
+    at: float  # time.monotonic() on the caller's thread
+    faults: Any  # the fault map ({rank: fault type}); {} when the callback gave none
+    code: Any  # report_stop_complete, report_result: the status code; None otherwise
+    message: Any  # their message; "" otherwise
+    strategies: Any  # report_strategies: the strategy list; () otherwise
+    strategy: Any  # report_result: the strategy that ran ("" when not given)
+    waiter: Future[int] | None  # resolved with the delivery outcome (seed API callers)
+    problem: str  # why the arguments do not fit the callback ("": they do)
 
 
-#: A ControllerReport from its four fields, in one C call: NamedTuple's ``__new__`` is a
-#: Python function, one more to run cold between a callback and the wire.
-report_of: Callable[[tuple[Any, ...]], ControllerReport] = partial(tuple.__new__, ControllerReport)
+#: A ControllerReport from its nine fields as one tuple, in C (NamedTuple's ``__new__``
+#: is a Python function); the controller's callbacks call ``tuple.__new__`` themselves.
+record: Callable[[tuple[Any, ...]], ControllerReport] = partial(tuple.__new__, ControllerReport)
 
-#: What a callback puts into the report wire's inbox: a ControllerReport's fields as a plain
-#: tuple (a ControllerReport itself is one too).
-ReportFields = tuple[str, tuple[Any, ...], float, "Future[int] | None"]
+#: What each callback takes, for the message of a call that does not fit it.
+SIGNATURES: dict[str, str] = {
+    "report_fault_ranks": "(fault_ranks[, fault_codes])",
+    "report_stop_complete": "(code, msg[, fault_ranks])",
+    "report_strategies": "(fault_ranks, strategy_list)",
+    "report_result": "(code, msg[, fault_ranks[, strategy]])",
+}
+
+
+#: Where a report enters the report path: the wire's inbox (``relay.ReportInbox.put``).
+#: Any thread; never blocks.
+ReportSink = Callable[[ControllerReport], None]
+
+
+def misfit(callback: str, args: tuple[Any, ...], at: float, waiter: Future[int] | None = None) -> ControllerReport:
+    """The report of a call whose arguments do not fit ``callback`` (never raises)."""
+    problem = f"{callback} takes {SIGNATURES.get(callback, '?')}, got {len(args)} argument(s)"
+    return record((callback, at, {}, None, "", (), "", waiter, problem))
+
+
+def report_of(callback: str, args: tuple[Any, ...], at: float, waiter: Future[int] | None = None) -> ControllerReport:
+    """``callback``'s positional arguments, named (never raises). For the callers off the
+    controller's thread; the controller's own callbacks name them inline, with no frame
+    of their own (``make_callback``)."""
+    n = len(args)
+    if callback == "report_fault_ranks" and n >= 1:
+        return record((callback, at, args[0], None, "", (), "", waiter, ""))
+    if callback == "report_stop_complete" and n >= 2:
+        return record((callback, at, args[2] if n > 2 else {}, args[0], args[1], (), "", waiter, ""))
+    if callback == "report_strategies" and n >= 2:
+        return record((callback, at, args[0], None, "", args[1], "", waiter, ""))
+    if callback == "report_result" and n >= 2:
+        return record((callback, at, args[2] if n > 2 else {}, args[0], args[1], (), args[3] if n > 3 else "",
+                       waiter, ""))
+    return misfit(callback, args, at, waiter)
 
 
 class Outbox(Protocol):

@@ -28,7 +28,7 @@ from typing import Any
 from bridge import faults as codec
 from bridge.job.reports.controller_flow import Step
 from bridge.job.metrics import BridgeMetrics
-from bridge.job.reports.kinds import ReportFields
+from bridge.job.reports.kinds import ReportSink, report_of
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class LocalReports:
     controller that is not running would be reported for ranks nobody recovers);
     ``step()`` is the controller's flow step (``step_refusal``)."""
 
-    def __init__(self, job_id: str, world_size: int, directory: Path, sink: Callable[[ReportFields], None],
+    def __init__(self, job_id: str, world_size: int, directory: Path, sink: ReportSink,
                  metrics: BridgeMetrics, *, accepting: Callable[[], bool], live: Callable[[], bool],
                  step: Callable[[], Step]) -> None:
         self.job_id = job_id
@@ -213,7 +213,7 @@ class LocalReports:
         live = self.live()
         log.warning("tft-bridge report-fault: reporting %s to ClusterD as the controller's fault report%s", text,
                     "" if live else " (queued until the ClusterD subscription is live)")
-        self.sink(("report_fault_ranks", (faults, {}), time.monotonic(), None))
+        self.sink(report_of("report_fault_ranks", (faults, {}), time.monotonic()))
         self.metrics.local_reports.labels("accepted").inc()
         return {"ok": True, "faults": text, "live": live}
 

@@ -1,61 +1,34 @@
-"""The report path's one owner: the controller's callbacks -> ClusterD's Report* RPCs.
+"""The report path's one owner: the controller's reports -> ClusterD's Report* RPCs.
 
 One thread, ``tft-wire``, owns the outbox, the report channel (a synchronous gRPC
-channel: ``grpc.aio`` hands each call between the event loop and gRPC's poller thread,
-one more wake-up per hop) and every rule of delivery. The controller's callbacks put
-their arguments straight into its inbox (one thread crossing before the wire, as the
-synchronous MindCluster client has none); the event loop puts in what it reports itself
-(a re-report on a new stream, the resume's answers, the seed API) and publishes what the
-wire needs of its state as one immutable ``Cycles`` snapshot. The wire hands each
-controller report back to the loop for its bookkeeping (the flow, the recovery clock,
-the resume, metrics, the recorder) once it has nothing left to send; the loop takes
-them earlier, at once, before it reacts to anything from ClusterD (``catch_up``), so it
-never learns of ClusterD's answer to a report before the report.
+channel) and every rule of delivery. Reports enter through the ``ReportInbox`` (the
+controller's callbacks put their ``ControllerReport`` there directly: one thread crossing
+before the wire; the event loop puts its own reports there); what the wire needs of the
+loop's state it reads from ``CycleState``'s snapshot. Each controller report goes back to
+the loop's bookkeeping (the ``WireListener``) once the wire has nothing left to send, or
+earlier when the loop asks (``catch_up``, before it reacts to anything from ClusterD), so
+the loop never learns of ClusterD's answer to a report before the report.
 
-Delivery rules, each from a way the real ClusterD punishes a careless client:
+Delivery rules (the peer facts behind each: docs/architecture.md, "the report path"):
 
-* **In callback order, one call at a time.** A report leaves only after the one before
-  it was answered; the next one goes out the moment that answer is code 0, from this
-  thread (the strategies report right behind the cycle's second fault report: the
-  recovery's critical path). ClusterD must get a fault report of the cycle before the
-  strategy that repairs it, and two HTTP/2 streams give no order between its handlers.
-* **A report answers one cycle.** A stop-complete, strategy or result report is bound
-  to ``Cycles.answering`` as it was when the controller made the callback (its stamp),
-  not when this thread takes it: the cycle whose notify the controller last accepted,
-  published by the loop before it makes that notify, so it is already the right one
-  when the controller's callback runs. ClusterD keeps reports in one-slot buffers
-  whatever its state, so a report whose cycle is gone is dropped and counted, never
-  sent into the next.
-* **Fault reports wait for a subscription**: they leave once the Subscribe request has
-  had its head start (``Cycles.subscribed``; ClusterD loses faults reported while nobody is
-  subscribed, and resets the job inside the Subscribe handler before anything else),
-  survive reconnects and merge with ClusterD's rule while queued. The loop hears of each
-  one ClusterD answered 0 (``faults_delivered``: refault.py).
-* **Code 0 is never resent; an unknown outcome is final.** A cycle-bound report is
-  retried only when it provably did not reach ClusterD (``qps exceeded``, no connection
-  when the call started): a second copy would sit in ClusterD's one-slot buffer.
-* **Bounded.** Past ``limit`` the oldest cycle-bound report waiting is dropped; fault
+* **In callback order, one call at a time**; the next leaves the moment the one before
+  was answered 0, from this thread.
+* **A report answers one cycle**: a stop-complete, strategy or result report is bound to
+  the cycle the controller answered when it made the callback (``CycleState.answering_at``)
+  and is dropped and counted, never sent into the next, once that cycle is gone.
+* **Fault reports wait for a subscription** (``Cycles.subscribed``), survive reconnects
+  and merge with ClusterD's rule while queued; the loop hears of each answered 0.
+* **Code 0 is never resent; an unknown outcome is final**: a cycle-bound report is
+  retried only when it provably did not reach ClusterD.
+* **Bounded**: past ``limit`` the oldest cycle-bound report waiting is dropped; fault
   reports merge, so no fault rank is ever dropped.
-* **Settled before a Subscribe.** A Subscribe resets ClusterD's job and empties its
-  buffers; a report of the ended stream still on the wire would land in the new cycle's.
-  ``publish`` and the check before each cycle-bound call take one lock, so once the loop
-  has published a stream's end no cycle-bound report of it starts, and ``settle`` waits
-  for those already out.
+* **Settled before a Subscribe**: no cycle-bound report of a stream the loop saw end
+  starts (``CycleState.begin_send``), and the session waits for those already out.
 
-Connectivity: whether the channel is connected decides a failed call's fate (above), and
-ClusterD closing it (a GOAWAY, a lost connection) is logged and counted. The wire reads
-the state itself, at each call's start and every ``CONNECTIVITY_LOOK`` seconds while it
-waits (``lowlevel.connectivity_check``), instead of gRPC's ``Channel.subscribe``, whose
-polling thread re-arms a 0.2 s watch without end: with it the idle bridge woke the node
-more than MindCluster's synchronous client did.
-
-Scheduling (``realtime.py``, ``affinity.py``): the thread waits for callbacks under
-``SCHED_BATCH`` on the controller's CPU (a realtime wake-up preempted the controller's
-thread inside its callback, and the controller blocks on every callback) and runs
-``SCHED_FIFO`` from the moment a request is written (``lowlevel.after_send``) until it
-waits for callbacks again, so ClusterD's answer wakes it at once on busy cores; not
-before the write, because a realtime writer keeps ClusterD's receiving thread, which
-Linux puts on the writer's CPU on loopback, off it.
+Connectivity is read on this thread at each call's start and every ``CONNECTIVITY_LOOK``
+seconds while it waits; ClusterD closing the connection is logged and counted.
+Scheduling (``realtime.py``, ``affinity.py``): ``SCHED_BATCH`` on the controller's CPU
+while it waits for reports, ``SCHED_FIFO`` from a request's write until it waits again.
 """
 
 from __future__ import annotations
@@ -74,13 +47,14 @@ from typing import Any, NamedTuple, Protocol
 import grpc
 
 from bridge import faults as codec
-from bridge.job.sched import grpc_internals as lowlevel, realtime
-from bridge.job.sched.affinity import ControllerPin
 from bridge.core.backoff import Backoff
+from bridge.job.cycle_state import CycleState
+from bridge.job.metrics import BridgeMetrics, code_label, drop_reason_for_code
+from bridge.job.reports.kinds import KINDS, METHODS, ControllerReport, status_code
+from bridge.job.sched import grpc_internals, realtime
+from bridge.job.sched.affinity import ControllerPin
 from bridge.job.session.clusterd import Delivery, RpcFailure, classify_failure, connection_lost
 from bridge.job.session.codes import Code
-from bridge.job.metrics import BridgeMetrics, code_label, drop_reason_for_code
-from bridge.job.reports.kinds import KINDS, METHODS, ReportFields, status_code
 
 log = logging.getLogger(__name__)
 
@@ -93,46 +67,23 @@ DROP_CODES = {
 }
 
 
-@dataclass(frozen=True)
-class Cycles:
-    """What the wire needs of the event loop's state, published whole by the loop
-    (``Wire.publish``) and only read here: never a field of a loop object read from this
-    thread."""
-
-    live: bool = False  # a subscription is live (Session.live)
-    # A Subscribe request is on its way and its stream has not ended (Session.subscribe_sent):
-    # ClusterD resets the job inside the Subscribe handler before anything else, so a
-    # fault report from then on reaches the new subscription's job (docs/architecture.md).
-    subscribed: bool = False
-    running: str | None = None  # the running cycle's uuid as the stream shows it
-    stream: str | None = None  # the live stream's token (the cycle of uuid-less signals)
-    answering: str | None = None  # the cycle the controller answers now (ControllerFlow.answering)
-    # A cycle whose strategies report the loop must narrow before it leaves (resume.py:
-    # a cycle rebound at GLOBAL_SENT whose globalFault names more ranks).
-    narrowed: str | None = None
-
-    def alive(self, token: str | None) -> bool:
-        """Whether a report answering ``token`` may still be delivered."""
-        return bool(token) and self.live and token in (self.running, self.stream)
-
-
 class Taken(NamedTuple):
     """A controller report as the wire took it, for the loop's bookkeeping."""
 
-    callback: str
-    args: tuple[Any, ...]
-    at: float  # time.monotonic() on the controller's thread
-    waiter: Future[int] | None
+    report: ControllerReport
     cycle: str | None  # the cycle it was bound to (cycle-bound kinds)
-    faults: dict[int, int]  # its cleaned fault map
-    bad: int  # fault entries left out
-    error: str  # the codec's message for the first bad entry, or why the report is malformed
-    malformed: bool  # not sent: answered 499 by the loop
+    cleaned: codec.CleanFaults  # its fault map without the bad entries, and what was left out
+    strategies: list[str]  # a strategies report's strategies as strings ([] otherwise)
+    problem: str  # why it is malformed: not sent, answered 499 by the loop ("": well-formed)
     held: Pending | None  # a strategies report the loop must narrow and ``fill``
 
 
+NO_FAULTS = codec.CleanFaults({}, 0, "")
+
+
 class WireListener(Protocol):
-    """What the wire tells the event loop; every call is made on the loop."""
+    """What the wire tells the event loop's bookkeeping (``ledger.ReportPath``); every
+    call is made on the loop, after the reports taken before it were handed over."""
 
     def taken(self, reports: list[Taken]) -> None: ...
 
@@ -142,9 +93,11 @@ class WireListener(Protocol):
 
     def faults_delivered(self, faults: dict[int, int], at: float) -> None: ...
 
-    def resubscribe(self, reason: str) -> None: ...
 
-    def rpc(self, method: str, code: int | str, started: float, seconds: float) -> None: ...
+class RpcObserver(Protocol):
+    """Told of every Report* call's outcome, on the loop (``ClusterDClient.observe_rpc``)."""
+
+    def observe_rpc(self, method: str, code: int | str, started: float, seconds: float) -> None: ...
 
 
 @dataclass
@@ -182,43 +135,78 @@ _WAKE = object()
 CONNECTIVITY_LOOK = 1.0
 
 
-class Wire:
-    """The outbox and the report channel, on the thread ``tft-wire``. ``put`` is the
-    controller callbacks' sink (any thread, never blocks); ``submit_faults``,
-    ``submit_cycle_report``, ``fill``, ``publish``, ``catch_up``, ``settle``, ``drain`` and
-    ``stop`` are the event loop's."""
+class ReportInbox:
+    """The wire's inbox: every report and instruction for the wire goes through it.
+    ``put`` is the controller callbacks' sink (any thread, one C call, never blocks); the
+    rest are the event loop's (``stop``: whoever stops the wire). Only the wire's thread
+    takes from it (``Wire``). It holds the queue and a count of its wake-ups, nothing else."""
 
-    def __init__(self, job_id: str, channel: grpc.Channel, loop: asyncio.AbstractEventLoop,
-                 listener: WireListener, metrics: BridgeMetrics, *, rpc_timeout: float,
-                 backoff: Backoff, limit: int = 10_000, realtime_priority: int = 0,
-                 pin: ControllerPin | None = None) -> None:
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()  # any thread -> the wire
+        self.put: Callable[[ControllerReport], None] = self._queue.put  # the callbacks' sink
+        self.wakes = 0  # wake-ups put (``wake``, on the loop only): one per change of the stream
+
+    def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None) -> None:
+        """A fault report of the loop's own (a re-report, the resume's)."""
+        self._queue.put(_Submit(Pending("fault", faults=dict(faults), waiters=[waiter] if waiter else [])))
+
+    def submit_cycle_report(self, kind: str, cycle: str | None, payload: bytes,
+                            waiter: Future[int] | None = None) -> None:
+        """A cycle-bound report of the loop's own, already encoded."""
+        self._queue.put(_Submit(Pending(kind, cycle, payload, waiters=[waiter] if waiter else [])))
+
+    def fill(self, pending: Pending, payload: bytes | None) -> None:
+        """A held strategies report's request, made on the loop (None: not to be sent)."""
+        self._queue.put(_Fill(pending, payload))
+
+    def wake(self) -> None:
+        """Have the wire look at the cycle state again (``CycleState``)."""
+        self.wakes += 1
+        self._queue.put(_WAKE)
+
+    def stop(self) -> None:
+        self._queue.put(_STOP)
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> object:
+        return self._queue.get(block, timeout)
+
+    def get_nowait(self) -> object:
+        return self._queue.get_nowait()
+
+
+class Wire:
+    """The outbox and the report channel, on the thread ``tft-wire``, from ``start()`` to
+    ``stop()``. Takes from ``inbox``, reads ``cycles``, tells ``listener`` (on ``loop``)
+    what became of each controller report, ``rpcs`` of each call and ``on_ended`` that
+    the thread ended. ``catch_up``, ``drain``, ``handed_all`` and ``start`` are the event
+    loop's; ``stop`` any thread's but the wire's."""
+
+    def __init__(self, job_id: str, channel: grpc.Channel, loop: asyncio.AbstractEventLoop, inbox: ReportInbox,
+                 cycles: CycleState, listener: WireListener, rpcs: RpcObserver, metrics: BridgeMetrics, *,
+                 rpc_timeout: float, backoff: Backoff, limit: int = 10_000, realtime_priority: int = 0,
+                 pin: ControllerPin | None = None, on_ended: Callable[[], None] = lambda: None) -> None:
         self.job_id = job_id
         self._channel = channel
         self._loop = loop
+        self._inbox = inbox
+        self._cycles = cycles
         self._listener = listener
+        self._rpcs = rpcs
+        self._on_ended = on_ended  # told on the loop when the thread has ended, for whatever reason
         self._metrics = metrics
         self._rpc_timeout = rpc_timeout
         self._backoff = backoff  # reset on every answer
         self._limit = limit
         self._priority = realtime_priority
         self.pin = pin if pin is not None else ControllerPin(False)
-        # -- shared, each says how
-        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()  # any thread -> wire
-        self.put: Callable[[ReportFields], None] = self._inbox.put  # the callbacks' sink: one C call
         self._handed: deque[list[Taken]] = deque()  # wire -> loop (append / popleft: atomic)
-        self._lock = threading.Lock()  # ``_cycles`` replaced, and read with ``_unsettled`` changed
-        self._cycles = Cycles()  # replaced whole by the loop under ``_lock``, read here
-        # When ``answering`` changed (monotonic, the loop's stamp before it published),
-        # newest last: appended by the loop and read here, both under ``_lock``.
-        self._answering_since: deque[tuple[float, str | None]] = deque([(float("-inf"), None)], maxlen=64)
-        self._unsettled = 0  # cycle-bound calls on the wire (under ``_lock``)
-        self._settled = asyncio.Event()  # the loop's: set (posted by the wire) when ``_unsettled`` fell to 0
         # -- the wire's own
         self._outbox: deque[Pending] = deque()
         self.after_send = True  # promoted after each write (False: gRPC has no channel object to wrap)
-        # Made here, not inside a job's first report of each kind, which it held back on
-        # the real peers; read by the wire's thread only.
-        self._callables: dict[str, Any] = {method: self._make_callable(method) for method in METHODS.values()}
+        self._callables: dict[str, Any] = {}  # made by ``start``, read by the wire's thread only
         self._ready = False  # the channel was connected at the last look (``_on_state``)
         self._boosted = False
         self._refused = False
@@ -229,55 +217,26 @@ class Wire:
         self.realtime = False  # this thread may run SCHED_FIFO (tft_bridge_realtime_thread{thread="report"})
         self.batch_policy = False
         self._held_tells: list[tuple[Callable[..., Any], tuple[Any, ...]]] | None = None  # during ``_take``
+        self._connectivity: Callable[[bool], grpc.ChannelConnectivity] | None = None
+        self._thread = threading.Thread(target=self._run, name="tft-wire", daemon=True)
         metrics.outbox_depth.set_function(lambda: len(self._outbox))
-        self._connectivity = lowlevel.connectivity_check(channel)
+
+    def start(self) -> None:
+        """Make the channel's callables (before a job's first report: made inside it,
+        they held that report back on the real peers) and start the thread."""
+        self._callables = {method: self._make_callable(method) for method in METHODS.values()}
+        self._connectivity = grpc_internals.connectivity_check(self._channel)
         if self._connectivity is None:
             log.warning("this grpcio's channel cannot be asked its connectivity: gRPC's polling thread watches it")
-            channel.subscribe(self._on_state, try_to_connect=True)  # connected before the first report
-        self._thread = threading.Thread(target=self._run, name="tft-wire", daemon=True)
+            self._channel.subscribe(self._on_state, try_to_connect=True)  # connected before the first report
         self._thread.start()
 
     # ================================================================ the loop's side
-    def publish(self, cycles: Cycles) -> None:
-        """The loop's state changed (a stream's start or end, a new cycle, a notify about
-        to be made). Under ``_lock``: from now on no cycle-bound report of a cycle this
-        says is gone starts."""
-        stamp = time.monotonic()  # before the store: a callback answering this cycle comes after it
-        with self._lock:
-            self._cycles = cycles
-            if cycles.answering != self._answering_since[-1][1]:
-                self._answering_since.append((stamp, cycles.answering))
-        self._inbox.put(_WAKE)
-
-    def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None) -> None:
-        self._inbox.put(_Submit(Pending("fault", faults=dict(faults), waiters=[waiter] if waiter else [])))
-
-    def submit_cycle_report(self, kind: str, cycle: str | None, payload: bytes,
-                            waiter: Future[int] | None = None) -> None:
-        self._inbox.put(_Submit(Pending(kind, cycle, payload, waiters=[waiter] if waiter else [])))
-
-    def fill(self, pending: Pending, payload: bytes | None) -> None:
-        """A held strategies report's request, made on the loop (None: not to be sent)."""
-        self._inbox.put(_Fill(pending, payload))
-
     def catch_up(self) -> None:
         """On the loop, before it reacts to anything from ClusterD and before it stops:
         every controller report the wire has taken, in callback order, to the listener."""
         while self._handed:
             self._listener.taken(self._handed.popleft())
-
-    async def settle(self, timeout: float) -> bool:
-        """Wait (at most ``timeout``) until no cycle-bound report is on the wire; False
-        on timeout. The session awaits it before every Subscribe."""
-        with self._lock:
-            if not self._unsettled:
-                return True
-            self._settled.clear()  # set by the wire (posted) when the last such call ends
-        try:
-            await asyncio.wait_for(self._settled.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
 
     def __len__(self) -> int:
         return len(self._outbox)
@@ -296,18 +255,22 @@ class Wire:
         return not self._outbox
 
     def stop(self, timeout: float) -> None:
-        """End the thread (any thread but this one): what is still queued is dropped
-        (``shutdown``); closing the channel cancels a call in flight."""
-        self._inbox.put(_STOP)
-        self._thread.join(timeout)
+        """End the thread (any thread but this one), at most ``timeout`` per join: what is
+        still queued is dropped (``shutdown``); closing the channel cancels a call in
+        flight. Before ``start``: only the channel is closed."""
+        started = self._thread.ident is not None
+        if started:
+            self._inbox.stop()
+            self._thread.join(timeout)
         self._closing = True
-        if self._connectivity is None:
+        if started and self._connectivity is None:
             try:
                 self._channel.unsubscribe(self._on_state)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
         self._channel.close()
-        self._thread.join(timeout)
+        if started:
+            self._thread.join(timeout)
         self.pin.release()
 
     @property
@@ -347,10 +310,11 @@ class Wire:
             self.batch_policy = realtime.batch_policy()
             self._look(try_to_connect=True)  # connected before the first report
             self._serve()
-        except BaseException:  # noqa: BLE001 - the supervisor sees the thread end; this says why
+        except BaseException:  # noqa: BLE001 - the owner is told of the end; this says why
             log.exception("the report wire failed")
         finally:
             self._shutdown()
+            self._post(self._on_ended)
 
     def _serve(self) -> None:
         while not self._stopping:
@@ -387,14 +351,18 @@ class Wire:
         taken: list[Taken] = []
         try:
             for item in items:
-                if isinstance(item, tuple) and not isinstance(item, (_Submit, _Fill)):
+                if type(item) is ControllerReport:
                     taken.append(self._intake(item))
+                elif item is _WAKE:
+                    pass  # the cycle state changed: looked at below
                 elif item is _STOP:
                     self._stopping = True
                 elif isinstance(item, _Submit):
                     self._queue(item.pending)
                 elif isinstance(item, _Fill):
                     self._filled(item.pending, item.payload)
+                else:
+                    log.error("the report wire's inbox got a %s, not a report: left out", type(item).__name__)
             self._drop_dead_cycles()
         finally:
             if taken:
@@ -404,64 +372,55 @@ class Wire:
                 self._post(self._told, function, args)
         return True
 
-    def _intake(self, item: tuple[Any, ...]) -> Taken:
-        """One callback's arguments: bound, cleaned, encoded and queued (never raises)."""
-        callback, args, at, waiter = item
-        kind = KINDS.get(callback)
-        cycles = self._cycles
+    def _intake(self, report: ControllerReport) -> Taken:
+        """One controller report: bound, cleaned, encoded and queued (never raises)."""
+        kind = KINDS.get(report.callback)
+        cycles = self._cycles.snapshot
         cycle = None
+        waiters = [report.waiter] if report.waiter is not None else []
         try:
             if kind != "fault":
-                cycle = self._answering_at(at)
+                cycle = self._cycles.answering_at(report.at)
             if kind is None:
-                raise ValueError(f"unknown callback {callback!r}")
-            raw = args[0] if kind in ("fault", "strategy") and args else (args[2] if len(args) > 2 else {})
-            cleaned = codec.clean_faults(raw)
+                raise ValueError(f"unknown callback {report.callback!r}")
+            if report.problem:
+                raise ValueError(report.problem)
+            cleaned = codec.clean_faults(report.faults)
             held = None
+            strategies: list[str] = []
             if kind == "fault":
                 if cleaned.faults:
-                    self._queue(Pending("fault", faults=dict(cleaned.faults), waiters=[waiter] if waiter else []))
-                elif waiter is not None:
-                    waiter.set_result(Code.OK)
+                    self._queue(Pending("fault", faults=dict(cleaned.faults), waiters=waiters))
+                elif report.waiter is not None:
+                    report.waiter.set_result(Code.OK)
+                return Taken(report, cycle, cleaned, strategies, "", None)
+            if kind == "strategy":
+                strategies = [str(s) for s in report.strategies]
+                hold = cycles.narrowed is not None and cycles.narrowed == cycle
+                payload = b"" if hold else codec.encode_recover_strategy_request(self.job_id, cleaned.faults,
+                                                                                  strategies)
             else:
-                payload, hold = self._encode(kind, args, cleaned.faults, cycle, cycles)
-                pending = Pending(kind, cycle, payload, held=hold, waiters=[waiter] if waiter else [])
-                if hold:
-                    held = pending
-                    self._outbox.append(pending)  # in its place; the loop fills it
-                elif cycles.alive(cycle):
-                    self._queue(pending)
-                else:
-                    self._drop(pending, "no_live_cycle")
-            return Taken(callback, args, at, waiter, cycle, cleaned.faults, cleaned.bad, cleaned.error, False, held)
+                hold = False
+                payload = self._encode(kind, report, cleaned.faults)
+            pending = Pending(kind, cycle, payload, held=hold, waiters=waiters)
+            if hold:
+                held = pending
+                self._outbox.append(pending)  # in its place; the loop fills it
+            elif cycles.alive(cycle):
+                self._queue(pending)
+            else:
+                self._drop(pending, "no_live_cycle")
+            return Taken(report, cycle, cleaned, strategies, "", held)
         except (TypeError, ValueError, IndexError) as error:
-            return Taken(callback, args, at, waiter, cycle, {}, 0, str(error)[:200], True, None)
+            return Taken(report, cycle, NO_FAULTS, [], str(error)[:200] or type(error).__name__, None)
 
-    def _answering_at(self, at: float) -> str | None:
-        """The cycle the controller answered when it made the callback stamped ``at``:
-        the last one published before then. Not the one current now: ClusterD may have
-        replaced the cycle since, and a stop-complete of the old one bound to the new one
-        would sit in its one-slot buffer before the controller stopped for it. Older than
-        every change kept (64): None, a cycle long gone."""
-        with self._lock:
-            for since, answering in reversed(self._answering_since):
-                if since <= at:
-                    return answering
-        return None
-
-    def _encode(self, kind: str, args: tuple[Any, ...], faults: dict[int, int], cycle: str | None,
-                cycles: Cycles) -> tuple[bytes, bool]:
-        if kind == "strategy":
-            strategies = [str(s) for s in args[1]]
-            if cycles.narrowed is not None and cycles.narrowed == cycle:
-                return b"", True
-            return codec.encode_recover_strategy_request(self.job_id, faults, strategies), False
-        code, msg = status_code(args[0]), str(args[1])
+    def _encode(self, kind: str, report: ControllerReport, faults: dict[int, int]) -> bytes:
+        """A stop-complete or result report's request (TypeError for a code that is not an int)."""
+        code, message = status_code(report.code), str(report.message)
         if kind == "stop_complete":
-            return codec.encode_stop_complete_request(self.job_id, code, msg, faults), False
-        strategy = str(args[3]) if len(args) > 3 else ""
+            return codec.encode_stop_complete_request(self.job_id, code, message, faults)
         isolate = [str(rank) for rank in sorted(faults)] if code == 201 else []
-        return codec.encode_recover_status_request(self.job_id, code, msg, strategy, isolate), False
+        return codec.encode_recover_status_request(self.job_id, code, message, str(report.strategy), isolate)
 
     def _queue(self, pending: Pending) -> None:
         """Into the outbox: a fault report merges into a queued one not yet sending."""
@@ -471,7 +430,7 @@ class Wire:
             tail.waiters += pending.waiters
             self._metrics.reports_merged.inc()
             return
-        if pending.kind != "fault" and not self._cycles.alive(pending.cycle):
+        if pending.kind != "fault" and not self._cycles.snapshot.alive(pending.cycle):
             self._drop(pending, "no_live_cycle")
             return
         self._outbox.append(pending)
@@ -502,7 +461,7 @@ class Wire:
 
     def _drop_dead_cycles(self) -> None:
         """Cycle-bound reports waiting for a cycle that is gone never reach the next."""
-        cycles = self._cycles
+        cycles = self._cycles.snapshot
         for pending in [p for p in self._outbox if p.kind != "fault" and not p.sending and not p.held
                         and not cycles.alive(p.cycle)]:
             self._outbox.remove(pending)
@@ -512,7 +471,8 @@ class Wire:
         if not self._outbox or self._stopping or time.monotonic() < self._retry_at:
             return None
         head = self._outbox[0]
-        if head.held or (head.kind == "fault" and not (self._cycles.live or self._cycles.subscribed)):
+        cycles = self._cycles.snapshot
+        if head.held or (head.kind == "fault" and not (cycles.live or cycles.subscribed)):
             return None
         return head
 
@@ -524,11 +484,7 @@ class Wire:
             head.sending = False
             self._fault_outcome(head, code, failure)
             return
-        with self._lock:  # with ``publish``: no report of a stream the loop saw end starts
-            alive = self._cycles.alive(head.cycle)
-            if alive:
-                self._unsettled += 1
-        if not alive:
+        if not self._cycles.begin_send(head.cycle):  # no report of a stream the loop saw end starts
             self._outbox.popleft()
             self._drop(head, "cycle_ended")
             return
@@ -536,11 +492,8 @@ class Wire:
         try:
             code, failure = self._call(head.kind, head.payload)
         finally:
-            with self._lock:
-                self._unsettled -= 1
-                settled = self._unsettled == 0
-            if settled:
-                self._post(self._settled.set)
+            if self._cycles.end_send():
+                self._post(self._cycles.mark_settled)
         self._cycle_outcome(head, code, failure)
 
     def _fault_outcome(self, head: Pending, code: int | None, failure: RpcFailure | None) -> None:
@@ -549,7 +502,7 @@ class Wire:
             self._retry_at = time.monotonic() + self._backoff.next()
             return
         if code == Code.UnRegistry:  # ClusterD lost the job (restarted?): subscribe again, then resend
-            self._tell(self._listener.resubscribe, "clusterd_lost_job")
+            self._tell(self._cycles.request_resubscribe, "clusterd_lost_job")
             self._retry_at = time.monotonic() + self._backoff.next()
             return
         self._backoff.reset()
@@ -574,7 +527,7 @@ class Wire:
         self._outbox.popleft()
         if failure is not None:  # deadline or broken connection mid-call: ClusterD may hold it
             self._drop(head, f"outcome_unknown_{failure.status.lower()}")
-            if self._cycles.alive(head.cycle):
+            if self._cycles.snapshot.alive(head.cycle):
                 self._tell(self._listener.outcome_unknown, head.kind)
             return
         self._backoff.reset()
@@ -585,7 +538,7 @@ class Wire:
         head.resolve(code)  # type: ignore[arg-type]  # a waiting caller learns ClusterD's own answer
         self._drop(head, drop_reason_for_code(code))  # type: ignore[arg-type]
         if code == Code.UnRegistry:
-            self._tell(self._listener.resubscribe, "clusterd_lost_job")
+            self._tell(self._cycles.request_resubscribe, "clusterd_lost_job")
 
     def _call(self, kind: str, payload: bytes) -> tuple[int | None, RpcFailure | None]:
         """One Report* call on this thread: ClusterD's code, or how it failed."""
@@ -603,7 +556,7 @@ class Wire:
             seconds = time.monotonic() - started
             self._metrics.rpc_seconds.labels(name).observe(seconds)
             self._metrics.rpcs.labels(name, status).inc()
-            self._tell(self._listener.rpc, name, status, started, seconds)
+            self._tell(self._rpcs.observe_rpc, name, status, started, seconds)
             return None, RpcFailure(name, status, error.details() or "", delivery)
         except ValueError as error:  # the channel is closed (stopping): the call was never made
             self._metrics.rpcs.labels(name, "CLOSED").inc()
@@ -611,14 +564,14 @@ class Wire:
         seconds = time.monotonic() - started
         self._metrics.rpc_seconds.labels(name).observe(seconds)
         self._metrics.rpcs.labels(name, code_label(code)).inc()
-        self._tell(self._listener.rpc, name, code, started, seconds)
+        self._tell(self._rpcs.observe_rpc, name, code, started, seconds)
         return code, None
 
     def _make_callable(self, method: str) -> Any:
         """The channel's callable for ``method``, telling ``_written`` after each write
-        (``lowlevel.after_send``)."""
+        (``grpc_internals.after_send``)."""
         callable_ = self._channel.unary_unary(method, request_serializer=None, response_deserializer=_status_code)
-        if not lowlevel.after_send(callable_, self._written):
+        if not grpc_internals.after_send(callable_, self._written):
             self.after_send = False
             log.warning("this grpcio has no channel object to wrap: the wire is promoted before each write")
         return callable_
@@ -632,10 +585,10 @@ class Wire:
 
     def _idle(self) -> None:
         """Nothing to send: the loop learns of what was taken, and the thread goes back to
-        SCHED_BATCH before it waits for the next callback, whose wake-up must never
+        SCHED_BATCH before it waits for the next report, whose wake-up must never
         preempt the controller's thread. It follows the controller's thread to its CPU
-        here, not as it takes a callback: moving migrates this thread, and the first
-        fault report, measured on the real peers, waited 0.12-0.17 ms for it."""
+        here, not as it takes a report: moving migrates this thread, which the first
+        report would wait for (docs/performance.md)."""
         if self._handed:
             self._post(self.catch_up)
         if self._boosted:
@@ -678,9 +631,8 @@ class Wire:
         self._outbox.clear()
         while not self._inbox.empty():  # callbacks after the stop: their waiters learn it
             item = self._inbox.get_nowait()
-            if isinstance(item, tuple) and not isinstance(item, (_Submit, _Fill)) and item[3] is not None \
-                    and not item[3].done():
-                item[3].set_result(Code.ServerInnerError)
+            if type(item) is ControllerReport and item.waiter is not None and not item.waiter.done():
+                item.waiter.set_result(Code.ServerInnerError)
         self._post(self.catch_up)
 
 

@@ -1,10 +1,12 @@
-"""The ClusterD side: one channel, deadline-bound unary calls, and the signal session.
+"""ClusterD's channels and calls: options, credentials, deadline-bound unary calls, and
+how a failed call is classified.
 
 Requests go out as bytes already encoded by the fast codec (``bridge.faults``), so the
 generated message classes are used only for the small ``ClientInfo`` and ``Status``.
 Every unary call has a deadline; a call that failed is classified by whether it
 provably did not reach ClusterD (``qps exceeded``, no connection) or its outcome is
-unknown, because ClusterD's one-slot report buffers make a blind resend dangerous.
+unknown, because ClusterD's one-slot report buffers make a blind resend dangerous. The
+signal session is ``signal_session.py``; the streams run on ``stream_loop.py``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,8 @@ from typing import Any
 import grpc
 
 from bridge._proto import recover_pb2 as pb
-from bridge.core.backoff import Backoff
-from bridge.job.session.codes import Code
 from bridge.core.config import ClusterDConfig
-from bridge.job.metrics import BridgeMetrics, code_label, signal_type_label
+from bridge.job.metrics import BridgeMetrics, code_label
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def channel_credentials(config: ClusterDConfig) -> grpc.ChannelCredentials:
 
 
 def report_channel(config: ClusterDConfig) -> grpc.Channel:
-    """The Report* calls' synchronous channel (the wire's, wire.py): ``grpc.aio`` hands
+    """The Report* calls' synchronous channel (the report wire's, reports/relay.py): ``grpc.aio`` hands
     each call between the event loop and gRPC's poller thread, one more wake-up per hop.
     It does not ping (``channel_options``)."""
     options = channel_options(config, pings=0)
@@ -202,7 +202,7 @@ class ClusterDClient:
 
     async def call_status(self, method: str, payload: bytes, timeout: float | None = None) -> pb.Status:
         """Send one pre-encoded request; ClusterD's whole Status, or RpcFailure. (The
-        Report* calls are the wire's, on a channel of its own: wire.py.)"""
+        Report* calls are the report wire's, on a channel of its own: reports/relay.py.)"""
         name = method.rsplit("/", 1)[-1]
         # whether the channel the call goes over was connected: never-resend depends on it
         was_ready = self.connected()
@@ -213,29 +213,25 @@ class ClusterDClient:
             raise self._failure(name, error, started, was_ready) from None
         return self._answered(name, status, started)
 
+    def observe_rpc(self, method: str, code: int | str, started: float, seconds: float) -> None:
+        """A call's outcome, to ``on_rpc`` when set (on the loop): this client's own calls
+        and the report wire's (``relay.RpcObserver``), so whoever watches sees them all."""
+        if self.on_rpc is not None:
+            self.on_rpc(method, code, started, seconds)
+
     def _failure(self, name: str, error: grpc.RpcError, started: float, was_ready: bool) -> RpcFailure:
         """A grpc.aio.AioRpcError, counted and classified."""
         self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
         status, delivery = classify_failure(error, was_ready)
         self.metrics.rpcs.labels(name, status).inc()
-        if self.on_rpc is not None:
-            self.on_rpc(name, status, started, time.monotonic() - started)
+        self.observe_rpc(name, status, started, time.monotonic() - started)
         return RpcFailure(name, status, error.details() or "", delivery)
 
     def _answered(self, name: str, status: pb.Status, started: float) -> pb.Status:
         self.metrics.rpc_seconds.labels(name).observe(time.monotonic() - started)
         self.metrics.rpcs.labels(name, code_label(status.code)).inc()
-        if self.on_rpc is not None:
-            self.on_rpc(name, status.code, started, time.monotonic() - started)
+        self.observe_rpc(name, status.code, started, time.monotonic() - started)
         return status
-
-    def subscribe(self, job_id: str, role: str) -> Any:
-        """The signal stream; each message arrives as (ProcessManageSignal, raw bytes)."""
-        assert self.channel is not None
-        stream = self.channel.unary_stream(
-            SUBSCRIBE, request_serializer=None, response_deserializer=lambda raw: (pb.ProcessManageSignal.FromString(raw), raw)
-        )
-        return stream(client_info(job_id, role), timeout=None)
 
 
 class SessionState(enum.Enum):
@@ -244,296 +240,6 @@ class SessionState(enum.Enum):
     SUBSCRIBED = "subscribed"
     BACKOFF = "reconnecting"
     STOPPED = "stopped"
-
-
-#: (signal, raw bytes, cycle token): the token is the signal's uuid, or for the signals
-#: ClusterD sends without one (saveAndExit, pre exit) the stream's own token.
-SignalHandler = Callable[[pb.ProcessManageSignal, bytes, str], None]
-#: (signal, raw bytes) -> None when the signal is well-formed, else (refusal reason, detail).
-SignalScreen = Callable[[pb.ProcessManageSignal, bytes], "tuple[str, str] | None"]
-#: Signal types whose uuid is never a cycle: ClusterD's fault centre sends preExitProcess
-#: with a fresh uuid it does not keep, and changes no state (docs/clusterd.md section 5).
-UNTRACKED_TYPES = frozenset({"preExitProcess"})
-
-
-#: Seconds a Subscribe request gets before fault reports may follow it on the report
-#: channel (docs/architecture.md, "A fault right after a recovery"): far above a LAN's
-#: delivery and ClusterD's handler start, far below what a fault may wait (50 ms).
-SUBSCRIBE_HEAD_START = 0.02
-
-
-class Session:
-    """Init -> Register -> Subscribe, forever: the job's only ClusterD subscriber.
-
-    ClusterD ends the stream with OK after every recovery cycle (and on any reset), so a
-    stream end is routine: re-subscribe after a short jittered pause. Silence longer than
-    ``watchdog_intervals`` keep-alive intervals means a dead stream. 403 means process
-    recovery is off for the job: nothing to subscribe to, re-checked slowly.
-    """
-
-    def __init__(self, job_id: str, client: ClusterDClient, metrics: BridgeMetrics, on_signal: SignalHandler,
-                 on_state: Callable[[SessionState], None] = lambda state: None,
-                 screen: SignalScreen = lambda signal, raw: None, *,
-                 catch_up: Callable[[], None], before_subscribe: Callable[[], Awaitable[Any]],
-                 on_cycles: Callable[[], None]) -> None:
-        """``catch_up`` and ``before_subscribe`` keep the report path's order against
-        ClusterD's (below); ``on_cycles`` is told, on the loop, whenever ``live``,
-        ``current_uuid`` or the stream changed (the wire's snapshot, wire.Cycles, is out of
-        date). Required, so that no way of building a session forgets them."""
-        self._on_cycles = on_cycles
-        self.job_id = job_id
-        self.client = client
-        self.config = client.config
-        self.metrics = metrics
-        self.on_signal = on_signal
-        self.on_state = on_state
-        # Refuses a malformed signal before it may touch cycle tracking (the dispatcher's
-        # own checks, signals.screen_signal): a refused signal with a new uuid
-        # must not end the running cycle, or the real result is dropped as no_live_cycle.
-        self.screen = screen
-        # Awaited right before every Subscribe (link.py: the outbox's ``settle``). A
-        # Subscribe resets ClusterD's cycle and empties its one-slot report buffers; a
-        # report of the ended stream still on the wire could otherwise arrive after it and
-        # be consumed as the new cycle's answer. Report* calls use a connection of their
-        # own (wire.py), so nothing else orders the two.
-        self._before_subscribe = before_subscribe
-        # Runs on the loop before it reacts to anything from ClusterD (a message, a
-        # stream's end, a Subscribe): the wire hands over the controller's reports that
-        # left before the loop saw them (bridge/job/reports/relay.py).
-        self._catch_up = catch_up
-        self.state = SessionState.CONNECTING
-        self.live = asyncio.Event()  # set while a subscription is live
-        # The Subscribe request had its head start and its stream has not ended: ClusterD's
-        # handler resets the job before anything else (docs/architecture.md), so fault
-        # reports may leave from here on, without waiting for the stream's first message.
-        self.subscribe_sent = False
-        self._heard = False  # the stream that ended delivered a message
-        self.init_answered = asyncio.Event()
-        self.process_recover: bool | None = None  # None until Init answered
-        self.current_uuid: str | None = None  # the running cycle as the stream shows it
-        self.last_message_at: float | None = None
-        self.stream_count = 0  # subscriptions made; names the stream in cycle tokens
-        self.cycle_listeners: list[Callable[[str], None]] = []  # told when a cycle is over or aborted
-        self._stopping = asyncio.Event()
-        self._resubscribe = asyncio.Event()
-        self._call: Any = None
-        self._end_reason = "start"
-        self._ended: dict[str, None] = {}  # uuids of cycles that are over, oldest first (bounded)
-
-    def _set_state(self, state: SessionState) -> None:
-        if state is not self.state:
-            log.info("ClusterD session: %s -> %s", self.state.value, state.value)
-        self.state = state
-        self.on_state(state)
-
-    @property
-    def end_reason(self) -> str:
-        """Why the previous stream ended (``cycle_end``: ClusterD closed it after a cycle
-        or a reset; ``start`` before the first; otherwise a loss, a freeze or a request)."""
-        return self._end_reason
-
-    def stream_token(self) -> str:
-        return f"stream:{self.stream_count}"
-
-    def cycle_alive(self, token: str | None) -> bool:
-        """Whether a report answering cycle ``token`` may still be delivered: its uuid is
-        the running cycle's, or (for uuid-less signals) its stream is still the live one."""
-        if not token or not self.live.is_set():
-            return False
-        return token == self.current_uuid or token == self.stream_token()
-
-    def request_resubscribe(self, reason: str) -> None:
-        """Re-run Init/Register/Subscribe (after ClusterD answered 400: it lost our job)."""
-        self._end_reason = reason
-        self._resubscribe.set()
-        if self._call is not None:
-            self._call.cancel()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._call is not None:
-            self._call.cancel()
-
-    async def _sleep(self, seconds: float) -> bool:
-        """Sleep unless stopped first; True when stopping."""
-        try:
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-            return True
-        except asyncio.TimeoutError:
-            return False
-
-    async def _unary_with_retry(self, method: str, payload: bytes, backoff: Backoff) -> int | None:
-        """Init/Register: retried on any transport failure; None when stopping."""
-        while not self._stopping.is_set():
-            try:
-                return await self.client.call(method, payload)
-            except RpcFailure as failure:
-                log.warning("ClusterD %s failed: %s %s", failure.method, failure.status, failure.detail)
-                if await self._sleep(backoff.next()):
-                    return None
-        return None
-
-    async def run(self) -> None:
-        backoff = Backoff(self.config.reconnect_initial, self.config.reconnect_max)
-        info = client_info(self.job_id, self.config.role)
-        while not self._stopping.is_set():
-            self._resubscribe.clear()
-            self._set_state(SessionState.CONNECTING)
-            code = await self._unary_with_retry("/Recover/Init", info, backoff)
-            if code is None:
-                break
-            self.process_recover = code != Code.ProcessRescheduleOff
-            self.metrics.process_recover_enabled.set(1 if self.process_recover else 0)
-            self.init_answered.set()
-            if code == Code.ProcessRescheduleOff:
-                self._set_state(SessionState.RECOVERY_OFF)
-                log.warning("ClusterD: process-level recovery is off for job %s (Init 403); re-checking every %.0f s",
-                            self.job_id, self.config.recheck_disabled)
-                if await self._sleep(self.config.recheck_disabled):
-                    break
-                continue
-            if code != Code.OK:
-                log.warning("ClusterD Init answered %s", Code.describe(code))
-                if await self._sleep(backoff.next()):
-                    break
-                continue
-            code = await self._unary_with_retry("/Recover/Register", info, backoff)
-            if code is None:
-                break
-            if code != Code.OK:
-                log.warning("ClusterD Register answered %s", Code.describe(code))
-                if await self._sleep(backoff.next()):
-                    break
-                continue
-            self._catch_up()
-            await self._before_subscribe()
-            reason = await self._subscribe_once()
-            self._end_reason = reason if not self._resubscribe.is_set() else self._end_reason
-            if self._stopping.is_set():
-                break
-            if reason == "cycle_end":
-                backoff.reset()  # routine: ClusterD closes the stream after every cycle
-                if self._heard:
-                    # At once, as MindCluster's client does: a fault in the moment after a
-                    # recovery must find the next subscription without a back-off's delay.
-                    continue
-            self._set_state(SessionState.BACKOFF)
-            if await self._sleep(backoff.next()):
-                break
-        self._set_state(SessionState.STOPPED)
-
-    async def _subscribe_once(self) -> str:
-        """One stream, until it ends; the reason it ended."""
-        self.metrics.reconnects.labels(self._end_reason).inc()
-        self.stream_count += 1
-        call = self.client.subscribe(self.job_id, self.config.role)
-        self._call = call
-        self._heard = False
-        silence = self.config.keepalive_interval * self.config.watchdog_intervals
-        reason = "cycle_end"
-        try:
-            # A head start for the Subscribe: its request leaves on the signal channel
-            # (connected: Init and Register just answered on it), and ClusterD's handler
-            # resets the job as its first act; nothing ClusterD sends says when (no header,
-            # no message before the first keep-alive). A report sent on the report
-            # channel after this lands after that reset unless the handler is later than
-            # the head start; then the fault is reported again (refault.py, reports.py).
-            if await self._sleep(SUBSCRIBE_HEAD_START):
-                return "stopped"
-            self.subscribe_sent = True
-            self._on_cycles()
-            while True:
-                try:
-                    item = await asyncio.wait_for(call.read(), silence)
-                except asyncio.TimeoutError:
-                    log.warning("ClusterD signal stream silent for %.0f s (no keep-alive): treating it as dead", silence)
-                    reason = "keepalive_timeout"
-                    break
-                self._catch_up()
-                if item is grpc.aio.EOF:
-                    reason = "cycle_end"
-                    break
-                self._heard = True
-                if not self.live.is_set():
-                    self.live.set()
-                    self._on_cycles()
-                    self.metrics.subscription_up.set(1)
-                    self._set_state(SessionState.SUBSCRIBED)
-                self.last_message_at = time.monotonic()
-                signal, raw = item
-                if self._is_stale(signal):
-                    continue
-                self._track_cycle(signal, raw)
-                self.on_signal(signal, raw, signal.uuid or self.stream_token())
-        except asyncio.CancelledError:
-            if self._stopping.is_set() or self._resubscribe.is_set():
-                reason = "stopped" if self._stopping.is_set() else self._end_reason
-            else:
-                raise
-        except grpc.aio.AioRpcError as error:
-            reason = f"stream_{error.code().name.lower()}"
-            log.warning("ClusterD signal stream ended: %s %s", error.code().name, error.details())
-            if goaway(error.details() or ""):
-                connection_lost(self.metrics, "signal", error.details() or "")
-        finally:
-            call.cancel()
-            self._call = None
-            self._catch_up()
-            self._end_cycle()
-            self.subscribe_sent = False
-            self.live.clear()
-            self._on_cycles()
-            self.metrics.subscription_up.set(0)
-        if reason == "cycle_end":
-            log.info("ClusterD ended the signal stream (end of a recovery cycle or a server-side reset)")
-        return reason
-
-    def _is_stale(self, signal: pb.ProcessManageSignal) -> bool:
-        """A signal of a cycle that is already over (reordered, or repeated by a ClusterD
-        that lost track) must neither reach the controller nor be adopted as the running
-        cycle: ClusterD never resumes a cycle once it ended."""
-        if not signal.uuid or signal.uuid not in self._ended:
-            return False
-        if signal.signalType != "keep-alive":
-            self.metrics.signals_received.labels(signal_type_label(signal.signalType)).inc()
-            self.metrics.signals_refused.labels("stale_cycle").inc()
-            log.warning("not forwarding %s %s: its cycle %s is already over", signal.signalType,
-                        list(signal.actions), signal.uuid)
-        return True
-
-    def _track_cycle(self, signal: pb.ProcessManageSignal, raw: bytes) -> None:
-        uuid = signal.uuid
-        if signal.jobId and signal.jobId != self.job_id:
-            return
-        if signal.signalType in UNTRACKED_TYPES:
-            return
-        if signal.signalType == "keep-alive":
-            if self.current_uuid and uuid != self.current_uuid:
-                log.warning("keep-alive shows cycle %r, not %r: ClusterD abandoned the cycle", uuid, self.current_uuid)
-                self._end_cycle()
-            if uuid and not self.current_uuid:
-                self.current_uuid = uuid
-                self._on_cycles()
-            return
-        if uuid and uuid != self.current_uuid:
-            refusal = self.screen(signal, raw)
-            if refusal is not None:  # counted and logged (within a budget) by the dispatcher, which refuses it too
-                log.debug("%s with uuid %s is %s: the running cycle %s stays current", signal.signalType or "(no type)",
-                            uuid, refusal[0], self.current_uuid)
-                return
-            self._end_cycle()
-            self.current_uuid = uuid
-            self._on_cycles()
-
-    def _end_cycle(self) -> None:
-        ended, self.current_uuid = self.current_uuid, None
-        if ended:
-            self._on_cycles()
-            self._ended[ended] = None
-            while len(self._ended) > 256:
-                del self._ended[next(iter(self._ended))]
-            for listener in self.cycle_listeners:
-                listener(ended)
 
 
 async def run_logged(name: str, coroutine: Awaitable[Any]) -> Any:

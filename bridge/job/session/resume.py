@@ -42,9 +42,9 @@ class CycleResume:
     ClusterD cycle. Runs on the event loop only (never on the controller's thread)."""
 
     def __init__(self, job_id: str, flow: ControllerFlow, outbox: Outbox, metrics: BridgeMetrics, *,
-                 resubscribe: Callable[[str], None], publish: Callable[[], None]) -> None:
-        """``resubscribe(reason)``: re-run Init/Register/Subscribe (``Session``).
-        ``publish()``: the wire's snapshot of the loop's state is out of date
+                 resubscribe: Callable[[str], None], publish: Callable[[str | None], None]) -> None:
+        """``resubscribe(reason)``: re-run Init/Register/Subscribe (``CycleState``).
+        ``publish(narrowed)``: the wire's snapshot of the loop's state is out of date
         (``flow.answering`` or ``rebound_global`` changed here: the wire binds the
         controller's next answer to the one and leaves a strategies report of the other to
         the loop)."""
@@ -74,7 +74,7 @@ class CycleResume:
         previous one may be replayed."""
         self.stop_report = self.strategies_report = self.rebound_global = None
         self.flow_faults_stale = False
-        self._publish()
+        self._publish(self.narrowed())
 
     # The maps are the return path's own cleaned copies, never changed after the report
     # is encoded: kept by reference (copying 100 000 ranks would cost the loop a few ms).
@@ -91,7 +91,7 @@ class CycleResume:
         as for a cycle answered from memory (module docstring)."""
         rebound, self.rebound_global = self.rebound_global, None
         if rebound is not None:
-            self._publish()
+            self._publish(self.narrowed())
         if rebound is None or rebound[0] != cycle:
             return strategies
         offered, narrowed = self._repairable(cycle, rebound[1], faults, strategies)
@@ -173,7 +173,7 @@ class CycleResume:
         if step is Step.STOP_SENT:
             # The controller's own stop-complete is still to come: it answers this cycle.
             self.flow.answering = token
-            self._publish()
+            self._publish(self.narrowed())
             self._resumed("rebound", "stopTrain", token, "the controller's coming stop-complete answers it")
             return True
         if step not in STOPPED:
@@ -192,7 +192,7 @@ class CycleResume:
                                         codec.encode_stop_complete_request(self.job_id, code, message, stopped))
         if step is Step.AWAIT_GLOBAL:
             self.flow.answering = token
-            self._publish()
+            self._publish(self.narrowed())
         else:  # GLOBAL_SENT / AWAIT_STRATEGY: the new globalFault must not reach the controller either
             self.pending = "global"
         self._resumed("answered_stop_complete", "stopTrain", token, f"with code {code}")
@@ -203,7 +203,7 @@ class CycleResume:
         if step is Step.GLOBAL_SENT:
             self.rebound_global = (token, dict(named))  # published with the new answering cycle
             self.flow.answering = token
-            self._publish()
+            self._publish(self.narrowed())
             self._resumed("rebound", "globalFault", token, "the controller's coming report_strategies answers it")
             return True
         if step is not Step.AWAIT_STRATEGY or self.strategies_report is None:
@@ -214,7 +214,7 @@ class CycleResume:
         self.outbox.submit_cycle_report("strategy", token,
                                         codec.encode_recover_strategy_request(self.job_id, faults, strategies))
         self.flow.answering = token
-        self._publish()
+        self._publish(self.narrowed())
         self._resumed(result, "globalFault", token, f"with {strategies}")
         return True
 

@@ -1,63 +1,23 @@
-"""ClusterD signals -> controller notify calls, in order, de-duplicated, gated.
+"""ClusterD's signals -> the controller's notify calls: screened, de-duplicated, gated, in order.
 
-Signals arrive on the session's stream and are queued here, so reading the stream (and
-feeding the keep-alive watchdog) never waits for the controller. One task then handles
-them in arrival order and makes each notify call on the event loop itself: a notify
-only checks its arguments and signals the controller's state machine (the stub takes
-about 30 us; the real one releases the GIL in C++). Measured under CPU load, the hand-off to a
-dedicated notify thread, the design before, as the signal path's avoidable cost: on the
-loaded 2-core machine that wake-up took p99 3.6-6.9 ms, up to 49 ms, and the whole
-signal -> notify p99 was 83 ms against 9 ms inline (``bench/bench_loaded.py``). Should
-one notify ever take longer than ``INLINE_NOTIFY_LIMIT``, every later one runs on the
-dedicated thread again (logged once), so a slow controller costs the loop at most once.
+The session's reader screens each signal once (``screen_signal``: well-formed, fault
+ranks decoded) and hands the ``Screened`` record to ``SignalDispatcher.submit``; one task
+handles them in arrival order and makes each notify on the event loop, or on
+``tft-notify`` once a notify took longer than ``INLINE_NOTIFY_LIMIT`` (figures:
+docs/performance.md). The peer facts behind the rules are in docs/architecture.md
+("Invariants"), docs/mindio-controller.md (section 2) and docs/clusterd.md (sections 5, 7):
 
-What each rule guards against (bad arguments, floods of actions, the orphaned globalFault):
-
-* **Arguments are checked and clamped before the flow moves** (``notify_arguments``).
-  The controller's notify functions are SWIG wrappers: a pause ``timeout`` that is
-  negative or >= 2^32 raises ``OverflowError`` (docs/mindio-controller.md section 2),
-  an ``on_global_rank`` time outside 1..3600 returns 1, a fault rank outside
-  ``[0, world_size)`` returns 1 *after* the entries before it were merged, and
-  ``downgrade``/``upgrade`` need 1..1023 bytes of params. The flow tracker moves before
-  the call (the next callback may run before the call returns), so a call that then
-  failed left it at PAUSE_SENT and the next real stopTrain was refused: the controller
-  timed out and killed the job.
-* **Every notify failure restores the flow**: a non-zero return and an exception alike.
-* **One signal has a bounded cost.** A signal with 10 000 unknown actions wrote one
-  warning each (428 MB of log) and held the next real stopTrain back by > 8 s. Real
-  signals carry at most two actions (docs/clusterd.md section 5): more than
-  ``MAX_ACTIONS`` is refused whole (``too_many_actions``); an unknown action is counted
-  as ``unknown_action`` (it used to be counted as ``unexpected_step``); one signal's
-  refusals make one log line, and those lines are budgeted (``bridge/core/log_budget.py``,
-  the same mechanism as the flow tracker's desync lines).
-* **The orphaned globalFault is refused** (``orphaned_global_fault``). When a client
-  re-subscribes while a type-1 cycle waits before its globalFault, the real ClusterD
-  still sends that globalFault, 11 s after the old StopComplete, on the *new* stream,
-  with uuid "", no fault ranks and no node ranks (docs/clusterd.md section 7). Every
-  signal of a real cycle carries the cycle's uuid (section 5), so this one belongs to
-  no cycle: forwarded, the controller reported strategies into nothing, the stale
-  ReportRecoverStrategy sat in ClusterD's one-slot buffer and the next real stopTrain
-  was refused. Its ``fault_nodes_exit`` names no node and ends nothing real, so its
-  node hook is not run either. The server builds the orphan from the job's state when
-  it fires: uuid "" and no ranks exactly when no cycle runs on the new stream, so the
-  shape alone says "a stream with no cycle". Once the bridge's resume (resume.py) has
-  started a new cycle, the orphan carries that cycle's uuid and its whole-pod ranks and
-  cannot be told from the cycle's own globalFault: it is forwarded as that cycle's,
-  the real one after it is refused (unexpected_step) and the cycle still completes
-  (tests/test_orphaned_global_fault.py). uuid-less signals that are legitimate
-  (saveAndExit, preExitProcess) carry no on_global_rank. Having sent the orphan, ClusterD
-  waits for a ReportRecoverStrategy of a cycle nobody runs (for 15 minutes), and a fault
-  reported meanwhile *joins* that cycle instead of starting one: observed when the
-  resume's re-report (resume.py) reached ClusterD just after the orphan, the controller
-  stopped for a cycle that could never move again and went to EXIT at the end of its
-  wait. So a refused orphan also makes the session subscribe again at once
-  (``on_orphaned_global_fault``; reconnect reason ``orphaned_global_fault``): the reset
-  leaves ClusterD idle (the orphan came after its globalFault wait, so a reset makes no
-  second one), and the resume re-reports on the new stream.
-
-``signal_problem`` says whether a signal is well-formed and why not, without the
-controller or the flow, so the session can ask it before the signal may touch cycle
-tracking.
+* a notify's arguments are checked and clamped before the flow moves
+  (``notify_arguments``); every notify failure, a non-zero return or an exception,
+  puts the flow back;
+* one signal has a bounded cost: more than ``MAX_ACTIONS`` actions is refused whole
+  (``too_many_actions``), an unknown action is counted as ``unknown_action``, and one
+  signal's refusals make one log line, within a budget (``bridge/core/log_budget.py``);
+* the orphaned globalFault (``is_orphaned_global_fault``: the leftover of a cycle a
+  stream reset aborted) is refused, runs no node hook, and asks the cycle state for a
+  new subscription (reason ``orphaned_global_fault``), which leaves ClusterD idle;
+* ClusterD's ``stop switch`` ends the switch in the flow and is withheld from the
+  controller (``STOP_SWITCH``).
 """
 
 from __future__ import annotations
@@ -68,7 +28,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from bridge import faults as codec
 from bridge._proto import recover_pb2 as pb
@@ -154,42 +114,49 @@ def asks_nodes_to_exit(action: str, signal: pb.ProcessManageSignal) -> bool:
 
 def is_orphaned_global_fault(signal: pb.ProcessManageSignal) -> bool:
     """The globalFault ClusterD sends on a new stream for a cycle a reset aborted
-    (module docstring): on_global_rank with no uuid, no fault ranks and no node ranks."""
+    (docs/clusterd.md section 7): on_global_rank with no uuid, no fault ranks and no node
+    ranks. Every signal of a real cycle carries its uuid, so this one belongs to none."""
     return (not signal.uuid and "on_global_rank" in signal.actions and not signal.faultRanks
             and not signal.nodeRankIds)
 
 
-def screen_signal(signal: pb.ProcessManageSignal, raw: bytes) -> tuple[str, str] | None:
-    """``signal_problem`` plus what the dispatcher finds later: fault ranks that do not
-    decode, no known action. The session asks it before a signal with a new uuid may
-    become the running cycle (seen: a garbage globalFault adopted as the cycle
-    got the real result dropped as no_live_cycle); the dispatcher refuses the same signal
-    and counts it, so a refused signal changes neither the controller nor the cycle."""
+class Screened(NamedTuple):
+    """A signal as the session read it, screened once (``screen_signal``); the
+    dispatcher acts on this, never on the signal's bytes again."""
+
+    signal: pb.ProcessManageSignal
+    token: str  # the cycle it belongs to: its uuid, or the stream's token for uuid-less signals
+    faults: dict[int, int]  # its fault ranks, decoded ({} when not decoded or malformed)
+    problem: tuple[str, str] | None  # ``signal_problem``: refused whole, before anything else
+    fault_error: str  # why its fault ranks do not decode ("" when they do): refused as malformed
+    adoptable: bool  # may become the running cycle: well-formed, with a known action
+
+    @property
+    def refusal(self) -> tuple[str, str] | None:
+        """The first reason the signal must touch neither the controller nor the cycle."""
+        if self.problem is not None:
+            return self.problem
+        if self.fault_error:
+            return "malformed", self.fault_error
+        if not self.adoptable:
+            return "unknown_action", f"none of its {len(self.signal.actions)} action(s) is known"
+        return None
+
+
+def screen_signal(signal: pb.ProcessManageSignal, raw: bytes, token: str) -> Screened:
+    """``signal`` (``raw``: its bytes) checked and its fault ranks decoded, once, on the
+    session's reader before the signal may touch cycle tracking (a garbage globalFault
+    adopted as the cycle got the real result dropped as no_live_cycle). Keep-alives and
+    killMaster carry nothing to decode. Never raises."""
     problem = signal_problem(signal)
     if problem is not None or signal.signalType in (KEEP_ALIVE, KILL_MASTER):
-        return problem
-    if not any(action in KNOWN_ACTIONS for action in signal.actions):
-        return "unknown_action", f"none of its {len(signal.actions)} action(s) is known"
+        return Screened(signal, token, {}, problem, "", problem is None)
     try:
         faults = codec.decode_signal_faults(raw)
     except ValueError as error:
-        return "malformed", str(error)
-    _screened[0] = (raw, faults)
-    return None
-
-
-#: The last signal ``screen_signal`` decoded, for the dispatcher to reuse (decoding a
-#: 100 000-rank stopTrain costs the loop about 10 ms; it is screened and then dispatched).
-_screened: list[tuple[bytes, dict[int, int]] | None] = [None]
-
-
-def decode_faults(raw: bytes) -> dict[int, int]:
-    """``codec.decode_signal_faults``, reusing what ``screen_signal`` decoded from these
-    very bytes (identity, not equality: nothing to compare); ValueError when malformed."""
-    screened, _screened[0] = _screened[0], None
-    if screened is not None and screened[0] is raw:
-        return screened[1]
-    return codec.decode_signal_faults(raw)
+        return Screened(signal, token, {}, None, str(error), False)
+    known = any(action in KNOWN_ACTIONS for action in signal.actions)
+    return Screened(signal, token, faults, None, "", known)
 
 
 def signal_problem(signal: pb.ProcessManageSignal) -> tuple[str, str] | None:
@@ -248,9 +215,8 @@ def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy
     """
     notes: list[str] = []
     if action in RANK_ACTIONS and world_size is not None:
-        # One max() in C (~3 ms for 100 000 ranks on a loaded core): the common all-valid
-        # map costs no Python-level loop on the event loop; only a map with bad ranks is
-        # walked. The codec yields no negative rank (ASCII digits only); the walk checks both.
+        # One max() in C: the common all-valid map costs no Python-level loop on the
+        # event loop; only a map with bad ranks is walked. The codec yields no negative rank (ASCII digits only); the walk checks both.
         bad = [rank for rank in faults if not 0 <= rank < world_size] \
             if faults and max(faults) >= world_size else []
         if bad:
@@ -281,24 +247,46 @@ def notify_arguments(action: str, faults: dict[int, int], timeout: int, strategy
     return NotifyArguments(faults, timeout, strategy, params, tuple(notes))
 
 
+class CycleControl(Protocol):
+    """What the dispatcher tells the owner of the cycle state (``CycleState``)."""
+
+    def answering_changed(self) -> None: ...
+
+    def request_resubscribe(self, reason: str) -> None: ...
+
+
+class ReportSide(Protocol):
+    """What the dispatcher uses of the report side's bookkeeping (``ledger.ReportPath``)."""
+
+    resume: CycleResume  # answers a restarted ClusterD's new cycle (resume.py)
+    repeats: RepeatedCycles  # tells a repeat of a succeeded retry cycle (repeated_cycles.py)
+
+    def exit_decided(self) -> None: ...
+
+
 class SignalDispatcher:
+    """ClusterD's signals -> the controller's notify calls, on the event loop: ``submit``
+    on the session's reader, the rest in the ``run`` task, one signal at a time in
+    arrival order. Before each notify it moves the flow and tells ``cycles``
+    (``answering_changed``), after a refused or failed one it undoes the move and tells
+    it again; a refused orphaned globalFault asks ``cycles`` for a new subscription."""
+
     def __init__(self, job_id: str, flow: ControllerFlow, controller: ControllerHost, hooks: NodeHooks,
-                 metrics: BridgeMetrics, *, on_kill_master: Callable[[], None],
-                 resume: CycleResume | None, repeats: RepeatedCycles | None,
-                 on_exit_decided: Callable[[], None], on_orphaned_global_fault: Callable[[], None],
-                 pause_timeout: int = PAUSE_DEFAULT, observer: Callable[[str], None] | None = None,
-                 recorder: NullRecorder | None = None) -> None:
-        """The report side's parts the dispatcher calls are required (``resume``,
-        ``repeats``, both ``on_*``): a default would let a forgotten one break a recovery
-        silently. ``None`` for ``resume``/``repeats`` means no report path (a test's)."""
+                 metrics: BridgeMetrics, cycles: CycleControl, reports: ReportSide | None, *,
+                 on_kill_master: Callable[[], None], pause_timeout: int = PAUSE_DEFAULT,
+                 observer: Callable[[str], None] | None = None, recorder: NullRecorder | None = None) -> None:
+        """``reports`` None: no report path (a test's). ``on_kill_master``: ClusterD
+        reschedules the job (the daemon stops). ``pause_timeout``: a pause's default
+        length. ``observer``: the demo's timeline; ``recorder``: the flight recorder."""
         self.job_id = job_id
         self.flow = flow
         self.controller = controller
         self.hooks = hooks
         self.metrics = metrics
+        self._cycles = cycles
         self.on_kill_master = on_kill_master
         self.pause_timeout = pause_timeout
-        self._queue: asyncio.Queue[tuple[pb.ProcessManageSignal, bytes, str] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[Screened | None] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tft-notify")
         self.notify_inline = True  # False: on the tft-notify thread (after a slow notify, or the A/B bench)
         self._seen: set[tuple[Any, ...]] = set()
@@ -306,24 +294,23 @@ class SignalDispatcher:
         self._stopped = False
         self._log_budget = LogBudget(burst=5, window=60.0)  # refusal lines, per reason
         self.observer: Callable[[str], None] = observer or (lambda line: None)  # the demo's timeline
-        self.on_exit_decided = on_exit_decided  # ClusterD chose exit (no result follows)
-        # ClusterD sent an orphaned globalFault: it now waits in a cycle nobody answers (Link: re-subscribe)
-        self.on_orphaned_global_fault = on_orphaned_global_fault
         self.recorder: NullRecorder = recorder or NullRecorder()  # the flight recorder (bridge/job/recorder/): O(1) hooks
-        self.resume = resume  # answers a restarted ClusterD's new cycle (resume.py)
+        self.resume = reports.resume if reports is not None else None
+        self.repeats = reports.repeats if reports is not None else None
+        self._reports = reports
         self._exit_decided_in = ""  # the cycle token whose exit decision was counted
-        self.repeats = repeats  # tells a repeat of a succeeded retry cycle (repeats.py)
 
     # ------------------------------------------------------------------ intake (session's reader)
-    def submit(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
+    def submit(self, screened: Screened) -> None:
         """Filter what needs no controller (other jobs, keep-alives) and queue the rest."""
+        signal = screened.signal
         self.metrics.signals_received.labels(signal_type_label(signal.signalType)).inc()
         if signal.jobId != self.job_id:
             self._refuse("foreign_job", signal, f"signal for job {signal.jobId!r}")
             return
         if signal.signalType == KEEP_ALIVE:
             return
-        self._queue.put_nowait((signal, raw, token))
+        self._queue.put_nowait(screened)
 
     def stop(self) -> None:
         """Forward nothing more, not even signals already queued."""
@@ -365,11 +352,10 @@ class SignalDispatcher:
             item = await self._queue.get()
             if item is None or self._stopped:
                 return
-            signal, raw, token = item
             try:
-                await self._dispatch(signal, raw, token)
+                await self._dispatch(item)
             except Exception:  # one bad signal must not end dispatching
-                log.exception("failed to dispatch %s", signal.signalType)
+                log.exception("failed to dispatch %s", item.signal.signalType)
                 self.metrics.bad_inputs.labels("signal_dispatch").inc()
 
     def _fingerprint(self, signal: pb.ProcessManageSignal) -> tuple[Any, ...]:
@@ -392,28 +378,29 @@ class SignalDispatcher:
         self._seen.add(key)
         return False
 
-    async def _dispatch(self, signal: pb.ProcessManageSignal, raw: bytes, token: str) -> None:
+    async def _dispatch(self, screened: Screened) -> None:
+        signal, token = screened.signal, screened.token
         self.recorder.signal(signal.signalType, signal.uuid, shown_actions(signal), signal.changeStrategy,
                              signal.extraParams, len(signal.faultRanks))
         if signal.signalType == KILL_MASTER:
             log.warning("ClusterD sent killMaster for job %s: the job is being rescheduled; stopping", self.job_id)
             self.on_kill_master()
             return
-        problem = signal_problem(signal)
+        problem = screened.problem
         if problem is not None:
             self._refuse(problem[0], signal, problem[1])
             if problem[0] == "orphaned_global_fault":
-                self.on_orphaned_global_fault()
+                # ClusterD now waits in a cycle nobody answers: a reset leaves it idle (module docstring)
+                self._cycles.request_resubscribe("orphaned_global_fault")
             return
         if self._is_duplicate(signal):
             self._refuse("duplicate", signal)
             return
-        try:
-            faults = decode_faults(raw)
-        except ValueError as error:
+        if screened.fault_error:
             self.metrics.bad_inputs.labels("signal_fault_ranks").inc()
-            self._refuse("malformed", signal, str(error))
+            self._refuse("malformed", signal, screened.fault_error)
             return
+        faults = screened.faults
         refused: list[tuple[str, str]] = []
         for action in signal.actions:  # in order: never a set
             reason = await self._act(action, signal, faults, token)
@@ -477,6 +464,7 @@ class SignalDispatcher:
             self.repeats.clusterd_stop(args.faults)  # ClusterD starts the cycle: a repeat of a success?
         before = self.flow.snapshot()
         self.flow.notified(action, token, strategy, seconds=args.timeout)
+        self._cycles.answering_changed()  # before the notify: the controller answers only after it
         started = time.monotonic()
         try:
             if self.notify_inline:
@@ -486,6 +474,7 @@ class SignalDispatcher:
                 rc = await asyncio.get_running_loop().run_in_executor(self._executor, self._notify, action, args)
         except Exception as error:  # a notify that raised changed nothing in the controller: undo the move
             self.flow.restore(before)
+            self._cycles.answering_changed()
             self.metrics.notifies.labels(action, "error").inc()
             log.error("the controller's %s notify raised %s: %s (cycle %s); the flow is back at %s",
                       action, type(error).__name__, error, signal.uuid, self.flow.step.value)
@@ -496,12 +485,14 @@ class SignalDispatcher:
         if rc == 0:
             if exit_decision:
                 self._exit_decided_in = token
-                self.on_exit_decided()
+                if self._reports is not None:
+                    self._reports.exit_decided()  # ClusterD chose exit: no result follows
             detail = f" {strategy}" if action == "change_strategy" else \
                 f" ({len(args.faults)} ranks)" if args.faults else ""
             self.observer(f"ClusterD {signal.signalType} -> controller {action}{detail}")
         else:
             self.flow.restore(before)
+            self._cycles.answering_changed()
             log.error("the controller refused %s (returned %s) for cycle %s", action, rc, signal.uuid)
         self.recorder.notify(action, rc, started, time.monotonic() - started,
                              strategy if action == "change_strategy" else "")
@@ -511,6 +502,7 @@ class SignalDispatcher:
         """ClusterD gave up its hot switch (``STOP_SWITCH``): the switch is over
         for the flow, and the controller is not told."""
         self.flow.notified(STOP_SWITCH, token)
+        self._cycles.answering_changed()
         self.metrics.notifies.labels(STOP_SWITCH, "withheld").inc()  # the signal itself is in the recorder
         self.observer(f"ClusterD {signal.signalType} [stop switch] -> withheld from the controller")
         log.info("ClusterD stopped its hot switch (the backup pod did not start); not telling the controller, "
