@@ -96,8 +96,7 @@ class Bridge:
         self._link: Link | None = None  # built by run()
         self._stop = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # supervised: its end stops the bridge
-        self._threads: dict[str, Callable[[], bool]] = {}  # supervised threads: alive(), looked at by the tick
-        self._thread_died = asyncio.Event()  # a supervised thread ended (told, or found by the tick)
+        self._thread_died = asyncio.Event()  # a supervised thread told it ended (``_thread_ended``)
         self._ended_threads: list[str] = []  # the threads that told they ended (``_thread_ended``)
         self._status = ""
         self.side: SideServices | None = None  # built with the link (side_services.py)
@@ -158,13 +157,15 @@ class Bridge:
             log.warning("configuration: %s", line)
         if c.metrics.enabled:
             try:
+                loop = asyncio.get_running_loop()
                 server = MetricsServer(self.metrics, c.metrics.address, c.metrics.port, certfile=c.metrics.certfile,
-                                       keyfile=c.metrics.keyfile, client_cafile=c.metrics.client_cafile)
+                                       keyfile=c.metrics.keyfile, client_cafile=c.metrics.client_cafile,
+                                       on_died=partial(loop.call_soon_threadsafe, self._thread_ended,
+                                                       "metrics endpoint thread"))
                 server.start()
             except OSError as error:
                 raise StartupError(f"metrics endpoint {c.metrics.address}:{c.metrics.port}: {error}") from error
             self.metrics_server = server
-            self._watch_thread("metrics endpoint thread", lambda: server.alive)
             log.info("metrics on http%s://%s:%d/metrics", "s" if c.metrics.certfile else "", c.metrics.address,
                      server.port)
         if c.ranktable.enabled:
@@ -217,19 +218,11 @@ class Bridge:
             self.notifier.ready(self._status_line())
             self.ready.set()
 
-    def _watch_thread(self, name: str, alive: Callable[[], bool]) -> None:
-        self._threads[name] = alive
-
     def _thread_ended(self, name: str) -> None:
-        """A supervised thread's end, told on the loop (a dead wire would leave every
-        report of the controller unsent): the bridge stops (``_serve``)."""
+        """A supervised thread's end (the report wire, the metrics endpoint), told on the
+        loop by the thread's ``on_died``/``on_ended``: the bridge stops (``_serve``)."""
         self._ended_threads.append(name)
         self._thread_died.set()
-
-    def _look_at_threads(self) -> None:
-        """On the tick: a supervised thread that ended stops the bridge (``_serve``)."""
-        if not all(alive() for alive in self._threads.values()):
-            self._thread_died.set()
 
     # ------------------------------------------------------------------ running
     async def _serve(self) -> None:
@@ -254,8 +247,7 @@ class Bridge:
                     else "returned although the bridge was not stopping"
                 log.error("background task %s ended: %s; stopping the bridge (exit code %d)", name, why, EXIT_FAILED)
                 self.notifier.status(f"stopping: background task {name} ended: {why}")
-        ended = [name for name, alive in self._threads.items() if not alive()]
-        for name in dict.fromkeys([*self._ended_threads, *ended]):
+        for name in dict.fromkeys(self._ended_threads):
             log.error("the %s ended; stopping the bridge (exit code %d)", name, EXIT_FAILED)
             self.notifier.status(f"stopping: the {name} ended")
 
@@ -269,7 +261,6 @@ class Bridge:
                 return
             except asyncio.TimeoutError:
                 pass
-            self._look_at_threads()
             self._tick()
             if self._controller_waits_for_recovery():
                 try:
