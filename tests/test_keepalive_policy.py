@@ -245,7 +245,7 @@ async def test_a_report_in_flight_across_a_goaway_is_counted_never_lost_silently
     too_many_pings GOAWAY). The call fails on a connection that was ready, an outcome
     that is unknown (the report reached ClusterD): the failure and the lost connection are
     counted, and the fault report stays queued (resending a fault is harmless: ClusterD
-    merges faults; a cycle-bound report would be dropped, tests/test_wire.py)."""
+    merges faults; a cycle-bound report would be dropped, tests/test_relay.py)."""
     server = _SlowReports(hold=30.0)
     address = await server.start()
     metrics = BridgeMetrics()

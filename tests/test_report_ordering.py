@@ -7,7 +7,7 @@ stream) would otherwise land in the *new* cycle's buffer and be consumed as
 its answer. The Report* calls travel on a connection of their own, so only the bridge
 can order the two: the session awaits the wire's ``settle`` before every Subscribe, and
 once the loop has published the stream's end no cycle-bound report of it starts
-(tests/test_wire.py holds ``settle`` itself).
+(tests/test_relay.py holds ``settle`` itself).
 """
 
 from __future__ import annotations

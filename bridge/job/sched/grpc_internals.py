@@ -1,6 +1,6 @@
 """Everything the bridge takes from below Python's and gRPC's public surface, in one place.
 
-Each item has a guard test (tests/test_lowlevel.py) that fails where it is gone, rather
+Each item has a guard test (tests/test_grpc_internals.py) that fails where it is gone, rather
 than the bridge silently falling back to a slower way:
 
 * ``libc_function``: C library functions through ctypes; ``sched_getcpu`` and
