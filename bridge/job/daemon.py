@@ -41,7 +41,8 @@ from bridge.job.host.controller import ControllerHost, StartupError, load_contro
 from bridge.job.side_services import SideServices
 from bridge.job.reports.controller_flow import ControllerFlow, Step
 from bridge.job.assembly import Link, finish, spawn
-from bridge.job.metrics import BridgeMetrics, MetricsServer
+from bridge.core.metrics_http import MetricsServer
+from bridge.job.metrics import BridgeMetrics
 from bridge.job.session.orphan import ControllerMarker, OrphanWatch, sweep_stale_markers
 from bridge.job.session.rank_table import RankTableSubscriber
 from bridge.job.recorder import NullRecorder, Recording

@@ -22,7 +22,7 @@ from bridge.job.session.codes import Code
 from bridge.faults import IMPLEMENTATION
 from bridge.job.reports.controller_flow import Step
 from bridge.job.reports.kinds import CALLBACKS, METHODS, REPORT_KINDS
-from bridge.core.metrics_http import MetricsServer, sample  # noqa: F401  (the endpoint; callers import it from here)
+from bridge.core.metrics_http import sample
 
 #: Recovery takes seconds to many minutes (ClusterD alone waits ~11 s before globalFault).
 RECOVERY_BUCKETS = (0.5, 1, 2.5, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800)
