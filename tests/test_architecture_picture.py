@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from .test_import_cycles import PACKAGE, imports_of, module_names
-from .test_layout import MAY_IMPORT, room_of
+from .test_layout import MAY_IMPORT, room_of, write_package
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "docs" / "images" / "threads.dot"
@@ -199,19 +199,15 @@ def test_a_wrong_module_picture_is_found(tmp_path: Path) -> None:
     """The check can fail: a module left out, a name the code lacks, a module in the wrong
     room's box, a package with code whose ``__init__`` is not listed, a missing and a
     surplus edge; a code-less package is pictured by its row, a summarised room by globs."""
-    package = tmp_path / "pkg"
-    for directory in ("core", "job", "job/session", "sim", "sim/kube"):
-        (package / directory).mkdir(parents=True)
-        (package / directory / "__init__.py").write_text('"""A package."""\n')
-    (package / "__init__.py").write_text("")
-    (package / "core" / "__init__.py").write_text("from pkg.core import config\n")
-    (package / "core" / "config.py").write_text("")
-    (package / "core" / "files.py").write_text("")
-    (package / "job" / "daemon.py").write_text("from pkg.core import config\n")
-    (package / "job" / "session" / "clusterd.py").write_text("")
-    (package / "job" / "session" / "codes.py").write_text("")
-    (package / "sim" / "clusterd_a.py").write_text("from pkg.job import daemon\n")
-    (package / "sim" / "kube" / "apiserver.py").write_text("from pkg.core import files\n")
+    package = write_package(tmp_path / "pkg", {
+        "__init__.py": "", "job/__init__.py": '"""A package."""\n', "job/session/__init__.py": '"""A package."""\n',
+        "sim/__init__.py": '"""A package."""\n', "sim/kube/__init__.py": '"""A package."""\n',
+        "core/__init__.py": "from pkg.core import config\n", "core/config.py": "", "core/files.py": "",
+        "job/daemon.py": "from pkg.core import config\n",
+        "job/session/clusterd.py": "", "job/session/codes.py": "",
+        "sim/clusterd_a.py": "from pkg.job import daemon\n",
+        "sim/kube/apiserver.py": "from pkg.core import files\n",
+    })
     rules = {"pkg": frozenset(), "pkg.core": frozenset(), "pkg.job": frozenset({"pkg.core"}),
              "pkg.sim": frozenset({"pkg.core", "pkg.job"})}
     dot = '''digraph modules {

@@ -35,6 +35,15 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 FLOORS: dict[str, str] = {"bridge.job.sched": "bridge.job"}
 
 
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    """A fixture package under ``root``: each relative path written with its text."""
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
 def room_of(module: str, rooms: set[str]) -> str:
     """The longest room name that is ``module`` or a package holding it."""
     parts = module.split(".")
@@ -75,16 +84,15 @@ def test_every_import_points_down_and_nothing_imports_the_simulations() -> None:
 def test_an_upward_import_and_an_import_of_the_simulations_are_found(tmp_path: Path) -> None:
     """The check can fail: the core importing the job, the job importing the simulations
     (even late, inside a function), and a floor importing the room above it."""
-    package = tmp_path / "bridge"
-    for directory in ("core", "job", "job/sched", "sim"):
-        (package / directory).mkdir(parents=True)
-        (package / directory / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    (package / "core" / "config.py").write_text("from bridge.job import daemon\n")
-    (package / "job" / "daemon.py").write_text("def f():\n    from bridge.sim import stub\n")
-    (package / "job" / "metrics.py").write_text("from bridge.core import config\n")
-    (package / "job" / "sched" / "affinity.py").write_text("from bridge.job import metrics\n")
-    (package / "sim" / "stub.py").write_text("from bridge.job import daemon\n")
+    package = write_package(tmp_path / "bridge", {
+        "__init__.py": "", "core/__init__.py": "", "job/__init__.py": "", "job/sched/__init__.py": "",
+        "sim/__init__.py": "",
+        "core/config.py": "from bridge.job import daemon\n",
+        "job/daemon.py": "def f():\n    from bridge.sim import stub\n",
+        "job/metrics.py": "from bridge.core import config\n",
+        "job/sched/affinity.py": "from bridge.job import metrics\n",
+        "sim/stub.py": "from bridge.job import daemon\n",
+    })
     rules = {"bridge": frozenset(), "bridge.core": frozenset(), "bridge.job": frozenset({"bridge.core"}),
              "bridge.sim": frozenset({"bridge.core", "bridge.job"})}
     assert violations(package, "bridge", rules, {"bridge.job.sched": "bridge.job"}) == [
