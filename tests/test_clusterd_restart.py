@@ -494,7 +494,9 @@ class RecordingRelay:
         self.payloads.append(payload)
 
 
-def resume_at(step: Step) -> tuple[Any, RecordingRelay, Any]:
+def resume_at(step: Step, published: list[Any] | None = None) -> tuple[Any, RecordingRelay, Any]:
+    """A resume whose flow is at ``step``; what it publishes (the rebound cycle, with the
+    flow's answering one) appended to ``published``."""
     from bridge.job.reports.controller_flow import ControllerFlow
     from bridge.job.metrics import BridgeMetrics
     from bridge.job.session.resume import CycleResume
@@ -503,8 +505,9 @@ def resume_at(step: Step) -> tuple[Any, RecordingRelay, Any]:
     flow.step = step
     flow.answering = "old"
     relay = RecordingRelay()
+    sink = published if published is not None else []
     resume = CycleResume(JOB, flow, relay, BridgeMetrics(), resubscribe=lambda reason: None,  # type: ignore[arg-type]
-                         publish=lambda narrowed: None)
+                         publish=lambda rebound: sink.append((flow.answering, rebound)))
     resume.remember_stop(0, "stopped", {5: 1})
     resume.remember_strategies({5: 1}, ["recover", "dump", "exit"])
     return resume, relay, flow

@@ -92,6 +92,11 @@ async def clusterd() -> AsyncIterator[tuple[ClusterD, str]]:
 LIVE = Cycles(live=True, running="uuid-1", stream="stream:1", answering="uuid-1")
 
 
+def retry_later() -> Backoff:
+    """A retry long after the test: a fault report that failed stays at the outbox's head."""
+    return Backoff(30.0, 30.0)
+
+
 @dataclass
 class Listener:
     """The loop's side, recorded."""
@@ -133,12 +138,12 @@ class _Adapter:
 
 @asynccontextmanager
 async def running_wire(address: str, cycles: Cycles = LIVE, limit: int = 10_000, rpc_timeout: float = 10.0,
-                       metrics: BridgeMetrics | None = None,
-                       channel: grpc.Channel | None = None) -> AsyncIterator[tuple[WireRig, Listener]]:
+                       metrics: BridgeMetrics | None = None, channel: grpc.Channel | None = None,
+                       backoff: Backoff | None = None) -> AsyncIterator[tuple[WireRig, Listener]]:
     listener = Listener()
     channel = channel or grpc.insecure_channel(address)
     wire = WireRig(JOB, channel, asyncio.get_running_loop(), _Adapter(listener), metrics or BridgeMetrics(),  # type: ignore[arg-type]
-                   rpcs=listener, rpc_timeout=rpc_timeout, backoff=Backoff(0.01, 0.02), limit=limit)
+                   rpcs=listener, rpc_timeout=rpc_timeout, backoff=backoff or Backoff(0.01, 0.02), limit=limit)
     wire.publish(cycles)
     wire.start()
     try:
@@ -236,25 +241,23 @@ async def test_a_fault_report_waits_for_a_live_stream_and_merges_meanwhile(clust
 
 
 async def test_reports_of_a_cycle_that_is_over_never_leave(clusterd: tuple[ClusterD, str]) -> None:
-    """A strategies report the loop must narrow holds the wire's head (``Cycles.narrowed``);
-    the result behind it and then the strategies themselves outlive their cycle."""
+    """The strategies and the result wait behind a fault report to be retried; their
+    cycle ends meanwhile: both are dropped, in their order, and never sent."""
     fake, address = clusterd
     fake.release.set()
-    async with running_wire(address, Cycles(live=True, running="uuid-1", stream="stream:1", answering="uuid-1",
-                                            narrowed="uuid-1")) as (wire, listener):
+    fake.fault_answers = [grpc.StatusCode.UNAVAILABLE]  # not delivered: retried, long after
+    async with running_wire(address, backoff=retry_later()) as (wire, listener):
+        callback(wire, "report_fault_ranks", {3: 0}, {})
+        eventually_sync(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report's first try")
         strategies = callback(wire, "report_strategies", {3: 0}, ["retry", "exit"])
         result = callback(wire, "report_result", 0, "ok", {}, "retry")
-        await eventually(lambda: len(wire) == 2, what="the result queued behind the held strategies")
-        wire.catch_up()
-        held = listener.taken[0]
-        assert held.held is not None and held.cycle == "uuid-1"
+        await eventually(lambda: len(wire) == 3, what="the strategies and the result queued behind the fault report")
         wire.publish(Cycles(live=True, running="uuid-2", stream="stream:1", answering="uuid-1"))  # uuid-1 is over
-        assert await asyncio.wrap_future(result) == Code.OrderMix
-        wire.fill(held.held, b"narrowed")  # the loop fills the held report with what it offers
         assert await asyncio.wrap_future(strategies) == Code.OrderMix
+        assert await asyncio.wrap_future(result) == Code.OrderMix
         await eventually(lambda: len(listener.drops) == 2, what="both drops told")
-        assert listener.drops == [("result", "uuid-1", "cycle_ended"), ("strategy", "uuid-1", "cycle_ended")]
-        assert fake.log == []
+        assert listener.drops == [("strategy", "uuid-1", "cycle_ended"), ("result", "uuid-1", "cycle_ended")]
+        assert fake.log == ["ReportProcessFault"]
 
 
 async def test_a_report_bound_to_no_live_cycle_is_dropped_at_once(clusterd: tuple[ClusterD, str]) -> None:
@@ -334,9 +337,10 @@ async def test_a_full_outbox_drops_the_oldest_waiting_cycle_report_never_the_hea
         clusterd: tuple[ClusterD, str]) -> None:
     fake, address = clusterd
     fake.release.set()
-    narrowed = Cycles(live=True, running="uuid-1", stream="stream:1", answering="uuid-1", narrowed="uuid-1")
-    async with running_wire(address, narrowed, limit=2) as (wire, listener):
-        callback(wire, "report_strategies", {3: 0}, ["retry", "exit"])  # held at the head
+    fake.fault_answers = [grpc.StatusCode.UNAVAILABLE]  # the head stays: retried, long after
+    async with running_wire(address, limit=2, backoff=retry_later()) as (wire, listener):
+        callback(wire, "report_fault_ranks", {3: 0}, {})
+        eventually_sync(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report's first try")
         first = callback(wire, "report_result", 0, "ok", {}, "retry")
         second = callback(wire, "report_result", 0, "ok", {}, "retry")
         assert await asyncio.wrap_future(first) == Code.EventQueueBusy
@@ -488,7 +492,7 @@ def test_the_loop_answers_a_malformed_report_499_and_counts_it() -> None:
     waiter: Future[int] = Future()
     report = report_of("report_stop_complete", ("not a code", "", {}), 0.0, waiter)
     path.taken([Taken(report, "uuid-1", codec.CleanFaults({}, 0, ""), [],
-                      "status code must be an int, got 'not a code'", None)])
+                      "status code must be an int, got 'not a code'", [], frozenset())])
     assert waiter.result(0) == Code.ClientError
     assert metrics.sample("tft_bridge_bad_inputs_total", {"kind": "controller_report_stop_complete"}) == 1
 
