@@ -572,6 +572,46 @@ def test_a_resumed_global_fault_naming_more_ranks_is_offered_no_repair() -> None
     assert list(pb.RecoverStrategyRequest.FromString(relay.payloads[-1]).strategies) == ["recover", "dump", "exit"]
 
 
+def test_without_repair_narrows_only_for_ranks_beyond_the_offer() -> None:
+    from bridge.job.session.resume import without_repair
+
+    offer = ["retry", "recover", "dump", "exit"]
+    assert without_repair({4: 1, 5: 1, 8: 1, 9: 1}, {4: 1, 5: 1}, offer) == (["dump", "exit"], {8, 9})
+    assert without_repair(frozenset({5}), {4: 1, 5: 1}, offer) == (offer, frozenset())
+    assert without_repair(frozenset(), {}, offer) == (offer, frozenset())
+    assert without_repair(frozenset({9}), {5: 1}, ["retry", "recover"]) == (["exit"], {9})  # neither offered
+
+
+def test_a_rebound_global_fault_is_published_with_its_cycle_and_cleared_once_answered() -> None:
+    """GLOBAL_SENT: the new globalFault is rebound to the controller's coming strategies,
+    published together with the answering cycle (the wire binds and narrows from that one
+    publication); the loop, told what the wire sent, clears it and counts a narrowed one.
+    A new stream clears it too: its cycle ended with the stream."""
+    from bridge.job.cycle_state import Rebound
+
+    published: list[Any] = []
+    resume, relay, flow = resume_at(Step.GLOBAL_SENT, published)
+    resume.on_subscribed({5: 1})
+    assert resume.intercept("stop_train", {5: 1}, "new") == "resumed" and resume.pending == "global"
+    assert resume.intercept("on_global_rank", {4: 1, 5: 1, 8: 1, 9: 1}, "new") == "resumed"
+    assert published == [("new", Rebound("new", frozenset({4, 5, 8, 9})))]
+    resume.strategies_sent("new", ["dump", "exit"], frozenset({4, 8, 9}))
+    assert published[1:] == [("new", None)] and resume.rebound_global is None
+    assert resume.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "answered_without_repair"}) == 1
+    resume.strategies_sent("new", ["recover", "dump", "exit"], frozenset())  # a second one: nothing to clear or count
+    assert published[2:] == []
+    assert resume.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "answered_without_repair"}) == 1
+
+    published.clear()
+    resume, relay, flow = resume_at(Step.GLOBAL_SENT, published)
+    resume.on_subscribed({5: 1})
+    resume.intercept("stop_train", {5: 1}, "new")
+    resume.intercept("on_global_rank", {5: 1, 9: 1}, "new")
+    resume.on_subscribed({5: 1})  # the stream ended again before the controller answered
+    assert published == [("new", Rebound("new", frozenset({5, 9}))), ("new", None)]
+    assert resume.rebound_global is None
+
+
 # --------------------------------------------------------------------------- a freeze shorter than the watchdog
 
 @pytest.mark.parametrize("callback", ["report_stop_complete", "report_strategies"])
