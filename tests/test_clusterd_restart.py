@@ -494,7 +494,9 @@ class RecordingRelay:
         self.payloads.append(payload)
 
 
-def resume_at(step: Step) -> tuple[Any, RecordingRelay, Any]:
+def resume_at(step: Step, published: list[Any] | None = None) -> tuple[Any, RecordingRelay, Any]:
+    """A resume whose flow is at ``step``; what it publishes (the rebound cycle, with the
+    flow's answering one) appended to ``published``."""
     from bridge.job.reports.controller_flow import ControllerFlow
     from bridge.job.metrics import BridgeMetrics
     from bridge.job.session.resume import CycleResume
@@ -503,8 +505,9 @@ def resume_at(step: Step) -> tuple[Any, RecordingRelay, Any]:
     flow.step = step
     flow.answering = "old"
     relay = RecordingRelay()
+    sink = published if published is not None else []
     resume = CycleResume(JOB, flow, relay, BridgeMetrics(), resubscribe=lambda reason: None,  # type: ignore[arg-type]
-                         publish=lambda narrowed: None)
+                         publish=lambda rebound: sink.append((flow.answering, rebound)))
     resume.remember_stop(0, "stopped", {5: 1})
     resume.remember_strategies({5: 1}, ["recover", "dump", "exit"])
     return resume, relay, flow
@@ -567,6 +570,46 @@ def test_a_resumed_global_fault_naming_more_ranks_is_offered_no_repair() -> None
     resume.intercept("stop_train", {5: 1}, "new")
     assert resume.intercept("on_global_rank", {5: 1}, "new") == "resumed"
     assert list(pb.RecoverStrategyRequest.FromString(relay.payloads[-1]).strategies) == ["recover", "dump", "exit"]
+
+
+def test_without_repair_narrows_only_for_ranks_beyond_the_offer() -> None:
+    from bridge.job.session.resume import without_repair
+
+    offer = ["retry", "recover", "dump", "exit"]
+    assert without_repair({4: 1, 5: 1, 8: 1, 9: 1}, {4: 1, 5: 1}, offer) == (["dump", "exit"], {8, 9})
+    assert without_repair(frozenset({5}), {4: 1, 5: 1}, offer) == (offer, frozenset())
+    assert without_repair(frozenset(), {}, offer) == (offer, frozenset())
+    assert without_repair(frozenset({9}), {5: 1}, ["retry", "recover"]) == (["exit"], {9})  # neither offered
+
+
+def test_a_rebound_global_fault_is_published_with_its_cycle_and_cleared_once_answered() -> None:
+    """GLOBAL_SENT: the new globalFault is rebound to the controller's coming strategies,
+    published together with the answering cycle (the wire binds and narrows from that one
+    publication); the loop, told what the wire sent, clears it and counts a narrowed one.
+    A new stream clears it too: its cycle ended with the stream."""
+    from bridge.job.cycle_state import Rebound
+
+    published: list[Any] = []
+    resume, relay, flow = resume_at(Step.GLOBAL_SENT, published)
+    resume.on_subscribed({5: 1})
+    assert resume.intercept("stop_train", {5: 1}, "new") == "resumed" and resume.pending == "global"
+    assert resume.intercept("on_global_rank", {4: 1, 5: 1, 8: 1, 9: 1}, "new") == "resumed"
+    assert published == [("new", Rebound("new", frozenset({4, 5, 8, 9})))]
+    resume.strategies_sent("new", ["dump", "exit"], frozenset({4, 8, 9}))
+    assert published[1:] == [("new", None)] and resume.rebound_global is None
+    assert resume.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "answered_without_repair"}) == 1
+    resume.strategies_sent("new", ["recover", "dump", "exit"], frozenset())  # a second one: nothing to clear or count
+    assert published[2:] == []
+    assert resume.metrics.sample("tft_bridge_cycle_resumes_total", {"result": "answered_without_repair"}) == 1
+
+    published.clear()
+    resume, relay, flow = resume_at(Step.GLOBAL_SENT, published)
+    resume.on_subscribed({5: 1})
+    resume.intercept("stop_train", {5: 1}, "new")
+    resume.intercept("on_global_rank", {5: 1, 9: 1}, "new")
+    resume.on_subscribed({5: 1})  # the stream ended again before the controller answered
+    assert published == [("new", Rebound("new", frozenset({5, 9}))), ("new", None)]
+    assert resume.rebound_global is None
 
 
 # --------------------------------------------------------------------------- a freeze shorter than the watchdog

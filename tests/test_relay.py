@@ -24,30 +24,32 @@ import pytest
 from concurrent import futures
 from types import SimpleNamespace
 
+from bridge import faults as codec
 from bridge._proto import recover_pb2 as pb
 from bridge.core.backoff import Backoff
 from bridge.job.session.codes import Code
 from bridge.job.metrics import BridgeMetrics
 from bridge.sim.scenario import free_port
 from bridge.job.reports import relay as wire_module
-from bridge.job.cycle_state import Cycles
+from bridge.job.cycle_state import Cycles, CycleState, Rebound
 from bridge.job.reports.kinds import report_of
-from bridge.job.reports.relay import Taken
+from bridge.job.reports.relay import ReportInbox, Taken
 
 from .conftest import eventually, eventually_sync, recover_server
-from .wire_rig import WireRig
+from .wire_rig import NoRpcs, WireRig
 
 
 JOB = "job-wire"
 
 
 class ClusterD:
-    """The four Report* methods on a synchronous server: each request is logged; the
-    fault report waits for ``release`` and answers what ``fault_answers`` says next
-    (a code, or a gRPC status to abort with)."""
+    """The four Report* methods on a synchronous server: each request is logged (its
+    method, and its bytes in ``requests``); the fault report waits for ``release`` and
+    answers what ``fault_answers`` says next (a code, or a gRPC status to abort with)."""
 
     def __init__(self) -> None:
         self.log: list[str] = []
+        self.requests: list[tuple[str, bytes]] = []
         self.lock = threading.Lock()
         self.release = threading.Event()
         self.fault_answers: list[int | grpc.StatusCode] = []
@@ -57,6 +59,7 @@ class ClusterD:
         def answer(request: bytes, context: Any) -> bytes:
             with self.lock:
                 self.log.append(name)
+                self.requests.append((name, request))
             if name in self.gated:
                 self.release.wait(30)
             if name == "ReportProcessFault":
@@ -71,6 +74,12 @@ class ClusterD:
     def seen(self, name: str) -> int:
         with self.lock:
             return self.log.count(name)
+
+    def strategies_offered(self) -> list[list[str]]:
+        """The strategies of each ReportRecoverStrategy request, in order."""
+        with self.lock:
+            return [list(pb.RecoverStrategyRequest.FromString(request).strategies)
+                    for name, request in self.requests if name == "ReportRecoverStrategy"]
 
 
 @pytest.fixture
@@ -90,6 +99,11 @@ async def clusterd() -> AsyncIterator[tuple[ClusterD, str]]:
 
 
 LIVE = Cycles(live=True, running="uuid-1", stream="stream:1", answering="uuid-1")
+
+
+def retry_later() -> Backoff:
+    """A retry long after the test: a fault report that failed stays at the outbox's head."""
+    return Backoff(30.0, 30.0)
 
 
 @dataclass
@@ -133,12 +147,12 @@ class _Adapter:
 
 @asynccontextmanager
 async def running_wire(address: str, cycles: Cycles = LIVE, limit: int = 10_000, rpc_timeout: float = 10.0,
-                       metrics: BridgeMetrics | None = None,
-                       channel: grpc.Channel | None = None) -> AsyncIterator[tuple[WireRig, Listener]]:
+                       metrics: BridgeMetrics | None = None, channel: grpc.Channel | None = None,
+                       backoff: Backoff | None = None) -> AsyncIterator[tuple[WireRig, Listener]]:
     listener = Listener()
     channel = channel or grpc.insecure_channel(address)
     wire = WireRig(JOB, channel, asyncio.get_running_loop(), _Adapter(listener), metrics or BridgeMetrics(),  # type: ignore[arg-type]
-                   rpcs=listener, rpc_timeout=rpc_timeout, backoff=Backoff(0.01, 0.02), limit=limit)
+                   rpcs=listener, rpc_timeout=rpc_timeout, backoff=backoff or Backoff(0.01, 0.02), limit=limit)
     wire.publish(cycles)
     wire.start()
     try:
@@ -147,7 +161,7 @@ async def running_wire(address: str, cycles: Cycles = LIVE, limit: int = 10_000,
         await asyncio.to_thread(wire.stop, 5.0)
 
 
-def callback(wire: WireRig, name: str, *args: object) -> Future[int]:
+def callback(wire: WireRig | ReportInbox, name: str, *args: object) -> Future[int]:
     """A callback's put from a thread of its own, as the controller's; its outcome."""
     waiter: Future[int] = Future()
     thread = threading.Thread(target=wire.put, args=(report_of(name, args, time.monotonic(), waiter),))
@@ -236,25 +250,115 @@ async def test_a_fault_report_waits_for_a_live_stream_and_merges_meanwhile(clust
 
 
 async def test_reports_of_a_cycle_that_is_over_never_leave(clusterd: tuple[ClusterD, str]) -> None:
-    """A strategies report the loop must narrow holds the wire's head (``Cycles.narrowed``);
-    the result behind it and then the strategies themselves outlive their cycle."""
+    """The strategies and the result wait behind a fault report to be retried; their
+    cycle ends meanwhile: both are dropped, in their order, and never sent."""
     fake, address = clusterd
     fake.release.set()
-    async with running_wire(address, Cycles(live=True, running="uuid-1", stream="stream:1", answering="uuid-1",
-                                            narrowed="uuid-1")) as (wire, listener):
+    fake.fault_answers = [grpc.StatusCode.UNAVAILABLE]  # not delivered: retried, long after
+    async with running_wire(address, backoff=retry_later()) as (wire, listener):
+        callback(wire, "report_fault_ranks", {3: 0}, {})
+        eventually_sync(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report's first try")
         strategies = callback(wire, "report_strategies", {3: 0}, ["retry", "exit"])
         result = callback(wire, "report_result", 0, "ok", {}, "retry")
-        await eventually(lambda: len(wire) == 2, what="the result queued behind the held strategies")
-        wire.catch_up()
-        held = listener.taken[0]
-        assert held.held is not None and held.cycle == "uuid-1"
+        await eventually(lambda: len(wire) == 3, what="the strategies and the result queued behind the fault report")
         wire.publish(Cycles(live=True, running="uuid-2", stream="stream:1", answering="uuid-1"))  # uuid-1 is over
-        assert await asyncio.wrap_future(result) == Code.OrderMix
-        wire.fill(held.held, b"narrowed")  # the loop fills the held report with what it offers
         assert await asyncio.wrap_future(strategies) == Code.OrderMix
+        assert await asyncio.wrap_future(result) == Code.OrderMix
         await eventually(lambda: len(listener.drops) == 2, what="both drops told")
-        assert listener.drops == [("result", "uuid-1", "cycle_ended"), ("strategy", "uuid-1", "cycle_ended")]
-        assert fake.log == []
+        assert listener.drops == [("strategy", "uuid-1", "cycle_ended"), ("result", "uuid-1", "cycle_ended")]
+        assert fake.log == ["ReportProcessFault"]
+
+
+#: ClusterD's new cycle uuid-2, rebound at GLOBAL_SENT: its globalFault named rank 9 beside the controller's 3.
+REBOUND = Cycles(live=True, running="uuid-2", stream="stream:1", answering="uuid-2",
+                 rebound=Rebound("uuid-2", frozenset({3, 9})))
+
+
+async def test_a_rebound_cycles_strategies_leave_narrowed_from_the_wire_alone_with_the_loop_held(
+        clusterd: tuple[ClusterD, str]) -> None:
+    """The controller's strategies for ranks it offered, answering a cycle whose globalFault
+    named rank 9 too: the wire sends exit and dump only, by itself, the moment it takes
+    the report; the loop learns afterwards what was sent."""
+    fake, address = clusterd
+    async with running_wire(address, REBOUND) as (wire, listener):
+        strategies = callback(wire, "report_strategies", {3: 0}, ["retry", "dump", "exit"])
+        # The event loop is held still (no await): only the wire's thread can send it.
+        eventually_sync(lambda: fake.seen("ReportRecoverStrategy") == 1, 10, "the narrowed strategies sent")
+        assert fake.requests == [("ReportRecoverStrategy",
+                                  codec.encode_recover_strategy_request(JOB, {3: 0}, ["dump", "exit"]))]
+        assert strategies.result(5) == Code.OK
+        await eventually(lambda: len(listener.taken) == 1, what="the loop told")
+        taken = listener.taken[0]
+        assert (taken.cycle, taken.strategies, taken.offered) == ("uuid-2", ["retry", "dump", "exit"], ["dump", "exit"])
+        assert taken.beyond == {9} and taken.narrowed
+
+
+async def test_strategies_of_another_cycle_or_naming_no_rank_beyond_leave_as_the_controller_offered(
+        clusterd: tuple[ClusterD, str]) -> None:
+    """A report made before the rebind answers the cycle before it, even when the wire
+    takes it after the rebind was published: never narrowed. One answering the rebound
+    cycle for every rank its globalFault named: not narrowed either."""
+    fake, address = clusterd
+    async with running_wire(address) as (wire, listener):
+        callback(wire, "report_fault_ranks", {3: 0}, {})  # holds the wire: the server waits for release
+        eventually_sync(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report on the wire")
+        before = callback(wire, "report_strategies", {3: 0}, ["retry", "dump", "exit"])  # answers uuid-1
+        wire.publish(Cycles(live=True, running="uuid-1", stream="stream:1", answering="uuid-2",
+                            rebound=Rebound("uuid-2", frozenset({3, 9}))))
+        fake.release.set()
+        assert await asyncio.wrap_future(before) == Code.OK
+        wire.publish(REBOUND)
+        every_rank = callback(wire, "report_strategies", {3: 0, 9: 0}, ["retry", "dump", "exit"])
+        assert await asyncio.wrap_future(every_rank) == Code.OK
+        assert fake.strategies_offered() == [["retry", "dump", "exit"], ["retry", "dump", "exit"]]
+        await eventually(lambda: len(listener.taken) == 3, what="the loop told")
+        assert [(t.cycle, t.offered, t.narrowed) for t in listener.taken[1:]] == [
+            ("uuid-1", ["retry", "dump", "exit"], False), ("uuid-2", ["retry", "dump", "exit"], False)]
+
+
+@pytest.mark.parametrize("named", [{3: 1, 9: 1}, {3: 1}], ids=["beyond", "within"])
+async def test_the_loop_counts_and_logs_exactly_what_the_wire_sent(
+        clusterd: tuple[ClusterD, str], named: dict[int, int], caplog: pytest.LogCaptureFixture) -> None:
+    """The parts as the daemon builds them (``assembly.Link``): the resume rebinds the new
+    cycle's globalFault at GLOBAL_SENT; the controller's strategies then leave from the
+    wire (narrowed when the globalFault named rank 9 beyond them), and the loop's
+    bookkeeping counts ``answered_without_repair`` and logs the operators' line exactly
+    when the request it was told of was narrowed, and clears the rebound cycle."""
+    from bridge.job.reports.controller_flow import ControllerFlow, Step
+    from bridge.job.reports.ledger import ReportPath
+    from bridge.job.reports.relay import Wire
+    from bridge.job.session.resume import RESUMED
+
+    fake, address = clusterd
+    fake.release.set()
+    metrics, flow, inbox = BridgeMetrics(), ControllerFlow(), ReportInbox()
+    cycles = CycleState(flow, inbox.wake)
+    path = ReportPath(JOB, flow, inbox, cycles, metrics)
+    wire = Wire(JOB, grpc.insecure_channel(address), asyncio.get_running_loop(), inbox, cycles, path, NoRpcs(),
+                metrics, rpc_timeout=10.0, backoff=Backoff(0.01, 0.02))
+    cycles.stream_opening(lambda: None)
+    cycles.subscribe_sent()
+    cycles.heard("uuid-2")
+    flow.step = Step.GLOBAL_SENT  # the controller had on_global_rank; ClusterD's job was reset since
+    path.resume.pending = "global"
+    assert path.resume.intercept("on_global_rank", named, "uuid-2") == RESUMED
+    assert cycles.snapshot.rebound == Rebound("uuid-2", frozenset(named)) and cycles.snapshot.answering == "uuid-2"
+    wire.start()
+    try:
+        strategies = callback(inbox, "report_strategies", {3: 0}, ["retry", "dump", "exit"])
+        assert await asyncio.wrap_future(strategies) == Code.OK
+        await eventually(wire.handed_all, what="the report handed to the loop")
+        await eventually(lambda: path.resume.rebound_global is None, what="the loop's bookkeeping done")
+    finally:
+        await asyncio.to_thread(wire.stop, 5.0)
+    narrowed = 9 in named
+    assert fake.strategies_offered() == [["dump", "exit"] if narrowed else ["retry", "dump", "exit"]]
+    assert metrics.sample("tft_bridge_cycle_resumes_total", {"result": "answered_without_repair"}) == narrowed
+    lines = [r.getMessage() for r in caplog.records if "did not offer its strategies for" in r.getMessage()]
+    assert lines == ([("the new cycle's globalFault (uuid-2) names 1 rank(s) the controller did not offer its "
+                       "strategies for (e.g. [9]) and cannot be told of now: a repair would hang on them, so the "
+                       "cycle is offered ['dump', 'exit'] only")] if narrowed else [])
+    assert cycles.snapshot.rebound is None and flow.step is Step.AWAIT_STRATEGY
 
 
 async def test_a_report_bound_to_no_live_cycle_is_dropped_at_once(clusterd: tuple[ClusterD, str]) -> None:
@@ -334,9 +438,10 @@ async def test_a_full_outbox_drops_the_oldest_waiting_cycle_report_never_the_hea
         clusterd: tuple[ClusterD, str]) -> None:
     fake, address = clusterd
     fake.release.set()
-    narrowed = Cycles(live=True, running="uuid-1", stream="stream:1", answering="uuid-1", narrowed="uuid-1")
-    async with running_wire(address, narrowed, limit=2) as (wire, listener):
-        callback(wire, "report_strategies", {3: 0}, ["retry", "exit"])  # held at the head
+    fake.fault_answers = [grpc.StatusCode.UNAVAILABLE]  # the head stays: retried, long after
+    async with running_wire(address, limit=2, backoff=retry_later()) as (wire, listener):
+        callback(wire, "report_fault_ranks", {3: 0}, {})
+        eventually_sync(lambda: fake.seen("ReportProcessFault") == 1, 10, "the fault report's first try")
         first = callback(wire, "report_result", 0, "ok", {}, "retry")
         second = callback(wire, "report_result", 0, "ok", {}, "retry")
         assert await asyncio.wrap_future(first) == Code.EventQueueBusy
@@ -477,10 +582,6 @@ def test_the_loop_answers_a_malformed_report_499_and_counts_it() -> None:
     from bridge.job.reports.controller_flow import ControllerFlow
     from bridge.job.reports.ledger import ReportPath
 
-    from bridge import faults as codec
-    from bridge.job.cycle_state import CycleState
-    from bridge.job.reports.relay import ReportInbox
-
     metrics = BridgeMetrics()
     flow = ControllerFlow()
     inbox = ReportInbox()
@@ -488,7 +589,7 @@ def test_the_loop_answers_a_malformed_report_499_and_counts_it() -> None:
     waiter: Future[int] = Future()
     report = report_of("report_stop_complete", ("not a code", "", {}), 0.0, waiter)
     path.taken([Taken(report, "uuid-1", codec.CleanFaults({}, 0, ""), [],
-                      "status code must be an int, got 'not a code'", None)])
+                      "status code must be an int, got 'not a code'", [], frozenset())])
     assert waiter.result(0) == Code.ClientError
     assert metrics.sample("tft_bridge_bad_inputs_total", {"kind": "controller_report_stop_complete"}) == 1
 

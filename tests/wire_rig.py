@@ -14,7 +14,7 @@ import grpc
 from bridge.job.cycle_state import Cycles, CycleState
 from bridge.job.metrics import BridgeMetrics
 from bridge.job.reports.kinds import report_of
-from bridge.job.reports.relay import Pending, ReportInbox, Wire, WireListener
+from bridge.job.reports.relay import ReportInbox, Wire, WireListener
 
 
 class NoRpcs:
@@ -43,14 +43,11 @@ class WireRig:
     def publish(self, cycles: Cycles) -> None:
         self.flow.answering = cycles.answering
         self.cycles._publish(live=cycles.live, subscribed=cycles.subscribed, running=cycles.running,
-                             stream=cycles.stream, narrowed=cycles.narrowed)
+                             stream=cycles.stream, rebound=cycles.rebound)
 
     def report(self, callback: str, *args: Any, waiter: Future[int] | None = None) -> None:
         """A controller report put as the callbacks put it."""
         self.put(report_of(callback, args, time.monotonic(), waiter))
-
-    def fill(self, pending: Pending, payload: bytes | None) -> None:
-        self.inbox.fill(pending, payload)
 
     async def settle(self, timeout: float) -> bool:
         return await self.cycles.settle(timeout)

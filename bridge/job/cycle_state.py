@@ -2,7 +2,7 @@
 
 What the stream shows (live, subscribed, the running cycle, the stream's token, why the
 last stream ended, a request to subscribe again) and what the controller answers (the
-flow's answering cycle, the resume's narrowed one) are written here by their sources on
+flow's answering cycle, the resume's rebound one) are written here by their sources on
 the event loop and published to the report wire's thread as one immutable ``Cycles``
 snapshot (docs/architecture.md, "the report path"). Every part that reads or asks for a
 change of the cycle state holds this object; none of them holds another part for it.
@@ -16,7 +16,25 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
+
+
+@dataclass(frozen=True)
+class Rebound:
+    """A new cycle's globalFault rebound to the controller's coming report_strategies
+    (resume.py, at GLOBAL_SENT): the cycle's token and the ranks its globalFault named.
+    ``named`` is the resume's own copy, never changed after it is published."""
+
+    cycle: str
+    named: frozenset[int]
+
+
+class Answering(NamedTuple):
+    """What the controller answered at one moment, from one publication: the cycle a
+    report made then is bound to, and the rebound cycle whose strategies are narrowed."""
+
+    cycle: str | None
+    rebound: Rebound | None
 
 
 @dataclass(frozen=True)
@@ -32,9 +50,10 @@ class Cycles:
     running: str | None = None  # the running cycle's uuid as the stream shows it
     stream: str | None = None  # the live stream's token (the cycle of uuid-less signals)
     answering: str | None = None  # the cycle the controller answers now (ControllerFlow.answering)
-    # A cycle whose strategies report the loop must narrow before it leaves (resume.py:
-    # a cycle rebound at GLOBAL_SENT whose globalFault names more ranks).
-    narrowed: str | None = None
+    # The cycle whose strategies report the wire narrows when its globalFault named ranks
+    # beyond the report's (resume.py: a cycle rebound at GLOBAL_SENT), published with
+    # ``answering``.
+    rebound: Rebound | None = None
 
     def alive(self, token: str | None) -> bool:
         """Whether a report answering ``token`` may still be delivered."""
@@ -52,7 +71,7 @@ class CycleState:
 
     Written on the event loop only: by the session (``stream_opening``,
     ``subscribe_sent``, ``heard``, ``stream_ended``), by the dispatcher after it moved the
-    flow (``answering_changed``), by the resume (``narrowing_changed``), and by any part
+    flow (``answering_changed``), by the resume (``rebound_changed``), and by any part
     asking for a new subscription (``request_resubscribe``). Read on the report wire's
     thread through ``snapshot``, ``answering_at``, ``begin_send`` and ``end_send``.
 
@@ -70,9 +89,11 @@ class CycleState:
         self._wake = wake
         self._lock = threading.Lock()  # ``snapshot`` replaced, and read with ``_unsettled`` changed
         self.snapshot = Cycles()  # replaced whole under ``_lock``; the wire's thread reads it
-        # When ``answering`` changed (monotonic, stamped before the publication), newest
-        # last: appended on the loop and read on the wire's thread, both under ``_lock``.
-        self._answering_since: deque[tuple[float, str | None]] = deque([(float("-inf"), None)], maxlen=64)
+        # When ``answering`` or ``rebound`` changed (monotonic, stamped before the
+        # publication), newest last: appended on the loop and read on the wire's thread,
+        # both under ``_lock``.
+        self._answering_since: deque[tuple[float, Answering]] = deque([(float("-inf"), Answering(None, None))],
+                                                                      maxlen=64)
         self._unsettled = 0  # cycle-bound calls on the wire (under ``_lock``)
         self._settled = asyncio.Event()  # the loop's: set when ``_unsettled`` fell to 0
         # -- the loop's own
@@ -142,9 +163,10 @@ class CycleState:
         undone): published before the notify, since the controller answers only after."""
         self._publish()
 
-    def narrowing_changed(self, narrowed: str | None) -> None:
-        """The resume's narrowed cycle (and with it perhaps the answering one) changed."""
-        self._publish(narrowed=narrowed)
+    def rebound_changed(self, rebound: Rebound | None) -> None:
+        """The resume's rebound cycle (and with it perhaps the answering one) changed:
+        published together, so a report is bound and narrowed from one publication."""
+        self._publish(rebound=rebound)
 
     # ================================================================ settling (the session's)
     async def settle(self, timeout: float) -> bool:
@@ -167,14 +189,15 @@ class CycleState:
         self._settled.set()
 
     # ================================================================ the report wire's thread
-    def answering_at(self, at: float) -> str | None:
-        """The cycle the controller answered at ``at`` (monotonic): the last one
-        published before then; None when older than every change kept (64)."""
+    def answering_at(self, at: float) -> Answering:
+        """What the controller answered at ``at`` (monotonic): the cycle and the rebound
+        cycle of the last publication before then; neither when older than every change
+        kept (64)."""
         with self._lock:
             for since, answering in reversed(self._answering_since):
                 if since <= at:
                     return answering
-        return None
+        return Answering(None, None)
 
     def begin_send(self, cycle: str | None) -> bool:
         """Before a cycle-bound call: whether ``cycle`` is alive, counting the call as on
@@ -204,8 +227,9 @@ class CycleState:
                 return
             self.snapshot = after
             self.publications += 1
-            if answering != self._answering_since[-1][1]:
-                self._answering_since.append((stamp, answering))
+            answer = Answering(answering, after.rebound)
+            if answer != self._answering_since[-1][1]:
+                self._answering_since.append((stamp, answer))
         if (after.live, after.subscribed, after.running, after.stream) != \
                 (before.live, before.subscribed, before.running, before.stream):
             self._wake()

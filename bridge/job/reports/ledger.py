@@ -1,10 +1,11 @@
 """The return path's bookkeeping: what the controller's reports tell the bridge.
 
-The report wire (``relay.py``) binds, cleans, encodes and sends each controller report and
-hands it here as it took it (``Taken``), on the event loop, where the rest happens: the
-flow learns the callback (it gates ClusterD's next notify on it), the recovery clock and
-the repeated-cycle watch their phases, the resume remembers the controller's answers, bad
-entries are logged and counted, the recorder and the timeline see it. The peer facts
+The report wire (``relay.py``) binds, cleans, encodes (narrowing a rebound cycle's
+strategies) and sends each controller report and hands it here as it took it
+(``Taken``), on the event loop, where the rest happens: the flow learns the callback (it
+gates ClusterD's next notify on it), the recovery clock and the repeated-cycle watch
+their phases, the resume remembers the controller's answers and counts a narrowed one,
+bad entries are logged and counted, the recorder and the timeline see it. The peer facts
 behind the rules (a bad rank empties ClusterD's whole fault map; every subscription
 resets ClusterD's job, fault cache included) are in docs/clusterd.md and resume.py.
 """
@@ -41,9 +42,9 @@ class ReportPath:
                  metrics: BridgeMetrics, *, recorder: NullRecorder | None = None,
                  observer: Callable[[str], None] | None = None,
                  fault_centre: FaultCentreTimes = FaultCentreTimes()) -> None:
-        """``inbox``: where the loop's own reports go and a held strategies report is
-        filled. ``cycles``: asked for a new subscription, read for the running cycle and
-        why the last stream ended. ``recorder``: the flight recorder (O(1) hooks).
+        """``inbox``: where the loop's own reports go. ``cycles``: asked for a new
+        subscription, read for the running cycle and why the last stream ended,
+        published to by the resume. ``recorder``: the flight recorder (O(1) hooks).
         ``observer``: the demo's timeline. ``fault_centre``: ClusterD's fault centre
         times, for the re-report of a fault it skipped (refault.py)."""
         self.job_id = job_id
@@ -60,7 +61,7 @@ class ReportPath:
         self.flow_faults: dict[int, int] = {}  # the controller's faults in the running flow
         # Remembers this flow's answers, to carry the recovery across a ClusterD restart (resume.py).
         self.resume = CycleResume(job_id, flow, inbox, metrics, resubscribe=cycles.request_resubscribe,
-                                  publish=cycles.narrowing_changed)
+                                  publish=cycles.rebound_changed)
         # A fault ClusterD answered 0 but starts no recovery for: reported once more (refault.py).
         self.follow_up = FaultFollowUp(flow, inbox, metrics, fault_centre, cycles.cycle_running,
                                        recorder=self.recorder)
@@ -101,14 +102,10 @@ class ReportPath:
             log.error("malformed %s from the controller: %s", report.callback, error)
             self.recorder.callback(report.callback, report.at, malformed=str(error)[:200])
             _answer(taken, Code.ClientError)
-            if taken.held is not None:
-                self.inbox.fill(taken.held, None)
         except Exception:
             self.metrics.callback_errors.inc()
             log.exception("failed to handle %s", report.callback)
             _answer(taken, Code.ClientError)
-            if taken.held is not None:
-                self.inbox.fill(taken.held, None)
 
     # ------------------------------------------------------------------ the four callbacks
     def fault_ranks(self, taken: Taken) -> None:
@@ -147,9 +144,7 @@ class ReportPath:
         self.resume.remember_strategies(faults, strategies)
         self.observer(f"controller report_strategies {strategies}")
         self.recorder.callback("report_strategies", at, strategies=strategies)
-        offered = self.resume.offer(taken.cycle, faults, strategies)
-        if taken.held is not None:
-            self.inbox.fill(taken.held, codec.encode_recover_strategy_request(self.job_id, faults, offered))
+        self.resume.strategies_sent(taken.cycle, taken.offered, taken.beyond)
 
     def result(self, taken: Taken) -> None:
         report = taken.report

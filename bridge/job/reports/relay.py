@@ -16,6 +16,10 @@ Delivery rules (the peer facts behind each: docs/architecture.md, "the report pa
 * **A report answers one cycle**: a stop-complete, strategy or result report is bound to
   the cycle the controller answered when it made the callback (``CycleState.answering_at``)
   and is dropped and counted, never sent into the next, once that cycle is gone.
+* **A rebound cycle's strategies are narrowed here**: a strategies report bound to the
+  cycle the resume rebound at GLOBAL_SENT, whose globalFault named ranks beyond the
+  report's, is encoded with only the strategies that repair no rank
+  (``resume.without_repair``); the loop counts and logs what was sent (``Taken``).
 * **Fault reports wait for a subscription** (``Cycles.subscribed``), survive reconnects
   and merge with ClusterD's rule while queued; the loop hears of each answered 0.
 * **Code 0 is never resent; an unknown outcome is final**: a cycle-bound report is
@@ -55,6 +59,7 @@ from bridge.job.sched import grpc_internals, realtime
 from bridge.job.sched.affinity import ControllerPin
 from bridge.job.session.clusterd import Delivery, RpcFailure, classify_failure, connection_lost
 from bridge.job.session.codes import Code
+from bridge.job.session.resume import without_repair
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +80,16 @@ class Taken(NamedTuple):
     cleaned: codec.CleanFaults  # its fault map without the bad entries, and what was left out
     strategies: list[str]  # a strategies report's strategies as strings ([] otherwise)
     problem: str  # why it is malformed: not sent, answered 499 by the loop ("": well-formed)
-    held: Pending | None  # a strategies report the loop must narrow and ``fill``
+    offered: list[str]  # the strategies encoded for ClusterD: ``strategies`` unless narrowed
+    beyond: frozenset[int]  # the rebound cycle's named ranks beyond the report's: narrowed when any
+
+    @property
+    def narrowed(self) -> bool:
+        return bool(self.beyond)
 
 
 NO_FAULTS = codec.CleanFaults({}, 0, "")
+NONE_BEYOND: frozenset[int] = frozenset()
 
 
 class WireListener(Protocol):
@@ -107,7 +118,6 @@ class Pending:
     payload: bytes = b""  # encoded request (cycle-bound reports)
     faults: dict[int, int] = field(default_factory=dict)  # fault reports, merged until sent
     sending: bool = False  # on the wire now: nothing may merge into it any more
-    held: bool = False  # waits for the loop's ``fill`` (a narrowed strategies report)
     waiters: list[Future[int]] = field(default_factory=list)
 
     def resolve(self, code: int) -> None:
@@ -118,11 +128,6 @@ class Pending:
 
 class _Submit(NamedTuple):  # from the loop
     pending: Pending
-
-
-class _Fill(NamedTuple):  # from the loop: a held report's payload (None: drop it)
-    pending: Pending
-    payload: bytes | None
 
 
 _STOP = object()
@@ -154,10 +159,6 @@ class ReportInbox:
                             waiter: Future[int] | None = None) -> None:
         """A cycle-bound report of the loop's own, already encoded."""
         self._queue.put(_Submit(Pending(kind, cycle, payload, waiters=[waiter] if waiter else [])))
-
-    def fill(self, pending: Pending, payload: bytes | None) -> None:
-        """A held strategies report's request, made on the loop (None: not to be sent)."""
-        self._queue.put(_Fill(pending, payload))
 
     def wake(self) -> None:
         """Have the wire look at the cycle state again (``CycleState``)."""
@@ -359,8 +360,6 @@ class Wire:
                     self._stopping = True
                 elif isinstance(item, _Submit):
                     self._queue(item.pending)
-                elif isinstance(item, _Fill):
-                    self._filled(item.pending, item.payload)
                 else:
                     log.error("the report wire's inbox got a %s, not a report: left out", type(item).__name__)
             self._drop_dead_cycles()
@@ -373,46 +372,53 @@ class Wire:
         return True
 
     def _intake(self, report: ControllerReport) -> Taken:
-        """One controller report: bound, cleaned, encoded and queued (never raises)."""
+        """One controller report: bound, cleaned, encoded and queued (never raises).
+
+        A strategies report is narrowed from the publication its cycle is bound with
+        (``CycleState.answering_at``), never from the loop's state: the resume publishes
+        the rebound cycle with the answering one, in one publication, so a report made
+        after the rebind is bound to the rebound cycle and narrowed when its globalFault
+        named ranks beyond the report's, and one made before is bound to the earlier
+        cycle and never narrowed (its own cycle is compared with the rebound one). What
+        the loop does with the rebound cycle before it catches up (a new stream clears
+        it, and ends that cycle) cannot split binding and narrowing, and the loop counts
+        and logs what ``Taken`` says was sent, so the two always agree."""
         kind = KINDS.get(report.callback)
         cycles = self._cycles.snapshot
         cycle = None
         waiters = [report.waiter] if report.waiter is not None else []
         try:
-            if kind != "fault":
-                cycle = self._cycles.answering_at(report.at)
+            answered = self._cycles.answering_at(report.at) if kind != "fault" else None
+            cycle = answered.cycle if answered is not None else None
             if kind is None:
                 raise ValueError(f"unknown callback {report.callback!r}")
             if report.problem:
                 raise ValueError(report.problem)
             cleaned = codec.clean_faults(report.faults)
-            held = None
             strategies: list[str] = []
             if kind == "fault":
                 if cleaned.faults:
                     self._queue(Pending("fault", faults=dict(cleaned.faults), waiters=waiters))
                 elif report.waiter is not None:
                     report.waiter.set_result(Code.OK)
-                return Taken(report, cycle, cleaned, strategies, "", None)
+                return Taken(report, cycle, cleaned, strategies, "", strategies, NONE_BEYOND)
+            offered, beyond = strategies, NONE_BEYOND
             if kind == "strategy":
-                strategies = [str(s) for s in report.strategies]
-                hold = cycles.narrowed is not None and cycles.narrowed == cycle
-                payload = b"" if hold else codec.encode_recover_strategy_request(self.job_id, cleaned.faults,
-                                                                                  strategies)
+                strategies = offered = [str(s) for s in report.strategies]
+                rebound = answered.rebound if answered is not None else None
+                if rebound is not None and rebound.cycle == cycle:
+                    offered, beyond = without_repair(rebound.named, cleaned.faults, strategies)
+                payload = codec.encode_recover_strategy_request(self.job_id, cleaned.faults, offered)
             else:
-                hold = False
                 payload = self._encode(kind, report, cleaned.faults)
-            pending = Pending(kind, cycle, payload, held=hold, waiters=waiters)
-            if hold:
-                held = pending
-                self._outbox.append(pending)  # in its place; the loop fills it
-            elif cycles.alive(cycle):
+            pending = Pending(kind, cycle, payload, waiters=waiters)
+            if cycles.alive(cycle):
                 self._queue(pending)
             else:
                 self._drop(pending, "no_live_cycle")
-            return Taken(report, cycle, cleaned, strategies, "", held)
+            return Taken(report, cycle, cleaned, strategies, "", offered, beyond)
         except (TypeError, ValueError, IndexError) as error:
-            return Taken(report, cycle, NO_FAULTS, [], str(error)[:200] or type(error).__name__, None)
+            return Taken(report, cycle, NO_FAULTS, [], str(error)[:200] or type(error).__name__, [], NONE_BEYOND)
 
     def _encode(self, kind: str, report: ControllerReport, faults: dict[int, int]) -> bytes:
         """A stop-complete or result report's request (TypeError for a code that is not an int)."""
@@ -436,18 +442,9 @@ class Wire:
         self._outbox.append(pending)
         self._enforce_limit()
 
-    def _filled(self, pending: Pending, payload: bytes | None) -> None:
-        if pending not in self._outbox:
-            return
-        if payload is None:
-            self._outbox.remove(pending)
-            pending.resolve(Code.ClientError)
-            return
-        pending.payload, pending.held = payload, False
-
     def _enforce_limit(self) -> None:
         while len(self._outbox) > self._limit:
-            victim = next((p for p in self._outbox if p.kind != "fault" and not p.sending and not p.held), None)
+            victim = next((p for p in self._outbox if p.kind != "fault" and not p.sending), None)
             if victim is None:
                 faults = [p for p in self._outbox if p.kind == "fault" and not p.sending]
                 if len(faults) < 2:
@@ -462,7 +459,7 @@ class Wire:
     def _drop_dead_cycles(self) -> None:
         """Cycle-bound reports waiting for a cycle that is gone never reach the next."""
         cycles = self._cycles.snapshot
-        for pending in [p for p in self._outbox if p.kind != "fault" and not p.sending and not p.held
+        for pending in [p for p in self._outbox if p.kind != "fault" and not p.sending
                         and not cycles.alive(p.cycle)]:
             self._outbox.remove(pending)
             self._drop(pending, "cycle_ended")
@@ -472,7 +469,7 @@ class Wire:
             return None
         head = self._outbox[0]
         cycles = self._cycles.snapshot
-        if head.held or (head.kind == "fault" and not (cycles.live or cycles.subscribed)):
+        if head.kind == "fault" and not (cycles.live or cycles.subscribed):
             return None
         return head
 

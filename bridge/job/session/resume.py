@@ -5,9 +5,11 @@ flow (its stop-complete, its strategies). When a new stream comes up while the
 controller is stopped for a cycle (``STOPPED``), ``on_subscribed`` reports the flow's
 faults again; ``intercept`` answers the new cycle's stopTrain and globalFault with the
 remembered answers (``RESUMED``) or rebinds the flow so the coming answer goes to the new
-cycle; ``offer`` narrows the strategies to ``NO_REPAIR_STRATEGIES`` when the new
-globalFault names ranks beyond those offered; ``outcome_unknown`` subscribes again when a
-report's outcome is unknown. Past ``PAST_RESUME`` nothing is carried over. Counted in
+cycle; a strategies answer is narrowed to ``NO_REPAIR_STRATEGIES`` when the new
+globalFault names ranks beyond those offered (``without_repair``: here for a remembered
+answer, on the report wire for the controller's coming one, which ``strategies_sent``
+then counts); ``outcome_unknown`` subscribes again when a report's outcome is unknown.
+Past ``PAST_RESUME`` nothing is carried over. Counted in
 ``tft_bridge_cycle_resumes_total{result}``. The cases and the peer facts:
 docs/clusterd.md section 14.
 """
@@ -15,9 +17,10 @@ docs/clusterd.md section 14.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 
 from bridge import faults as codec
+from bridge.job.cycle_state import Rebound
 from bridge.job.reports.controller_flow import ControllerFlow, Step
 from bridge.job.metrics import BridgeMetrics
 from bridge.job.reports.kinds import Outbox
@@ -37,17 +40,31 @@ RESUMED = "resumed"
 NO_REPAIR_STRATEGIES = ("exit", "dump")
 
 
+def without_repair(named: Iterable[int], faults: Collection[int],
+                   strategies: list[str]) -> tuple[list[str], frozenset[int]]:
+    """The strategies to offer a cycle whose globalFault named the ranks ``named``, for
+    the controller's ``strategies`` offered for the ranks ``faults``, and the named ranks
+    beyond ``faults``: when there are none, ``strategies`` as they are; otherwise only
+    those that repair no rank (``exit`` when the controller offered neither), since a
+    repair of fewer ranks than ClusterD restarts never completes (module docstring).
+    Pure: any thread (the report wire's, the loop's)."""
+    beyond = frozenset(rank for rank in named if rank not in faults)
+    if not beyond:
+        return strategies, beyond
+    return [name for name in strategies if name in NO_REPAIR_STRATEGIES] or ["exit"], beyond
+
+
 class CycleResume:
     """Remembers the controller's answers of the running flow and replays them to a new
     ClusterD cycle. Runs on the event loop only (never on the controller's thread)."""
 
     def __init__(self, job_id: str, flow: ControllerFlow, outbox: Outbox, metrics: BridgeMetrics, *,
-                 resubscribe: Callable[[str], None], publish: Callable[[str | None], None]) -> None:
+                 resubscribe: Callable[[str], None], publish: Callable[[Rebound | None], None]) -> None:
         """``resubscribe(reason)``: re-run Init/Register/Subscribe (``CycleState``).
-        ``publish(narrowed)``: the wire's snapshot of the loop's state is out of date
+        ``publish(rebound)``: the wire's snapshot of the loop's state is out of date
         (``flow.answering`` or ``rebound_global`` changed here: the wire binds the
-        controller's next answer to the one and leaves a strategies report of the other to
-        the loop)."""
+        controller's next answer to the one and narrows a strategies report of the other,
+        ``CycleState.rebound_changed``)."""
         self.job_id = job_id
         self.flow = flow
         self.outbox = outbox
@@ -63,10 +80,10 @@ class CycleResume:
         self.stop_report: tuple[int, str, dict[int, int]] | None = None  # the controller's stop-complete
         self.strategies_report: tuple[dict[int, int], list[str]] | None = None  # its report_strategies
         # A new cycle's globalFault rebound to the controller's coming report_strategies
-        # (GLOBAL_SENT): its uuid and the ranks it names, checked when that answer comes
-        # (``offer``). Published with ``flow.answering``: the wire must leave that answer to
-        # the loop (``relay.Cycles.narrowed``).
-        self.rebound_global: tuple[str, dict[int, int]] | None = None
+        # (GLOBAL_SENT): its token and the ranks it names. Published with
+        # ``flow.answering``: the wire narrows that answer as it takes it
+        # (``Cycles.rebound``); cleared when the loop hears of it (``strategies_sent``).
+        self.rebound_global: Rebound | None = None
 
     # ------------------------------------------------------------------ from the return path
     def new_flow(self) -> None:
@@ -74,7 +91,7 @@ class CycleResume:
         previous one may be replayed."""
         self.stop_report = self.strategies_report = self.rebound_global = None
         self.flow_faults_stale = False
-        self._publish(self.narrowed())
+        self._publish(self.rebound_global)
 
     # The maps are the return path's own cleaned copies, never changed after the report
     # is encoded: kept by reference (copying 100 000 ranks would cost the loop a few ms).
@@ -84,30 +101,26 @@ class CycleResume:
     def remember_strategies(self, faults: dict[int, int], strategies: list[str]) -> None:
         self.strategies_report = (faults, strategies)
 
-    def offer(self, cycle: str | None, faults: dict[int, int], strategies: list[str]) -> list[str]:
-        """The strategies to report for ``cycle``: the controller's own, unless ``cycle``
-        was rebound at GLOBAL_SENT and its globalFault names ranks beyond ``faults`` (the
-        ranks the controller offers its strategies for): then only what repairs no rank,
-        as for a cycle answered from memory (module docstring)."""
-        rebound, self.rebound_global = self.rebound_global, None
-        if rebound is not None:
-            self._publish(self.narrowed())
-        if rebound is None or rebound[0] != cycle:
-            return strategies
-        offered, narrowed = self._repairable(cycle, rebound[1], faults, strategies)
-        if narrowed:
+    def strategies_sent(self, cycle: str | None, offered: list[str], beyond: frozenset[int]) -> None:
+        """The controller's strategies report for ``cycle`` as the wire took it: the rebound
+        cycle is answered (cleared and published), and when the wire narrowed the report
+        to ``offered`` for the named ranks ``beyond`` the controller's, that is counted
+        and logged here. Decides nothing: the wire narrowed it from the publication it
+        bound the report with (``relay.Wire._intake``)."""
+        if self.rebound_global is not None:
+            self.rebound_global = None
+            self._publish(None)
+        if beyond:
+            self._narrowed(cycle, beyond, offered)
             self._count("answered_without_repair")
-        return offered
-
-    def narrowed(self) -> str | None:
-        """The cycle whose strategies report must go through ``offer`` on the event loop,
-        never out from the wire directly (``relay.Cycles.narrowed``)."""
-        return self.rebound_global[0] if self.rebound_global is not None else None
 
     def on_subscribed(self, flow_faults: dict[int, int]) -> None:
         """A new stream is live: ClusterD's job was reset. Restart the cycle the
         controller is stopped for, or say that it cannot be."""
-        self.pending = self.rebound_global = None
+        self.pending = None
+        if self.rebound_global is not None:  # its cycle ended with the stream: no answer narrowed for it
+            self.rebound_global = None
+            self._publish(None)
         step = self.flow.step
         if step in PAST_RESUME:
             self._count("too_late")
@@ -173,7 +186,7 @@ class CycleResume:
         if step is Step.STOP_SENT:
             # The controller's own stop-complete is still to come: it answers this cycle.
             self.flow.answering = token
-            self._publish(self.narrowed())
+            self._publish(self.rebound_global)
             self._resumed("rebound", "stopTrain", token, "the controller's coming stop-complete answers it")
             return True
         if step not in STOPPED:
@@ -192,7 +205,7 @@ class CycleResume:
                                         codec.encode_stop_complete_request(self.job_id, code, message, stopped))
         if step is Step.AWAIT_GLOBAL:
             self.flow.answering = token
-            self._publish(self.narrowed())
+            self._publish(self.rebound_global)
         else:  # GLOBAL_SENT / AWAIT_STRATEGY: the new globalFault must not reach the controller either
             self.pending = "global"
         self._resumed("answered_stop_complete", "stopTrain", token, f"with code {code}")
@@ -201,36 +214,30 @@ class CycleResume:
     def _resume_global(self, step: Step, named: dict[int, int], token: str) -> bool:
         self.pending = None
         if step is Step.GLOBAL_SENT:
-            self.rebound_global = (token, dict(named))  # published with the new answering cycle
+            self.rebound_global = Rebound(token, frozenset(named))  # published with the new answering cycle
             self.flow.answering = token
-            self._publish(self.narrowed())
+            self._publish(self.rebound_global)
             self._resumed("rebound", "globalFault", token, "the controller's coming report_strategies answers it")
             return True
         if step is not Step.AWAIT_STRATEGY or self.strategies_report is None:
             return False
         faults, strategies = self.strategies_report
-        strategies, narrowed = self._repairable(token, named, faults, strategies)
-        result = "answered_without_repair" if narrowed else "answered_strategies"
+        strategies, beyond = without_repair(named, faults, strategies)
+        if beyond:
+            self._narrowed(token, beyond, strategies)
+        result = "answered_without_repair" if beyond else "answered_strategies"
         self.outbox.submit_cycle_report("strategy", token,
                                         codec.encode_recover_strategy_request(self.job_id, faults, strategies))
         self.flow.answering = token
-        self._publish(self.narrowed())
+        self._publish(self.rebound_global)
         self._resumed(result, "globalFault", token, f"with {strategies}")
         return True
 
-    def _repairable(self, token: str | None, named: dict[int, int], faults: dict[int, int],
-                    strategies: list[str]) -> tuple[list[str], bool]:
-        """``strategies``, or, when the cycle's globalFault (``named``) names ranks beyond
-        ``faults``, only those that repair no rank, and whether they were narrowed: a
-        repair of fewer ranks than ClusterD restarts never completes (module docstring)."""
-        beyond = set(named) - set(faults)
-        if not beyond:
-            return strategies, False
-        offered = [name for name in strategies if name in NO_REPAIR_STRATEGIES] or ["exit"]
+    @staticmethod
+    def _narrowed(token: str | None, beyond: frozenset[int], offered: list[str]) -> None:
         log.error("the new cycle's globalFault (%s) names %d rank(s) the controller did not offer its "
                   "strategies for (e.g. %s) and cannot be told of now: a repair would hang on them, so "
                   "the cycle is offered %s only", token, len(beyond), sorted(beyond)[:5], offered)
-        return offered, True
 
     def _resumed(self, result: str, signal_type: str, token: str, how: str) -> None:
         self._count(result)
