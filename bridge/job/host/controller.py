@@ -3,8 +3,8 @@
 The controller calls its four callbacks on its own thread and is blocked until they
 return; an exception escaping one makes it give up the recovery or abort the process
 (docs/mindio-controller.md section 3). So each callback installed here (``make_callback``)
-only names its arguments in a ``ControllerReport`` and puts it into the report wire's
-inbox, and returns 0: it never raises, never blocks, never copies a fault map (the
+only puts its name, its arguments and the time into the report wire's inbox, and returns
+0: it never raises, never blocks, never copies a fault map (the
 controller builds a fresh one for every call and never touches it again), and runs no
 Python frame but its own. Everything after the put is the report path
 (``bridge/job/reports/relay.py``, ``ledger.py``).
@@ -24,7 +24,7 @@ from typing import Any
 from bridge.job.host import controller_abi
 from bridge.job.sched.affinity import ControllerPin
 from bridge.core.config import STUB_CONTROLLER, ControllerConfig
-from bridge.job.reports.kinds import CALLBACKS, KINDS, ControllerReport, ReportSink, misfit, report_of
+from bridge.job.reports.kinds import CALLBACKS, KINDS, ReportSink
 
 log = logging.getLogger(__name__)
 
@@ -58,71 +58,29 @@ def load_controller_module(name: str) -> ModuleType:
 
 def make_callback(callback: str, sink: ReportSink, on_error: Callable[[], None],
                   pin: ControllerPin | None = None) -> Callable[..., int]:
-    """The controller's ``callback``: names its arguments in a ``ControllerReport`` (the
-    intake, the only place they are read by position), hands it to ``sink`` and returns
-    0 at once. Runs on the controller's thread; never raises, never blocks, runs no Python
-    frame but its own (the record is built by one C call). A call whose arguments do not
-    fit becomes a report with its ``problem`` (answered 499 and counted on the loop); a
-    sink that fails counts through ``on_error``. With ``pin``, a thread's first callback
-    pins that thread to its CPU (``bridge/job/sched/affinity.py``)."""
+    """The controller's ``callback``: hands ``(callback, args, time.monotonic())`` to
+    ``sink`` and returns 0 at once. Runs on the controller's thread; never raises, never
+    blocks, runs no Python frame but its own. Its arguments are named once, by the report
+    wire as it takes them (``kinds.report_of``): a plain tuple is the cheapest thing to
+    make on a thread that was asleep (docs/performance.md). A sink that fails counts
+    through ``on_error``. With ``pin``, a thread's first callback pins that thread to its
+    CPU (``bridge/job/sched/affinity.py``)."""
     if callback not in KINDS:
         raise ValueError(f"unknown controller callback {callback!r}")
     monotonic = time.monotonic  # closure cells: no global and attribute look-up per call
     get_ident = threading.get_ident
-    new, report = tuple.__new__, ControllerReport  # the record in one C call, no partial in between
 
-    def report_fault_ranks(*args: Any) -> int:
+    def relay(*args: Any) -> int:
         try:
             if pin is not None and pin.enabled and pin.thread != get_ident():
                 pin.pin_caller()
-            if args:
-                sink(new(report, (callback, monotonic(), args[0], None, "", (), "", None, "")))
-            else:
-                sink(misfit(callback, args, monotonic()))
+            sink((callback, args, monotonic()))
         except BaseException:  # noqa: BLE001 - anything escaping would kill the job or the process
             _callback_failed(callback, on_error)
         return 0
 
-    def report_stop_complete(*args: Any) -> int:
-        try:
-            if pin is not None and pin.enabled and pin.thread != get_ident():
-                pin.pin_caller()
-            if len(args) > 2:
-                sink(new(report, (callback, monotonic(), args[2], args[0], args[1], (), "", None, "")))
-            else:
-                sink(report_of(callback, args, monotonic()))
-        except BaseException:  # noqa: BLE001
-            _callback_failed(callback, on_error)
-        return 0
-
-    def report_strategies(*args: Any) -> int:
-        try:
-            if pin is not None and pin.enabled and pin.thread != get_ident():
-                pin.pin_caller()
-            if len(args) == 2:
-                sink(new(report, (callback, monotonic(), args[0], None, "", args[1], "", None, "")))
-            else:
-                sink(report_of(callback, args, monotonic()))
-        except BaseException:  # noqa: BLE001
-            _callback_failed(callback, on_error)
-        return 0
-
-    def report_result(*args: Any) -> int:
-        try:
-            if pin is not None and pin.enabled and pin.thread != get_ident():
-                pin.pin_caller()
-            if len(args) > 3:
-                sink(new(report, (callback, monotonic(), args[2], args[0], args[1], (), args[3], None, "")))
-            else:
-                sink(report_of(callback, args, monotonic()))
-        except BaseException:  # noqa: BLE001
-            _callback_failed(callback, on_error)
-        return 0
-
-    chosen = {"report_fault_ranks": report_fault_ranks, "report_stop_complete": report_stop_complete,
-              "report_strategies": report_strategies, "report_result": report_result}[callback]
-    chosen.__name__ = f"relay_{callback}"
-    return chosen
+    relay.__name__ = f"relay_{callback}"
+    return relay
 
 
 def _callback_failed(callback: str, on_error: Callable[[], None]) -> None:

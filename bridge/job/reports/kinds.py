@@ -45,10 +45,10 @@ REPORT_METHODS = frozenset(METHODS.values())
 
 
 class ControllerReport(NamedTuple):
-    """One controller report, its arguments named once where it enters the bridge (the
-    controller's callback, ``bridge.job.host.controller.make_callback``; the seed API;
-    ``report-fault``) and carried unchanged to the report wire and the event loop.
-    Nothing after the intake reads a callback's arguments by position.
+    """One controller report, its arguments named once: by the report wire as it takes a
+    controller callback's ``Callback`` (``report_of``, the only place they are read by
+    position), or where the seed API and ``report-fault`` make one. Carried unchanged
+    to the event loop.
 
     The values are as the caller gave them: the wire cleans the fault map
     (``faults.clean_faults``), checks the code (``status_code``) and the strategies."""
@@ -64,8 +64,12 @@ class ControllerReport(NamedTuple):
     problem: str  # why the arguments do not fit the callback ("": they do)
 
 
+#: What a controller callback puts into the wire's inbox: its name, its positional
+#: arguments and ``time.monotonic()`` on the controller's thread, named by the wire.
+Callback = tuple[str, tuple[Any, ...], float]
+
 #: A ControllerReport from its nine fields as one tuple, in C (NamedTuple's ``__new__``
-#: is a Python function); the controller's callbacks call ``tuple.__new__`` themselves.
+#: is a Python function).
 record: Callable[[tuple[Any, ...]], ControllerReport] = partial(tuple.__new__, ControllerReport)
 
 #: What each callback takes, for the message of a call that does not fit it.
@@ -79,7 +83,7 @@ SIGNATURES: dict[str, str] = {
 
 #: Where a report enters the report path: the wire's inbox (``relay.ReportInbox.put``).
 #: Any thread; never blocks.
-ReportSink = Callable[[ControllerReport], None]
+ReportSink = Callable[[ControllerReport | Callback], None]
 
 
 def misfit(callback: str, args: tuple[Any, ...], at: float, waiter: Future[int] | None = None) -> ControllerReport:
@@ -89,9 +93,9 @@ def misfit(callback: str, args: tuple[Any, ...], at: float, waiter: Future[int] 
 
 
 def report_of(callback: str, args: tuple[Any, ...], at: float, waiter: Future[int] | None = None) -> ControllerReport:
-    """``callback``'s positional arguments, named (never raises). For the callers off the
-    controller's thread; the controller's own callbacks name them inline, with no frame
-    of their own (``make_callback``)."""
+    """``callback``'s positional arguments, named (never raises): on the report wire's
+    thread for the controller's callbacks, on their own for the seed API and
+    ``report-fault``."""
     n = len(args)
     if callback == "report_fault_ranks" and n >= 1:
         return record((callback, at, args[0], None, "", (), "", waiter, ""))

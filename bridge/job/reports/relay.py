@@ -2,9 +2,10 @@
 
 One thread, ``tft-wire``, owns the outbox, the report channel (a synchronous gRPC
 channel) and every rule of delivery. Reports enter through the ``ReportInbox`` (the
-controller's callbacks put their ``ControllerReport`` there directly: one thread crossing
-before the wire; the event loop puts its own reports there); what the wire needs of the
-loop's state it reads from ``CycleState``'s snapshot. Each controller report goes back to
+controller's callbacks put their name, arguments and time there, named by the wire as it
+takes them: one thread crossing before the wire; the event loop and the seed API put
+whole reports, ``ControllerReport``); what the wire needs of the loop's state it reads
+from ``CycleState``'s snapshot. Each controller report goes back to
 the loop's bookkeeping (the ``WireListener``) once the wire has nothing left to send, or
 earlier when the loop asks (``catch_up``, before it reacts to anything from ClusterD), so
 the loop never learns of ClusterD's answer to a report before the report.
@@ -54,7 +55,7 @@ from bridge import faults as codec
 from bridge.core.backoff import Backoff
 from bridge.job.cycle_state import CycleState
 from bridge.job.metrics import BridgeMetrics, code_label, drop_reason_for_code
-from bridge.job.reports.kinds import KINDS, METHODS, ControllerReport, status_code
+from bridge.job.reports.kinds import KINDS, METHODS, ControllerReport, ReportSink, report_of, status_code
 from bridge.job.sched import grpc_internals, realtime
 from bridge.job.sched.affinity import ControllerPin
 from bridge.job.session.clusterd import Delivery, RpcFailure, classify_failure, connection_lost
@@ -148,7 +149,7 @@ class ReportInbox:
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()  # any thread -> the wire
-        self.put: Callable[[ControllerReport], None] = self._queue.put  # the callbacks' sink
+        self.put: ReportSink = self._queue.put  # the callbacks' sink
         self.wakes = 0  # wake-ups put (``wake``, on the loop only): one per change of the stream
 
     def submit_faults(self, faults: dict[int, int], waiter: Future[int] | None = None) -> None:
@@ -352,7 +353,9 @@ class Wire:
         taken: list[Taken] = []
         try:
             for item in items:
-                if type(item) is ControllerReport:
+                if type(item) is tuple:  # a controller callback's (kinds.Callback)
+                    taken.append(self._intake(report_of(*item)))
+                elif type(item) is ControllerReport:
                     taken.append(self._intake(item))
                 elif item is _WAKE:
                     pass  # the cycle state changed: looked at below
