@@ -149,7 +149,7 @@ class Session(Subscription[SignalMessage]):
         self.init_answered.set()
         if code == Code.ProcessRescheduleOff:
             self._set_state(SessionState.RECOVERY_OFF)
-            log.warning("ClusterD: process-level recovery is off for job %s (Init 403); re-checking every %.0f s",
+            log.warning("ClusterD: process-level recovery is off for job %s (Init 403); re-checking every %g s",
                         self.job_id, self.config.recheck_disabled)
             return Outcome.UNIMPLEMENTED
         if code != Code.OK:

@@ -258,7 +258,7 @@ class StreamLoop(Generic[T]):
         if _unimplemented(error):
             if not self.unimplemented:
                 log.warning("ClusterD does not serve %s (UNIMPLEMENTED, an older release): re-checked every "
-                            "%.0f s", self.method, self.client.config.recheck_disabled)
+                            "%g s", self.method, self.client.config.recheck_disabled)
             self.unimplemented = True
             return StreamEnd(Outcome.UNIMPLEMENTED, opened=opened, messages=messages, status=status, detail=detail)
         self.unimplemented = False
