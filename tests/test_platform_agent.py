@@ -332,7 +332,7 @@ class DyingWatchApi:
 
 async def test_a_dying_watch_thread_stops_the_agent_with_its_failure() -> None:
     agent = PlatformAgent(DyingWatchApi(), Policy(), FAST, PlatformMetrics())  # type: ignore[arg-type]
-    await asyncio.wait_for(agent.run(), 10)  # no request_stop: the watch's death ends it
+    assert await asyncio.wait_for(agent.run(), 10) == 1  # no request_stop: the watch's death ends it
     assert agent.failure is not None and "watch thread failed" in agent.failure
 
 

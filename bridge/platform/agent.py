@@ -97,13 +97,18 @@ class PlatformAgent:
 
     # ----------------------------------------------------------------- lifecycle
 
-    async def run(self) -> None:
-        """start, wait for :meth:`request_stop` or a dying part, stop."""
+    async def run(self) -> int:
+        """start, wait for :meth:`request_stop` or a dying part, stop: 0, or 1 after a
+        dying part (``failure`` says which)."""
         await self.start()
         try:
             await self._stop.wait()
         finally:
             await self.stop()
+        if self.failure is not None:
+            log.error("platform agent ended: %s", self.failure)
+            return 1
+        return 0
 
     async def start(self) -> None:
         """Start the workers and the resync, then the watch thread."""

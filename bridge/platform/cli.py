@@ -142,11 +142,7 @@ async def _serve(agent: Any, policy_path: str | None) -> int:
         log.info("SIGHUP: policy reloaded from %s", policy_path)
 
     with capture_signals(agent.request_stop, {signal.SIGHUP: on_reload}):
-        await agent.run()
-    if agent.failure is not None:
-        log.error("platform agent ended: %s", agent.failure)
-        return 1
-    return 0
+        return await agent.run()
 
 
 def main(argv: list[str] | None = None) -> int:
