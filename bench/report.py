@@ -161,12 +161,15 @@ def design_section(path: Path) -> str:
 def benchmark_sections(path: Path) -> dict[str, str]:
     """The benchmark sections of the file being rewritten by name, each from its heading
     to the next one, as written; a section's Command line without the date it ran gets
-    the file's date (a full report's sections all ran then)."""
+    the file's date when the file is a full report (its sections all ran then), never
+    an ``--only`` run's, which dates only the sections it ran."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError:
         return {}
-    dated = re.search(r" on (\d{4}-\d\d-\d\d \d\d:\d\d UTC)", text)
+    header = re.search(r"(?m)^Written by `bench/report.py`(.*)$", text)
+    full_report = header is not None and " --only " not in header.group(1)
+    dated = re.search(r" on (\d{4}-\d\d-\d\d \d\d:\d\d UTC)", header.group(1)) if full_report else None
     design_at = text.find("\n" + DESIGN_HEADING + "\n")
     body = text[:design_at + 1] if design_at >= 0 else text
     names = {bench.name for bench in BENCHMARKS}
