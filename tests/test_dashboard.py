@@ -512,21 +512,26 @@ def demo_prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusServer, list[Dem
     are released once Prometheus has stored every bridge's state before its fault."""
     required_binary("prometheus")
     started = time.time()
-    ports = {scenario: free_port() for scenario in DEMO_SCENARIOS}
+    ports: dict[str, int] = {}
     demos: list[DemoBridge] = []
     prometheus: PrometheusServer | None = None
     try:
-        # The demos first, so that each binds its metrics port within moments of its pick,
-        # not after Prometheus's start-up: meanwhile the demos' children pick ports too.
-        for scenario, port in ports.items():
+        # One demo at a time, each port picked just before the process that binds it
+        # starts and every port of a demo bound before the next one picks: the demos are
+        # processes of their own, each handing out ports from this worker's slice without
+        # knowing the others' picks, and two started together could pick the same port
+        # between a probe and the bind (a demo then failed to start its controller).
+        for scenario in DEMO_SCENARIOS:
+            port = ports[scenario] = free_port()
             log = tmp_path / f"demo-{scenario}.log"
             with log.open("wb") as out:
                 process = subprocess.Popen(
                     [sys.executable, "-m", "tests.gated_demo", "demo", "--scenario", scenario, "--hold", "600",
                      "--metrics-port", str(port)], stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                     cwd=ROOT, env={**os.environ, "STATE_DIRECTORY": str(tmp_path / f"state-{scenario}")})
-            demos.append(DemoBridge(scenario, port, process, log))
-        eventually_sync(lambda: all(demo.at_gate() for demo in demos), timeout=90, what="every demo subscribed")
+            demo = DemoBridge(scenario, port, process, log)
+            demos.append(demo)
+            eventually_sync(demo.at_gate, timeout=90, what=f"the {scenario} demo subscribed")
         prometheus = PrometheusServer(tmp_path, ports)
         eventually_sync(prometheus.ready, timeout=60, what="prometheus ready")
         gated = time.time()
