@@ -61,3 +61,39 @@ def test_a_bad_slice_is_refused_saying_what_it_expects(monkeypatch) -> None:  # 
     monkeypatch.setenv(port_picker.SLICE_ENV, "5/4")
     with pytest.raises(ValueError, match=r"TFT_BRIDGE_PORT_SLICE='5/4': expected K/N with 1 <= K <= N"):
         free_port()
+
+
+def test_the_parts_of_a_slice_lie_inside_it_and_apart(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What keeps processes started side by side from one worker (the chaos workers, the
+    node services of a chaos schedule) from drawing each other's ports: each picks from
+    a part of the worker's slice of its own (``child_slice``)."""
+    monkeypatch.setenv(port_picker.SLICE_ENV, "2/3")
+    parts = [port_picker.child_slice(index, 4) for index in (1, 2, 3, 4)]
+    assert parts == ["2/3,1/4", "2/3,2/4", "2/3,3/4", "2/3,4/4"]
+    low, high = port_picker._ephemeral_range()
+    whole = [(start, end) for start, end in [(10000, low - 1), (high + 1, 65535)] if end - start >= 1000]
+    worker = port_picker._slice(whole, "2/3")
+    picks = {part: {free_port(within=part) for _ in range(60)} for part in parts}
+    for part, ports in picks.items():
+        assert all(any(a <= port <= b for a, b in worker) for port in ports), (part, sorted(ports))
+        assert all(any(a <= port <= b for a, b in port_picker._slice(whole, part)) for port in ports)
+    for first in parts:
+        for second in parts:
+            if first != second:
+                assert not picks[first] & picks[second]
+                spans_a, spans_b = port_picker._slice(whole, first), port_picker._slice(whole, second)
+                assert all(b_end < a_start or a_end < b_start
+                           for a_start, a_end in spans_a for b_start, b_end in spans_b)
+
+
+def test_a_part_of_every_port_when_the_process_has_no_slice(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv(port_picker.SLICE_ENV, raising=False)
+    assert port_picker.child_slice(3, 5) == "3/5"
+    with pytest.raises(ValueError, match="part 6 of 5"):
+        port_picker.child_slice(6, 5)
+
+
+def test_a_bad_part_of_a_chain_is_refused_saying_what_it_expects(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(port_picker.SLICE_ENV, "1/2,0/3")
+    with pytest.raises(ValueError, match=r"TFT_BRIDGE_PORT_SLICE='1/2,0/3': expected K/N .* or a chain of them"):
+        free_port()

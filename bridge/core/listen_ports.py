@@ -24,21 +24,37 @@ _EPHEMERAL_DEFAULT = (32768, 60999)
 #: ``K/N`` (1 <= K <= N): this process, and the processes it starts, pick only from the
 #: K-th of N equal slices of each span. The test suite gives each of its parallel workers
 #: its own slice (tests/conftest.py), so two workers never draw the same port between a
-#: probe and the bind. Unset: the whole spans.
+#: probe and the bind. A chain ``K/N,J/M`` is the J-th of M equal parts of that slice, and
+#: so on (``child_slice``). Unset: the whole spans.
 SLICE_ENV = "TFT_BRIDGE_PORT_SLICE"
 
 
 def _slice(spans: list[tuple[int, int]], given: str) -> list[tuple[int, int]]:
-    match = re.fullmatch(r"([0-9]+)/([0-9]+)", given)
-    if not match or not 1 <= int(match[1]) <= int(match[2]):
-        raise ValueError(f"{SLICE_ENV}={given!r}: expected K/N with 1 <= K <= N (the K-th of N port slices); "
-                         "unset it to pick from every free port")
-    k, n = int(match[1]), int(match[2])
-    sliced = []
-    for start, end in spans:
-        width = (end - start + 1) // n
-        sliced.append((start + (k - 1) * width, start + k * width - 1))
-    return sliced
+    for part in given.split(","):
+        match = re.fullmatch(r"([0-9]+)/([0-9]+)", part.strip())
+        if not match or not 1 <= int(match[1]) <= int(match[2]):
+            raise ValueError(f"{SLICE_ENV}={given!r}: expected K/N with 1 <= K <= N (the K-th of N port slices), "
+                             "or a chain of them (K/N,J/M: the J-th of M parts of that slice); unset it to pick "
+                             "from every free port")
+        k, n = int(match[1]), int(match[2])
+        sliced = []
+        for start, end in spans:
+            width = (end - start + 1) // n
+            sliced.append((start + (k - 1) * width, start + k * width - 1))
+        spans = sliced
+    return spans
+
+
+def child_slice(index: int, count: int) -> str:
+    """The ``SLICE_ENV`` value for the ``index``-th (1..``count``) of ``count`` parts of
+    this process's slice (of every port where it has none): for a child process that
+    picks ports on its own, so that processes which cannot see each other's picks never
+    draw the same port. A process that also picks ports itself keeps a part for its own
+    picks (``free_port(within=...)``)."""
+    if not 1 <= index <= count:
+        raise ValueError(f"part {index} of {count}: expected 1 <= part <= count")
+    own = os.environ.get(SLICE_ENV, "").strip()
+    return f"{own},{index}/{count}" if own else f"{index}/{count}"
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -49,9 +65,10 @@ def _ephemeral_range() -> tuple[int, int]:
         return _EPHEMERAL_DEFAULT
 
 
-def free_port() -> int:
+def free_port(within: str | None = None) -> int:
     """A TCP port free now, in the controller's accepted range (1024..65535) and outside
-    the kernel's ephemeral range.
+    the kernel's ephemeral range; from the slice ``within`` (a ``SLICE_ENV`` value) when
+    given, else from this process's.
 
     A port the kernel picks for a bind to port 0 comes from the ephemeral range, the one
     every outgoing connection takes its source port from: between this probe and the
@@ -63,8 +80,9 @@ def free_port() -> int:
     low, high = _ephemeral_range()
     spans = [(10000, low - 1), (high + 1, 65535)]  # 10000: clear of the ports services listen on
     spans = [(start, end) for start, end in spans if end - start >= 1000]
-    if spans and os.environ.get(SLICE_ENV):
-        spans = _slice(spans, os.environ[SLICE_ENV])
+    chosen = within if within is not None else os.environ.get(SLICE_ENV)
+    if spans and chosen:
+        spans = _slice(spans, chosen)
     for _ in range(200 if spans else 0):
         start, end = _pick.choice(spans)
         port = _pick.randint(start, end)
