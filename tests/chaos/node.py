@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.core.listen_ports import SLICE_ENV, child_slice
+
 log = logging.getLogger("tests.chaos.node")
 
 NODES = {"node-1": "127.0.0.1", "node-2": "127.0.0.2"}
@@ -118,8 +120,12 @@ class NodeChaos:
         self.server = StandInApiServer(port=_port()).start()
         self.cluster = SimJobs(self.server.store, NODES)
         command = f'bridge_command = ["{sys.executable}", "{ROOT / "tests" / "node_stub_bridge.py"}"]'
+        # Each node service picks its bridges' ports from a part of this process's slice of
+        # its own, and this process from the first (``_port``): processes that cannot see
+        # each other's picks never draw the same port.
         self.rigs = {node: NodeRig(self.server, tmp / node, "127.0.0.1:1", node=node, host_ip=ip,
-                                   env={"NODE_STUB_RANKS": "0"}) for node, ip in NODES.items()}
+                                   env={"NODE_STUB_RANKS": "0", SLICE_ENV: child_slice(2 + i, 1 + len(NODES))})
+                     for i, (node, ip) in enumerate(NODES.items())}
         for rig in self.rigs.values():
             text = rig.config_path.read_text().replace("[kubernetes]", f"{command}\n[kubernetes]", 1)
             rig.config_path.write_text(text.replace("ranks_leave_wait = 20.0", "ranks_leave_wait = 5.0"))
@@ -331,6 +337,8 @@ def pairs(samples: list[Sample]) -> Iterator[tuple[Sample, Sample]]:
 
 
 def _port() -> int:
-    from bridge.sim.scenario import free_port
+    """A port for this process's listeners: the first part of its slice, the node
+    services' being the others (``NodeChaos``)."""
+    from bridge.core.listen_ports import free_port
 
-    return free_port()
+    return free_port(within=child_slice(1, 1 + len(NODES)))

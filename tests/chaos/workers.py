@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bridge.core.listen_ports import SLICE_ENV, child_slice
+
 #: worker processes; schedules are dealt to them in turn, so results come in test order
 WORKERS = 4
 
@@ -33,16 +35,19 @@ class ChaosWorkers:
         self._outcomes: dict[tuple[str, int], dict[str, Any]] = {}
         self._ended: dict[int, tuple[int, str]] = {}  # worker index -> (exit status, stderr) once it ended
         self._owner: dict[tuple[str, int], int] = {}
-        shards: list[list[tuple[str, int]]] = [schedules[i::workers] for i in range(workers)]
+        shards = [shard for shard in (schedules[i::workers] for i in range(workers)) if shard]
         self._processes: list[subprocess.Popen[str]] = []
         self._readers: list[threading.Thread] = []
-        for index, shard in enumerate(shard for shard in shards if shard):
+        for index, shard in enumerate(shards):
             for pair in shard:
                 self._owner[pair] = index
+            # Each worker picks its ports from its own part of this process's slice: the
+            # workers run side by side and cannot see each other's picks (the node
+            # schedules, last in every shard, run together and bind the same node IPs).
             process = subprocess.Popen(
                 [sys.executable, "-m", "tests.chaos", "--each", *(f"{entry}:{seed}" for entry, seed in shard)],
                 cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                env={**os.environ, "PYTHONPATH": str(root)})
+                env={**os.environ, "PYTHONPATH": str(root), SLICE_ENV: child_slice(index + 1, len(shards))})
             self._processes.append(process)
             reader = threading.Thread(target=self._read, args=(index, process), name=f"chaos-worker-{index}",
                                       daemon=True)
