@@ -277,7 +277,21 @@ class NodeChaos:
             await asyncio.sleep(SAMPLE)  # waiting for the monitor's next sample
         last = self.samples[-1] if self.samples else None
         self.add("bridge-while-served", f"not settled within {SETTLE:.0f} s: pods {last and last.pods}, "
-                                        f"bridges {last and last.bridges}, records {last and last.served_for}")
+                                        f"bridges {last and last.bridges}, records {last and last.served_for}; "
+                                        f"{self.node_log_tails()}")
+
+    def node_log_tails(self, lines: int = 8) -> str:
+        """The last warnings and errors of each node service (``<node>.log``): why a job
+        has no bridge."""
+        tails = []
+        for node, rig in self.rigs.items():
+            try:
+                text = (rig.state_root.parent / f"{node}.log").read_text(errors="replace")
+            except OSError:
+                text = ""
+            notable = [line[-200:] for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
+            tails.append(f"{node} log: {' | '.join(notable[-lines:]) or '(no warning or error)'}")
+        return "; ".join(tails)
 
     def add(self, name: str, line: str) -> None:
         self.violations.setdefault(name, []).append(line)
