@@ -107,20 +107,22 @@ class CycleResume:
         to ``offered`` for the named ranks ``beyond`` the controller's, that is counted
         and logged here. Decides nothing: the wire narrowed it from the publication it
         bound the report with (``relay.Wire._intake``)."""
-        if self.rebound_global is not None:
-            self.rebound_global = None
-            self._publish(None)
+        self._clear_rebound()
         if beyond:
             self._narrowed(cycle, beyond, offered)
             self._count("answered_without_repair")
+
+    def _clear_rebound(self) -> None:
+        """No cycle rebound any more: published (once) only when there was one."""
+        if self.rebound_global is not None:
+            self.rebound_global = None
+            self._publish(None)
 
     def on_subscribed(self, flow_faults: dict[int, int]) -> None:
         """A new stream is live: ClusterD's job was reset. Restart the cycle the
         controller is stopped for, or say that it cannot be."""
         self.pending = None
-        if self.rebound_global is not None:  # its cycle ended with the stream: no answer narrowed for it
-            self.rebound_global = None
-            self._publish(None)
+        self._clear_rebound()  # its cycle ended with the stream: no answer is narrowed for it
         step = self.flow.step
         if step in PAST_RESUME:
             self._count("too_late")
