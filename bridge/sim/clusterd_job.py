@@ -338,8 +338,8 @@ class JobController:
             low, high = self.host.timings.retry_report_delay
             if self.host.release.slow_fault_centre:
                 low = high = self.host.timings.fault_centre_delay
-            delay = self.host.rng.uniform(low, high)
-            self.host.record("fault-centre", "retry-fault", self.job_id, delay=round(delay, 3),
+            delay = round(self.host.rng.uniform(low, high), 3)  # the delay the journal shows is the one waited
+            self.host.record("fault-centre", "retry-fault", self.job_id, delay=delay,
                              reason="UCE/HCCL report turned into a retry fault")
             self.spawn(self._start_retry_cycle(delay), "retry-fault")
         return "scheduled"

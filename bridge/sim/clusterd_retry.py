@@ -81,11 +81,12 @@ class RetryRecords:
         if recorded:
             if self._next_at is None:  # idle centre: the next tick, as observed 0.7-1.0 s after the report
                 low, high = self.host.timings.retry_report_delay
-                delay = self._uniform(low, high)
-                self._next_at = now + delay
-                self._wake.set()
-                self.host.record("fault-centre", "retry-fault", self.job_id, delay=round(delay, 3),
+                delay = round(self._uniform(low, high), 3)  # the delay the journal shows is the one waited
+                self.host.record("fault-centre", "retry-fault", self.job_id, delay=delay,
                                  reason="UCE/HCCL report turned into a retry record, published at the next tick")
+                # counted from the journal entry (its clock is the loop's): a reader never sees it shorter
+                self._next_at = asyncio.get_running_loop().time() + delay
+                self._wake.set()
             if self._task is None or self._task.done():
                 self._task = self._spawn(self._run(), "fault-centre")
         return recorded
