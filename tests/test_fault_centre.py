@@ -64,6 +64,17 @@ async def recorded_recovery(jobs: list[SimulatedJob], store: Path, **kwargs) -> 
     return job
 
 
+
+async def successful_cycle(job: SimulatedJob, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """The one successful cycle ``tft-bridge history --json`` lists, once the recorder wrote it."""
+    assert job.bridge is not None
+    writer = job.bridge.recording.writer
+    assert writer is not None
+    await eventually(lambda: writer.closed >= 1, 10, what="the cycle written")
+    listing = json.loads(history(tmp_path, capsys, "--json"))
+    (cycle,) = [c for c in listing["cycles"] if c["outcome"] == "success"]
+    return cycle
+
 async def test_the_npu_and_code_of_a_recovered_fault_are_in_its_record(
         jobs: list[SimulatedJob], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job = await recorded_recovery(jobs, tmp_path)
@@ -75,11 +86,7 @@ async def test_the_npu_and_code_of_a_recovered_fault_are_in_its_record(
     job.training.inject_fault({6: 1})  # ... and the rank on it fails
     await annotation(job, "recover-success")
     job.sim.clear_device_faults(JOB)
-    writer = job.bridge.recording.writer
-    assert writer is not None
-    await eventually(lambda: writer.closed >= 1, 10, what="the cycle written")
-    listing = json.loads(history(tmp_path, capsys, "--json"))
-    (cycle,) = [c for c in listing["cycles"] if c["outcome"] == "success"]
+    cycle = await successful_cycle(job, tmp_path, capsys)
     cause = cycle["summary"]["clusterd_faults"]
     assert cause["devices"] == [{"node": "node-1", "device": "2", "type": "NPU", "codes": ["80C98000"],
                                  "levels": ["RestartNPU"]}]
@@ -99,12 +106,7 @@ async def test_a_retried_uce_names_the_fault_centres_record_as_its_cause(
     job = await recorded_recovery(jobs, tmp_path)
     job.training.inject_fault({5: 0})  # rank 5: node-1, NPU 1 (4 NPUs per node)
     await annotation(job, "retry-success")
-    assert job.bridge is not None
-    writer = job.bridge.recording.writer
-    assert writer is not None
-    await eventually(lambda: writer.closed >= 1, 10, what="the cycle written")
-    listing = json.loads(history(tmp_path, capsys, "--json"))
-    (cycle,) = [c for c in listing["cycles"] if c["outcome"] == "success"]
+    cycle = await successful_cycle(job, tmp_path, capsys)
     cause = cycle["summary"]["clusterd_faults"]
     assert cause["devices"] == [{"node": "node-1", "device": "1", "type": "NPU", "codes": ["80E01801"],
                                  "levels": ["RestartBusiness"]}]
