@@ -34,7 +34,10 @@ class SimTimings:
     """The platform-mode waits, scaled down (the real ones: ``clusterd_timings.REAL``)."""
     poll: float = 0.02  # real: 3 s
     wait: float = 2.0  # real: 300 s
-    reconfirm_delay: float = 0.05  # after a 405 retry failure, before the next confirm (real: ~1 s)
+    # After a 405 retry failure, before the next confirm: real, not scaled. It is the
+    # platform's deadline to clear the previous confirm (ClusterD's write fails with
+    # "plat not clear pre confirm fault" otherwise), and the platform's speed is not scaled.
+    reconfirm_delay: float = 1.0
     pause: float = 0.05  # how long FaultRetry keeps the label at "pause"
 
 
