@@ -309,7 +309,9 @@ async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[Si
     assert len(requests) <= 50, len(requests)
     # Every callback's rank first goes out in exactly one request, built by merging the
     # callbacks queued together. A request carrying no rank for the first time is a resend
-    # or a re-report (a new stream on a loaded machine), which merges no callback.
+    # or one of the bridge's own re-reports (a new stream's on a loaded machine, refault.py's
+    # when ClusterD started no recovery in time), which merges no callback; such a re-report
+    # merges into a queued request, though, when one is waiting.
     sent: set[int] = set()
     built = 0
     for entry in requests:
@@ -317,7 +319,11 @@ async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[Si
         built += bool(ranks - sent)
         sent |= ranks
     assert sent == set(range(1000))
-    assert job.metrics.sample("tft_bridge_fault_reports_merged_total") == 1000 - built
+    streams = len(job.sim.journal.select("stream-open", "SubscribeProcessManageSignal"))
+    own = streams - 1 + sum(job.metrics.sample("tft_bridge_fault_rereports_total", {"reason": reason})
+                            for reason in ("record_held", "as_process_fault"))
+    merged = job.metrics.sample("tft_bridge_fault_reports_merged_total")
+    assert 1000 - built <= merged <= 1000 - built + own, (merged, built, own)
 
 
 def after(job: SimulatedJob, seq: int, kind: str, name: str | None = None) -> list:  # type: ignore[type-arg]
