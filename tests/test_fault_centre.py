@@ -146,12 +146,7 @@ async def test_a_release_without_the_fault_service_says_so_in_the_record(
     assert job.metrics.sample("tft_bridge_fault_info_messages_total", {"result": "unavailable"}) == 1
     job.training.inject_fault({5: 1})
     await annotation(job, "recover-success")
-    assert job.bridge is not None
-    writer = job.bridge.recording.writer
-    assert writer is not None
-    await eventually(lambda: writer.closed >= 1, 10, what="the cycle written")
-    listing = json.loads(history(tmp_path, capsys, "--json"))
-    (cycle,) = [c for c in listing["cycles"] if c["outcome"] == "success"]
+    cycle = await successful_cycle(job, tmp_path, capsys)
     assert cycle["summary"]["clusterd_faults"]["signal"] == "unavailable"
     text = history(tmp_path, capsys, "--cycle", cycle["key"])
     assert "not available (this ClusterD release does not serve its Fault service)" in text
