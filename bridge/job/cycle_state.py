@@ -37,6 +37,10 @@ class Answering(NamedTuple):
     rebound: Rebound | None
 
 
+#: Before every change kept, and for a report bound to no cycle (a fault report).
+NOT_ANSWERED = Answering(None, None)
+
+
 @dataclass(frozen=True)
 class Cycles:
     """The cycle state as the report wire's thread reads it: replaced whole by
@@ -92,8 +96,7 @@ class CycleState:
         # When ``answering`` or ``rebound`` changed (monotonic, stamped before the
         # publication), newest last: appended on the loop and read on the wire's thread,
         # both under ``_lock``.
-        self._answering_since: deque[tuple[float, Answering]] = deque([(float("-inf"), Answering(None, None))],
-                                                                      maxlen=64)
+        self._answering_since: deque[tuple[float, Answering]] = deque([(float("-inf"), NOT_ANSWERED)], maxlen=64)
         self._unsettled = 0  # cycle-bound calls on the wire (under ``_lock``)
         self._settled = asyncio.Event()  # the loop's: set when ``_unsettled`` fell to 0
         # -- the loop's own
@@ -197,7 +200,7 @@ class CycleState:
             for since, answering in reversed(self._answering_since):
                 if since <= at:
                     return answering
-        return Answering(None, None)
+        return NOT_ANSWERED
 
     def begin_send(self, cycle: str | None) -> bool:
         """Before a cycle-bound call: whether ``cycle`` is alive, counting the call as on

@@ -53,7 +53,7 @@ import grpc
 
 from bridge import faults as codec
 from bridge.core.backoff import Backoff
-from bridge.job.cycle_state import CycleState
+from bridge.job.cycle_state import NOT_ANSWERED, CycleState
 from bridge.job.metrics import BridgeMetrics, code_label, drop_reason_for_code
 from bridge.job.reports.kinds import KINDS, METHODS, ControllerReport, ReportSink, report_of, status_code
 from bridge.job.sched import grpc_internals, realtime
@@ -83,10 +83,6 @@ class Taken(NamedTuple):
     problem: str  # why it is malformed: not sent, answered 499 by the loop ("": well-formed)
     offered: list[str]  # the strategies encoded for ClusterD: ``strategies`` unless narrowed
     beyond: frozenset[int]  # the rebound cycle's named ranks beyond the report's: narrowed when any
-
-    @property
-    def narrowed(self) -> bool:
-        return bool(self.beyond)
 
 
 NO_FAULTS = codec.CleanFaults({}, 0, "")
@@ -391,8 +387,8 @@ class Wire:
         cycle = None
         waiters = [report.waiter] if report.waiter is not None else []
         try:
-            answered = self._cycles.answering_at(report.at) if kind != "fault" else None
-            cycle = answered.cycle if answered is not None else None
+            answered = self._cycles.answering_at(report.at) if kind != "fault" else NOT_ANSWERED
+            cycle = answered.cycle
             if kind is None:
                 raise ValueError(f"unknown callback {report.callback!r}")
             if report.problem:
@@ -408,7 +404,7 @@ class Wire:
             offered, beyond = strategies, NONE_BEYOND
             if kind == "strategy":
                 strategies = offered = [str(s) for s in report.strategies]
-                rebound = answered.rebound if answered is not None else None
+                rebound = answered.rebound
                 if rebound is not None and rebound.cycle == cycle:
                     offered, beyond = without_repair(rebound.named, cleaned.faults, strategies)
                 payload = codec.encode_recover_strategy_request(self.job_id, cleaned.faults, offered)
