@@ -68,12 +68,18 @@ def state(systemd: Systemd) -> dict[str, str]:
 def restarted(systemd: Systemd, restarts: int, old_pid: str) -> dict[str, str]:
     """The unit active again after its ``restarts``-th restart, with a main process other
     than ``old_pid``."""
+    seen: list[dict[str, str]] = []
+
     def check() -> dict[str, str] | None:
         now = state(systemd)
+        seen[:] = [now]
         return now if (now["NRestarts"] == str(restarts) and now["ActiveState"] == "active"
                        and now["MainPID"] not in ("0", old_pid)) else None
 
-    return eventually_sync(check, 60, f"restart {restarts} of {UNIT}", interval=0.2)
+    try:
+        return eventually_sync(check, 60, f"restart {restarts} of {UNIT}", interval=0.2)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nlast state: {seen}\n{systemd.journal()[-6000:]}") from None
 
 
 def test_every_shipped_unit_verifies_inside(systemd: Systemd) -> None:
