@@ -62,7 +62,8 @@ SUITE_STATE_ENV = "TFT_BRIDGE_SUITE_STATE_DIRECTORY"
 
 def pytest_configure(config: pytest.Config) -> None:
     """Each xdist worker, and the processes it starts, pick listening ports from a slice of
-    their own (bridge/core/listen_ports.py). Bridges the suite starts keep their flight record (bridge/job/recorder/) in
+    their own (bridge/core/listen_ports.py), a part of the run's own where it has one
+    (.ci/run gives each stage beside the suite a part). Bridges the suite starts keep their flight record (bridge/job/recorder/) in
     $STATE_DIRECTORY, else /var/lib/tft-bridge/<job>: point it at a directory of the
     process's own (each xdist worker its own), so a suite run as root leaves nothing on the
     machine and no two workers share a store. Each test then gets a fresh one of its own
@@ -70,7 +71,7 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw"):  # a worker's own slice of the ports the simulations pick (bridge/core/listen_ports.py)
         count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-        os.environ[ports.SLICE_ENV] = f"{int(worker[2:]) % count + 1}/{count}"
+        os.environ[ports.SLICE_ENV] = ports.child_slice(int(worker[2:]) % count + 1, count)
     given = os.environ.get("STATE_DIRECTORY")
     if given is None or given == os.environ.get(SUITE_STATE_ENV):
         directory = tempfile.mkdtemp(prefix=f"tft-bridge-suite-state-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")

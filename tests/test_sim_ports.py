@@ -4,6 +4,7 @@ port between its probe and the stub controller's bind (SystemExit 2 at start-up)
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -55,6 +56,25 @@ def test_a_slice_keeps_the_picks_to_its_part_of_each_span(monkeypatch) -> None: 
     monkeypatch.setenv(port_picker.SLICE_ENV, "1/4")
     first = [free_port() for _ in range(100)]
     assert not set(first) & set(ports)
+
+
+def test_every_candidate_port_is_as_likely_whichever_span_it_lies_in() -> None:
+    """The narrow span above the ephemeral range gets its share of the picks, not half of
+    them: where the slices grow narrow (a stage's part, a worker's, a node service's),
+    two processes' picks meet there no more often than anywhere else."""
+    low, high = port_picker._ephemeral_range()
+    spans = [(start, end) for start, end in [(10000, low - 1), (high + 1, 65535)] if end - start >= 1000]
+    if len(spans) < 2:
+        pytest.skip(f"one span of candidate ports on this machine: {spans}")
+    if os.environ.get(port_picker.SLICE_ENV):
+        spans = port_picker._slice(spans, os.environ[port_picker.SLICE_ENV])
+    narrow_start, narrow_end = spans[1]
+    share = (narrow_end - narrow_start + 1) / sum(end - start + 1 for start, end in spans)
+    picks = [free_port() for _ in range(400)]
+    for port in picks:
+        port_picker.release(port)
+    narrow = sum(narrow_start <= port for port in picks) / len(picks)
+    assert abs(narrow - share) < 0.1, (narrow, share)  # one span of two: 0.5
 
 
 def test_a_bad_slice_is_refused_saying_what_it_expects(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -75,16 +75,17 @@ def free_port(within: str | None = None) -> int:
     listener's bind, a gRPC channel or a metrics scrape of a busy test run took such a
     port, and the stub controller's bind then failed (SystemExit 2, a start-up failure
     on a loaded machine). Outgoing connections never take a port outside the range, so
-    this picks one there at random (in this process's slice, ``SLICE_ENV``), checks it
-    binds, and never hands it out twice."""
+    this picks one there at random, every candidate port as likely (in this process's
+    slice, ``SLICE_ENV``), checks it binds, and never hands it out twice."""
     low, high = _ephemeral_range()
     spans = [(10000, low - 1), (high + 1, 65535)]  # 10000: clear of the ports services listen on
     spans = [(start, end) for start, end in spans if end - start >= 1000]
     chosen = within if within is not None else os.environ.get(SLICE_ENV)
     if spans and chosen:
-        spans = _slice(spans, chosen)
+        spans = [(start, end) for start, end in _slice(spans, chosen) if end >= start]
+    widths = [end - start + 1 for start, end in spans]
     for _ in range(200 if spans else 0):
-        start, end = _pick.choice(spans)
+        start, end = _pick.choices(spans, weights=widths)[0]  # every candidate port as likely
         port = _pick.randint(start, end)
         if port in _handed_out:
             continue
