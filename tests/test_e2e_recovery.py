@@ -9,6 +9,7 @@ protocol violation.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -324,9 +325,8 @@ async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[Si
     streams = len(job.sim.journal.select("stream-open", "SubscribeProcessManageSignal"))
     own = streams - 1 + sum(job.metrics.sample("tft_bridge_fault_rereports_total", {"reason": reason})
                             for reason in ("record_held", "as_process_fault"))
-    failed = sum(sample.value for family in job.metrics.registry.collect() for sample in family.samples
-                 if sample.name == "tft_bridge_clusterd_rpcs_total"
-                 and sample.labels["method"] == "ReportProcessFault" and sample.labels["code"] != "0")
+    failed = total(job, "tft_bridge_clusterd_rpcs_total",
+                   lambda labels: labels["method"] == "ReportProcessFault" and labels["code"] != "0")
     merged = job.metrics.sample("tft_bridge_fault_reports_merged_total")
     assert 1000 - built <= merged <= 1000 - built + own + failed, (merged, built, own, failed)
 
@@ -343,10 +343,15 @@ def resume_off(job: SimulatedJob, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(job.bridge.link.reports.resume, "outcome_unknown", lambda kind: None)
 
 
+def total(job: SimulatedJob, name: str, keep: Callable[[dict[str, str]], bool] = lambda labels: True) -> float:
+    """The sum of the job's ``name`` samples whose labels ``keep`` accepts."""
+    return sum(sample.value for family in job.metrics.registry.collect() for sample in family.samples
+               if sample.name == name and keep(sample.labels))
+
+
 def refusals(job: SimulatedJob) -> float:
     """Signals the bridge refused to forward, whatever the reason."""
-    return sum(sample.value for family in job.metrics.registry.collect() for sample in family.samples
-               if sample.name == "tft_bridge_signals_refused_total")
+    return total(job, "tft_bridge_signals_refused_total")
 
 
 async def test_stream_drop_mid_cycle_no_stale_report_reaches_the_next_cycle(running: list[SimulatedJob],

@@ -64,7 +64,6 @@ async def recorded_recovery(jobs: list[SimulatedJob], store: Path, **kwargs) -> 
     return job
 
 
-
 async def successful_cycle(job: SimulatedJob, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     """The one successful cycle ``tft-bridge history --json`` lists, once the recorder wrote it."""
     assert job.bridge is not None
@@ -74,6 +73,7 @@ async def successful_cycle(job: SimulatedJob, tmp_path: Path, capsys: pytest.Cap
     listing = json.loads(history(tmp_path, capsys, "--json"))
     (cycle,) = [c for c in listing["cycles"] if c["outcome"] == "success"]
     return cycle
+
 
 async def test_the_npu_and_code_of_a_recovered_fault_are_in_its_record(
         jobs: list[SimulatedJob], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
