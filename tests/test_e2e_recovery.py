@@ -287,14 +287,25 @@ async def test_duplicated_and_foreign_signals_never_reach_the_controller(running
     assert job.metrics.sample("tft_bridge_signals_refused_total", {"reason": "duplicate"}) == 1
 
 
-async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[SimulatedJob]) -> None:
-    job = await started(running, job=job_spec(world_size=2048, devices_per_pod=8))
+async def storm_delivered(job: SimulatedJob, pause_after: int | None = None) -> None:
+    """1 000 fault callbacks back to back on a job of 2 048 ranks, each rank first going
+    out in one request built by merging the callbacks queued together. ``pause_after``:
+    after that many callbacks, wait until the controller has made its own fault report
+    (ClusterD's stopTrain for the first ranks reached it): its reports go out among the
+    storm's, merged into a queued request or alone, as the wire's timing has it."""
     assert job.bridge is not None and job.bridge.controller is not None
     callback = job.training.registry.registered("report_fault_ranks")
     assert callback is not None
 
+    def controller_reported() -> bool:
+        return any(record.args[0] for record in job.training.callbacks("report_fault_ranks"))
+
     def storm() -> None:  # the controller's thread, 1 000 callbacks back to back
         for rank in range(1000):
+            if rank == pause_after:
+                with job.training.cond:  # told of every callback the controller makes
+                    reported = job.training.cond.wait_for(controller_reported, timeout=10)
+                assert reported, "the controller made no fault report of its own in 10 s"
             callback({rank: 0}, {rank: ""})
 
     await asyncio.to_thread(storm)
@@ -309,12 +320,14 @@ async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[Si
     requests = rpcs(job, "ReportProcessFault")
     assert len(requests) <= 50, len(requests)
     # Every callback's rank first goes out in exactly one request, built by merging the
-    # callbacks queued together. A request carrying no rank for the first time is a resend
-    # or one of the bridge's own re-reports (a new stream's on a loaded machine, refault.py's
-    # when ClusterD started no recovery in time), which merges no callback; such a re-report
-    # merges into a queued request, though, when one is waiting. A send that failed (a
-    # deadline on a loaded machine, a QPS refusal) may still be journaled; the request stays
-    # queued and takes the callbacks behind it, so its resend is built again, merging nothing.
+    # fault reports queued together: the storm's callbacks, and the controller's own
+    # report_fault_ranks once ClusterD's stopTrain for the first ranks reached it (it
+    # names ranks already sent). A request carrying no rank for the first time is the
+    # controller's, a resend, or one of the bridge's own re-reports (a new stream's on a
+    # loaded machine, refault.py's when ClusterD started no recovery in time); any of
+    # them merges into a queued request when one is waiting. A send that failed (a
+    # deadline on a loaded machine, a QPS refusal) may still be journaled; the request
+    # stays queued and takes the callbacks behind it, so its resend is built again.
     sent: set[int] = set()
     built = 0
     for entry in requests:
@@ -325,10 +338,24 @@ async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[Si
     streams = len(job.sim.journal.select("stream-open", "SubscribeProcessManageSignal"))
     own = streams - 1 + sum(job.metrics.sample("tft_bridge_fault_rereports_total", {"reason": reason})
                             for reason in ("record_held", "as_process_fault"))
+    controller = sum(1 for record in job.training.callbacks("report_fault_ranks") if record.args[0])
     failed = total(job, "tft_bridge_clusterd_rpcs_total",
                    lambda labels: labels["method"] == "ReportProcessFault" and labels["code"] != "0")
     merged = job.metrics.sample("tft_bridge_fault_reports_merged_total")
-    assert 1000 - built <= merged <= 1000 - built + own + failed, (merged, built, own, failed)
+    shown = [(e.seq, e.code, len(e.detail["faults"]), e.detail.get("outcome")) for e in requests]
+    assert 1000 - built <= merged <= 1000 - built + own + controller + failed, (
+        merged, built, own, controller, failed, shown)
+    if pause_after is not None:
+        assert controller >= 1, shown
+
+
+async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[SimulatedJob]) -> None:
+    await storm_delivered(await started(running, job=job_spec(world_size=2048, devices_per_pod=8)))
+
+
+async def test_the_controllers_own_report_mid_storm_merges_into_the_storms(running: list[SimulatedJob]) -> None:
+    await storm_delivered(await started(running, job=job_spec(world_size=2048, devices_per_pod=8)),
+                          pause_after=11)
 
 
 def after(job: SimulatedJob, seq: int, kind: str, name: str | None = None) -> list:  # type: ignore[type-arg]
