@@ -353,7 +353,7 @@ async def test_fault_storm_every_rank_delivered_in_few_requests(running: list[Si
     await storm_delivered(await started(running, job=job_spec(world_size=2048, devices_per_pod=8)))
 
 
-async def test_the_controllers_own_report_mid_storm_merges_into_the_storms(running: list[SimulatedJob]) -> None:
+async def test_a_storm_with_the_controllers_own_report_in_it_delivers_every_rank(running: list[SimulatedJob]) -> None:
     await storm_delivered(await started(running, job=job_spec(world_size=2048, devices_per_pod=8)),
                           pause_after=11)
 
