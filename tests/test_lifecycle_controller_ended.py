@@ -47,11 +47,17 @@ def marker(job: SimulatedJob) -> Path:
     return Path(job.config.controller.state_directory) / "controller.json"
 
 
-def delivered_before_the_stream_ended(job: SimulatedJob, rpc: str, code: int | None = None) -> None:
+async def delivered_before_the_stream_ended(job: SimulatedJob, rpc: str, code: int | None = None) -> None:
     """ClusterD's journal: ``rpc`` (with status ``code``) answered OK before the bridge's
-    last stream ended."""
+    last stream ended. The bridge has exited; ClusterD's side of its stream may journal
+    the end a moment later (the server learns of it on its own loop)."""
+    def streams(kind: str) -> list[int]:
+        return [e.seq for e in job.sim.journal if e.kind == kind and e.name == "SubscribeProcessManageSignal"]
+
+    await eventually(lambda: streams("stream-open") and len(streams("stream-end")) == len(streams("stream-open")),
+                     10, what="ClusterD saw every stream of the exited bridge end")
     entries = list(job.sim.journal)
-    ends = [e.seq for e in entries if e.kind == "stream-end" and e.name == "SubscribeProcessManageSignal"]
+    ends = streams("stream-end")
     sent = [e for e in entries if e.kind == "rpc" and e.name == rpc and e.code == 0
             and (code is None or e.detail.get("status", {}).get("code") == code)]
     assert sent, f"{rpc} (code {code}) never reached ClusterD"
@@ -77,7 +83,7 @@ async def test_exit_strategy(jobs: list[SimulatedJob], notifier: RecordingNotifi
     job.training.inject_fault({5: 1})
     await assert_ended(job, notifier, caplog, "exit notice")
     # exit expects no result: the strategy report was the last one, and it arrived
-    delivered_before_the_stream_ended(job, "ReportRecoverStrategy")
+    await delivered_before_the_stream_ended(job, "ReportRecoverStrategy")
     assert [n.args[0] for n in job.training.notifies("change_strategy")] == ["exit", "exit"]
 
 
@@ -86,7 +92,7 @@ async def test_dump_after_save_and_exit(jobs: list[SimulatedJob], notifier: Reco
     job = await started(jobs)
     await job.sim.save_and_exit(JOB)
     await assert_ended(job, notifier, caplog, "exit notice")
-    delivered_before_the_stream_ended(job, "ReportRecoverStatus", code=0)
+    await delivered_before_the_stream_ended(job, "ReportRecoverStatus", code=0)
     assert len(job.training.notifies("dump")) == 1
 
 
@@ -100,7 +106,7 @@ async def test_stop_complete_404_is_answered_with_kill_master(jobs: list[Simulat
     job.training.replica_info_complete = False
     job.training.inject_fault({5: 1})
     assert await job.wait_exit(30) == EXIT_RESCHEDULED
-    delivered_before_the_stream_ended(job, "ReportStopComplete", code=404)
+    await delivered_before_the_stream_ended(job, "ReportStopComplete", code=404)
     assert not marker(job).exists(), "the job is being rescheduled: no orphan marker may be left"
 
 
