@@ -65,6 +65,18 @@ def _ephemeral_range() -> tuple[int, int]:
         return _EPHEMERAL_DEFAULT
 
 
+def candidate_spans(chosen: str | None) -> list[tuple[int, int]]:
+    """The port ranges ``free_port`` picks from: 10000 up to the ephemeral range and above
+    it up to 65535, each kept only when it holds 1000 ports or more; then the part of each
+    the slice ``chosen`` (a ``SLICE_ENV`` value; None: the whole) names, empty parts dropped."""
+    low, high = _ephemeral_range()
+    spans = [(10000, low - 1), (high + 1, 65535)]  # 10000: clear of the ports services listen on
+    spans = [(start, end) for start, end in spans if end - start >= 1000]
+    if spans and chosen:
+        spans = [(start, end) for start, end in _slice(spans, chosen) if end >= start]
+    return spans
+
+
 def free_port(within: str | None = None) -> int:
     """A TCP port free now, in the controller's accepted range (1024..65535) and outside
     the kernel's ephemeral range; from the slice ``within`` (a ``SLICE_ENV`` value) when
@@ -77,12 +89,7 @@ def free_port(within: str | None = None) -> int:
     on a loaded machine). Outgoing connections never take a port outside the range, so
     this picks one there at random, every candidate port as likely (in this process's
     slice, ``SLICE_ENV``), checks it binds, and never hands it out twice."""
-    low, high = _ephemeral_range()
-    spans = [(10000, low - 1), (high + 1, 65535)]  # 10000: clear of the ports services listen on
-    spans = [(start, end) for start, end in spans if end - start >= 1000]
-    chosen = within if within is not None else os.environ.get(SLICE_ENV)
-    if spans and chosen:
-        spans = [(start, end) for start, end in _slice(spans, chosen) if end >= start]
+    spans = candidate_spans(within if within is not None else os.environ.get(SLICE_ENV))
     widths = [end - start + 1 for start, end in spans]
     for _ in range(200 if spans else 0):
         start, end = _pick.choices(spans, weights=widths)[0]  # every candidate port as likely
