@@ -297,14 +297,14 @@ async def storm_delivered(job: SimulatedJob, pause_after: int | None = None) -> 
     callback = job.training.registry.registered("report_fault_ranks")
     assert callback is not None
 
-    def controller_reported() -> bool:
-        return any(record.args[0] for record in job.training.callbacks("report_fault_ranks"))
+    def controller_reports() -> int:  # the controller's own report_fault_ranks naming ranks
+        return sum(1 for record in job.training.callbacks("report_fault_ranks") if record.args[0])
 
     def storm() -> None:  # the controller's thread, 1 000 callbacks back to back
         for rank in range(1000):
             if rank == pause_after:
                 with job.training.cond:  # told of every callback the controller makes
-                    reported = job.training.cond.wait_for(controller_reported, timeout=10)
+                    reported = job.training.cond.wait_for(controller_reports, timeout=10)
                 assert reported, "the controller made no fault report of its own in 10 s"
             callback({rank: 0}, {rank: ""})
 
@@ -338,7 +338,7 @@ async def storm_delivered(job: SimulatedJob, pause_after: int | None = None) -> 
     streams = len(job.sim.journal.select("stream-open", "SubscribeProcessManageSignal"))
     own = streams - 1 + sum(job.metrics.sample("tft_bridge_fault_rereports_total", {"reason": reason})
                             for reason in ("record_held", "as_process_fault"))
-    controller = sum(1 for record in job.training.callbacks("report_fault_ranks") if record.args[0])
+    controller = controller_reports()
     failed = total(job, "tft_bridge_clusterd_rpcs_total",
                    lambda labels: labels["method"] == "ReportProcessFault" and labels["code"] != "0")
     merged = job.metrics.sample("tft_bridge_fault_reports_merged_total")
